@@ -1,0 +1,1 @@
+"""lossfns: differentiable sequence objectives in JAX."""

@@ -1,0 +1,490 @@
+"""Linear-chain algorithms, each written once and specialised by a semiring.
+
+Potentials come in two forms, accepted by every function here:
+
+* per-position edge potentials `[..., T, L, L]`: `potentials[..., t, i, j]`
+  scores label `j` at position `t` after label `i` at `t - 1`; at `t = 0`
+  the previous label is the start state and only row `i = 0` is read;
+* `FactoredPotentials(unary [..., T, L], transitions [L, L] or [..., L, L],
+  start [L] or [..., L] or None)`: the classic CRF, `psi_t(i, j) =
+  transitions[i, j] + unary[t, j]` and `psi_0(0, j) = start[j] + unary[0, j]`.
+  The fast path: the shared transition matrix is converted once and
+  `[T, L, L]` is never materialised (except by the parallel algorithm,
+  whose per-step matrices are its nature).
+
+`lengths [...]` (ints in `[0, T]`, default `T`) masks positions at or past
+each length; a length-0 sequence has one empty path of score 0. Any number
+of leading batch dimensions is supported: the algorithms are written for one
+unbatched instance and mapped with `jax.vmap`.
+
+Marginals are derivatives of `log_partition` (autodiff, differentiable
+again); best paths use explicit back-pointers; samples use forward filtering,
+backward sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from .. import semirings
+from ..semirings import Semiring
+from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf
+
+ALGORITHMS = ("sequential", "parallel")
+
+
+class FactoredPotentials(NamedTuple):
+    """Unary scores plus a shared transition matrix (see the module docstring).
+
+    unary: `[..., T, L]`; transitions: `[L, L]` or `[..., L, L]`;
+    start: `[L]`, `[..., L]` or `None` (zeros).
+    """
+
+    unary: jax.Array
+    transitions: jax.Array
+    start: Optional[jax.Array] = None
+
+
+# ---------------------------------------------------------------------------
+# Validation and batching
+# ---------------------------------------------------------------------------
+
+
+def _prepare(potentials, lengths):
+    """Validate; return `(potentials, lengths, batch_shape, T, L)`."""
+    if isinstance(potentials, FactoredPotentials):
+        unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
+        batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
+        transitions = as_float_array("transitions", potentials.transitions, 2, "[L, L] or [..., L, L]")
+        if transitions.shape[-2:] != (L, L):
+            raise ValueError(f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
+                             f"got shape {transitions.shape}")
+        start = potentials.start
+        if start is None:
+            start = jnp.zeros((L,), unary.dtype)
+        start = as_float_array("start", start, 1, "[L] or [..., L]")
+        if start.shape[-1] != L:
+            raise ValueError(f"start must have shape [..., {L}], got shape {start.shape}")
+        for name, array, core in (("transitions", transitions, 2), ("start", start, 1)):
+            try:
+                jnp.broadcast_shapes(array.shape[:-core], batch_shape)
+            except ValueError:
+                raise ValueError(f"{name} batch shape {array.shape[:-core]} does not broadcast to the "
+                                 f"batch shape {batch_shape} of unary") from None
+            check_finite_or_neg_inf(name, array)
+        check_finite_or_neg_inf("unary", unary)
+        dtype = jnp.result_type(unary, transitions, start)
+        potentials = FactoredPotentials(unary.astype(dtype), transitions.astype(dtype), start.astype(dtype))
+    else:
+        potentials = as_float_array("potentials", potentials, 3, "[..., T, L, L]")
+        batch_shape, (T, L, L2) = potentials.shape[:-3], potentials.shape[-3:]
+        if L != L2:
+            raise ValueError(f"potentials must have shape [..., T, L, L] (square in the last two axes), "
+                             f"got shape {potentials.shape}")
+        check_finite_or_neg_inf("potentials", potentials)
+    if L < 1:
+        raise ValueError("potentials must have at least one label (L >= 1)")
+    lengths = as_lengths(lengths, batch_shape, T)
+    return potentials, lengths, tuple(batch_shape), T, L
+
+
+def _map_batch(fn, potentials, lengths, batch_shape, *batched):
+    """Apply the unbatched `fn(potentials, length, *batched)` over `batch_shape`.
+
+    The batch is flattened into one axis and mapped with a single `vmap`; a
+    factored transition matrix without batch dimensions stays shared (not
+    broadcast), which is what makes the factored path fast.
+    """
+    size = math.prod(batch_shape)
+
+    def flatten(x, core):
+        return x.reshape((size,) + x.shape[x.ndim - core:])
+
+    if isinstance(potentials, FactoredPotentials):
+        transitions, start = potentials.transitions, potentials.start
+        t_axis = None if transitions.ndim == 2 else 0
+        s_axis = None if start.ndim == 1 else 0
+        if t_axis == 0:
+            transitions = flatten(jnp.broadcast_to(transitions, batch_shape + transitions.shape[-2:]), 2)
+        if s_axis == 0:
+            start = flatten(jnp.broadcast_to(start, batch_shape + start.shape[-1:]), 1)
+        flat = FactoredPotentials(flatten(potentials.unary, 2), transitions, start)
+        axes = FactoredPotentials(0, t_axis, s_axis)
+    else:
+        flat, axes = flatten(potentials, 3), 0
+    extra = [jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape):]), b) for b in batched]
+    out = jax.vmap(fn, in_axes=(axes, 0) + (0,) * len(extra))(flat, lengths.reshape(size), *extra)
+    return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
+
+
+def _check_algorithm(algorithm):
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+# ---------------------------------------------------------------------------
+# Unbatched building blocks
+# ---------------------------------------------------------------------------
+
+
+def _mask_padding(potentials, valid):
+    """Replace scores at padded positions by 0 (the semiring one in log space)
+    before any arithmetic, so -inf or NaN padding cannot leak into gradients."""
+    if isinstance(potentials, FactoredPotentials):
+        return potentials._replace(unary=jnp.where(valid[:, None], potentials.unary, 0.0))
+    return jnp.where(valid[:, None, None], potentials, 0.0)
+
+
+def _first_scores(potentials):
+    """Scores `[L]` of the first label (from the start state)."""
+    if isinstance(potentials, FactoredPotentials):
+        return potentials.start + potentials.unary[0]
+    return potentials[0, 0]
+
+
+def _step_scores(potentials):
+    """Edge scores `[T - 1, L, L]` of positions 1..T-1 (materialises the factored form)."""
+    if isinstance(potentials, FactoredPotentials):
+        return potentials.transitions[None] + potentials.unary[1:, None, :]
+    return potentials[1:]
+
+
+def _time_major(value, time_axis):
+    """Move the logical time axis of every leaf of a semiring value to the front."""
+    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), value)
+
+
+def _tree_sum(x):
+    """Pairwise sum of a 1-D array: error grows like log T, not T (float32 drift)."""
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            x = jnp.concatenate([x, jnp.zeros((1,), x.dtype)])
+        x = x[0::2] + x[1::2]
+    return x[0] if x.shape[0] else jnp.zeros((), x.dtype)
+
+
+def _flat_normalize(semiring, value, ndim):
+    """`semiring.normalize` over the last `ndim` logical axes at once."""
+    if ndim == 1:
+        return semiring.normalize(value, -1)
+    shape_of = lambda x: x.shape[x.ndim - ndim:]
+    core = jax.tree_util.tree_leaves(value)[0]
+    core_shape = shape_of(core)
+    flat = jax.tree_util.tree_map(lambda x: x.reshape(x.shape[: x.ndim - ndim] + (-1,)), value)
+    flat, scale = semiring.normalize(flat, -1)
+    return jax.tree_util.tree_map(lambda x: x.reshape(x.shape[:-1] + core_shape), flat), scale
+
+
+def _forward_sequential(semiring: Semiring, potentials, length):
+    """Forward sum of one chain, scanning left to right: O(T L^2)."""
+    T = _num_steps(potentials)
+    valid = jnp.arange(T) < length
+    potentials = _mask_padding(potentials, valid)
+    alpha, first_scale = semiring.convert_scaled(_first_scores(potentials), (-1,))
+    alpha, first_norm = semiring.normalize(alpha, -1)
+    if isinstance(potentials, FactoredPotentials):
+        transitions, transition_scale = semiring.convert_scaled(potentials.transitions, (-2, -1))
+        unary, unary_scale = semiring.convert_scaled(potentials.unary[1:], (-1,))
+        unary = _time_major(unary, -2)
+
+        def step(alpha, inputs):
+            unary_t, unary_scale_t, valid_t = inputs
+            new = semiring.times(semiring.vecmat(alpha, transitions), unary_t)
+            new, norm = semiring.normalize(new, -1)
+            scale = jnp.where(valid_t, norm + unary_scale_t + transition_scale, 0.0)
+            return semiring.select(valid_t, new, alpha), scale
+
+        inputs = (unary, unary_scale, valid[1:])
+    else:
+        matrices, matrix_scale = semiring.convert_scaled(potentials[1:], (-2, -1))
+        matrices = _time_major(matrices, -3)
+
+        def step(alpha, inputs):
+            matrix_t, matrix_scale_t, valid_t = inputs
+            new, norm = semiring.normalize(semiring.vecmat(alpha, matrix_t), -1)
+            return semiring.select(valid_t, new, alpha), jnp.where(valid_t, norm + matrix_scale_t, 0.0)
+
+        inputs = (matrices, matrix_scale, valid[1:])
+    alpha, scales = jax.lax.scan(step, alpha, inputs)
+    log_scale = first_scale + first_norm + _tree_sum(scales)
+    return _finish(semiring, alpha, log_scale, length)
+
+
+def _forward_parallel(semiring: Semiring, potentials, length):
+    """Forward sum of one chain as a balanced tree of matrix products:
+    O(L^3 T) work, O(log T) depth. Padded steps are identity matrices, so the
+    product over all T steps equals the product up to the length."""
+    T = _num_steps(potentials)
+    valid = jnp.arange(T) < length
+    potentials = _mask_padding(potentials, valid)
+    alpha, first_scale = semiring.convert_scaled(_first_scores(potentials), (-1,))
+    alpha, first_norm = semiring.normalize(alpha, -1)
+    scores = _step_scores(potentials)
+    L = scores.shape[-1]
+    matrices, scales = semiring.convert_scaled(scores, (-2, -1))
+    identity = semiring.select(jnp.eye(L, dtype=bool), semiring.one((L, L), scores.dtype),
+                               semiring.zero((L, L), scores.dtype))
+    step_valid = valid[1:]
+    matrices = semiring.select(step_valid[:, None, None], matrices, semiring.expand_dims(identity, -3))
+    scales = jnp.where(step_valid, scales, 0.0)
+    matrices = _time_major(matrices, -3)
+    identity_block = lambda n: jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), identity)
+    while scales.shape[0] > 1:
+        if scales.shape[0] % 2:
+            matrices = jax.tree_util.tree_map(lambda m, e: jnp.concatenate([m, e]), matrices, identity_block(1))
+            scales = jnp.concatenate([scales, jnp.zeros((1,), scales.dtype)])
+        left = jax.tree_util.tree_map(lambda m: jnp.moveaxis(m[0::2], 0, -3), matrices)
+        right = jax.tree_util.tree_map(lambda m: jnp.moveaxis(m[1::2], 0, -3), matrices)
+        product, norm = _flat_normalize(semiring, semiring.matmul(left, right), 2)
+        matrices = _time_major(product, -3)
+        scales = scales[0::2] + scales[1::2] + norm
+    if scales.shape[0] == 1:
+        total = jax.tree_util.tree_map(lambda m: m[0], matrices)
+        alpha = semiring.vecmat(alpha, total)
+        log_scale = first_scale + first_norm + scales[0]
+    else:
+        log_scale = first_scale + first_norm
+    return _finish(semiring, alpha, log_scale, length)
+
+
+def _finish(semiring, alpha, log_scale, length):
+    """Sum the final forward vector; the empty path (length 0) scores one."""
+    out = semiring.unconvert(semiring.sum(alpha, -1), log_scale)
+    dtype = log_scale.dtype
+    empty = semiring.unconvert(semiring.one((), dtype), jnp.zeros((), dtype))
+    return jnp.where(length == 0, empty, out)
+
+
+def _num_steps(potentials):
+    return potentials.unary.shape[0] if isinstance(potentials, FactoredPotentials) else potentials.shape[0]
+
+
+_FORWARD = {"sequential": _forward_sequential, "parallel": _forward_parallel}
+
+
+def _forward_instance(semiring, algorithm, potentials, length):
+    if _num_steps(potentials) == 0:
+        dtype = (potentials.unary if isinstance(potentials, FactoredPotentials) else potentials).dtype
+        return semiring.unconvert(semiring.one((), dtype), jnp.zeros((), dtype))
+    return _FORWARD[algorithm](semiring, potentials, length)
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "sequential"):
+    """Semiring sum over all label sequences of each chain.
+
+    Args:
+      semiring: e.g. `semirings.Log` (-> log Z), `Max` (-> best score),
+        `Real` (-> log Z, fast), `Entropy` (-> entropy), `KMax(k)`
+        (-> `[..., k]` best scores), `Counting` (-> number of allowed paths).
+      potentials: `[..., T, L, L]` or `FactoredPotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      algorithm: "sequential" (scan, O(T L^2)) or "parallel" (tree of matrix
+        products, O(T L^3) work, O(log T) depth).
+    Returns:
+      `[...]` (`[..., k]` for k-max), the semiring's output per chain.
+    """
+    _check_algorithm(algorithm)
+    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
+    fn = lambda p, n: _forward_instance(semiring, algorithm, p, n)
+    return _map_batch(fn, potentials, lengths, batch_shape)
+
+
+def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
+    """`log Z` per chain, `[...]`. `semiring` is `Log` (exact with -inf) or `Real` (fast on CPU)."""
+    if semiring.name not in ("log", "real"):
+        raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
+    return forward(semiring, potentials, lengths, algorithm=algorithm)
+
+
+def _expand_shared(potentials, batch_shape):
+    """Give a factored form per-example transitions and start, so that their
+    derivatives are per-example expected counts rather than batch sums."""
+    if not isinstance(potentials, FactoredPotentials):
+        return potentials
+    L = potentials.unary.shape[-1]
+    return FactoredPotentials(potentials.unary,
+                              jnp.broadcast_to(potentials.transitions, batch_shape + (L, L)),
+                              jnp.broadcast_to(potentials.start, batch_shape + (L,)))
+
+
+def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
+    """Derivative of `log_partition` with respect to the potentials.
+
+    For `[..., T, L, L]` input: edge marginals `[..., T, L, L]`,
+    `P(y_{t-1} = i, y_t = j)` (row 0 at t = 0; zero past each length). For
+    `FactoredPotentials`: the same structure, per example: unary marginals
+    `[..., T, L]`, expected transition counts `[..., L, L]` and start
+    marginals `[..., L]`. Differentiable again (second derivatives work).
+    """
+    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
+    potentials = _expand_shared(potentials, batch_shape)
+    total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
+    return jax.grad(total)(potentials)
+
+
+def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
+    """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
+    edge = marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
+    if isinstance(edge, FactoredPotentials):
+        return edge.unary
+    return jnp.sum(edge, axis=-2)
+
+
+def entropy(potentials, lengths=None, *, algorithm: str = "sequential"):
+    """Entropy of the distribution over label sequences, `[...]` (entropy semiring)."""
+    return forward(semirings.Entropy, potentials, lengths, algorithm=algorithm)
+
+
+def score(potentials, labels, lengths=None):
+    """Score of given label sequences `labels [..., T]`, `[...]`.
+
+    Positions at or past each length are ignored (their labels may be -1).
+    """
+    potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
+    labels = as_labels(labels, batch_shape + (T,), L, lengths)
+
+    def one(p, n, y):
+        if T == 0:
+            return jnp.zeros((), _dtype(p))
+        valid = jnp.arange(T) < n
+        y = jnp.where(valid, y, 0)
+        previous = jnp.concatenate([jnp.zeros((1,), y.dtype), y[:-1]])
+        if isinstance(p, FactoredPotentials):
+            terms = p.unary[jnp.arange(T), y] + jnp.where(jnp.arange(T) == 0, p.start[y], p.transitions[previous, y])
+        else:
+            terms = p[jnp.arange(T), previous, y]
+        return jnp.sum(jnp.where(valid, terms, 0.0))
+
+    return _map_batch(one, potentials, lengths, batch_shape, labels)
+
+
+def _dtype(potentials):
+    return (potentials.unary if isinstance(potentials, FactoredPotentials) else potentials).dtype
+
+
+def _viterbi_instance(potentials, length):
+    T = _num_steps(potentials)
+    L = _first_scores(potentials).shape[-1]
+    if T == 0:
+        return jnp.zeros((), _dtype(potentials)), jnp.zeros((0,), jnp.int32)
+    valid = jnp.arange(T) < length
+    potentials = _mask_padding(potentials, valid)
+    keep = jnp.arange(L, dtype=jnp.int32)
+
+    def step(alpha, inputs):
+        scores_t, valid_t = inputs
+        if isinstance(potentials, FactoredPotentials):
+            scores_t = potentials.transitions + scores_t[None, :]
+        candidates = alpha[:, None] + scores_t
+        pointers = jnp.argmax(candidates, axis=0).astype(jnp.int32)
+        best = jnp.max(candidates, axis=0)
+        return jnp.where(valid_t, best, alpha), jnp.where(valid_t, pointers, keep)
+
+    inputs = potentials.unary[1:] if isinstance(potentials, FactoredPotentials) else potentials[1:]
+    alpha, pointers = jax.lax.scan(step, _first_scores(potentials), (inputs, valid[1:]))
+    last = jnp.argmax(alpha).astype(jnp.int32)
+    best = jnp.max(alpha)
+
+    def back(label, pointers_t):
+        previous = pointers_t[label]
+        return previous, label
+
+    first, tail = jax.lax.scan(back, last, pointers, reverse=True)
+    labels = jnp.concatenate([first[None], tail])
+    reachable = best > -jnp.inf
+    labels = jnp.where(valid & reachable, labels, -1)
+    return jnp.where(length == 0, 0.0, best).astype(alpha.dtype), labels
+
+
+def viterbi(potentials, lengths=None):
+    """Best label sequence per chain by back-pointers (deterministic on ties:
+    the lowest label index wins).
+
+    Returns `(score [...], labels [..., T] int32)`; labels are -1 at and past
+    each length, and everywhere when no sequence has a finite score (then
+    the score is -inf).
+    """
+    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
+    return _map_batch(_viterbi_instance, potentials, lengths, batch_shape)
+
+
+def kbest(potentials, lengths=None, k: int = 1):
+    """The k best label sequences per chain, from the k-max semiring.
+
+    Each path is read off the derivative of its score (`lax.top_k` routes the
+    derivative to exactly one path, so ties do not blur it).
+
+    Returns `(scores [..., k], labels [..., k, T])`, best first; when fewer
+    than k sequences exist the missing scores are -inf and their labels -1.
+    """
+    semiring = semirings.KMax(k)
+    potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
+
+    def one(p, n):
+        scores, pullback = jax.vjp(lambda q: _forward_instance(semiring, "sequential", q, n), p)
+        (indicator,) = jax.vmap(pullback)(jnp.eye(k, dtype=scores.dtype))
+        node = indicator.unary if isinstance(p, FactoredPotentials) else jnp.sum(indicator, axis=-2)
+        labels = jnp.argmax(node, axis=-1).astype(jnp.int32)
+        present = (jnp.max(node, axis=-1) > 0.5) & (scores[:, None] > -jnp.inf)
+        return scores, jnp.where(present, labels, -1)
+
+    return _map_batch(one, potentials, lengths, batch_shape)
+
+
+def _forward_log_alphas(potentials):
+    """Normalised log forward vectors `[T, L]` of one (masked) chain."""
+    def step(alpha, scores_t):
+        if isinstance(potentials, FactoredPotentials):
+            scores_t = potentials.transitions + scores_t[None, :]
+        new = semirings.logsumexp(alpha[:, None] + scores_t, 0)
+        new = new - semirings.finite_max(new, -1)
+        return new, new
+
+    first = _first_scores(potentials)
+    first = first - semirings.finite_max(first, -1)
+    inputs = potentials.unary[1:] if isinstance(potentials, FactoredPotentials) else potentials[1:]
+    _, rest = jax.lax.scan(step, first, inputs)
+    return jnp.concatenate([first[None], rest])
+
+
+def _sample_instance(potentials, length, key):
+    T = _num_steps(potentials)
+    if T == 0:
+        return jnp.zeros((0,), jnp.int32)
+    valid = jnp.arange(T) < length
+    potentials = _mask_padding(potentials, valid)
+    alphas = _forward_log_alphas(potentials)
+    # Column t of `following` scores the edge into position t + 1.
+    if isinstance(potentials, FactoredPotentials):
+        following = jnp.broadcast_to(potentials.transitions, (T,) + potentials.transitions.shape)
+    else:
+        following = jnp.concatenate([potentials[1:], jnp.zeros_like(potentials[:1])])
+    keys = jax.random.split(key, T)
+
+    def back(next_label, inputs):
+        t, alpha_t, following_t, key_t = inputs
+        column = following_t[:, jnp.maximum(next_label, 0)]
+        logits = jnp.where(t == length - 1, alpha_t, alpha_t + column)
+        label = jax.random.categorical(key_t, logits).astype(jnp.int32)
+        label = jnp.where(t < length, label, -1)
+        return label, label
+
+    _, labels = jax.lax.scan(back, jnp.int32(-1), (jnp.arange(T), alphas, following, keys), reverse=True)
+    return labels
+
+
+def sample(key, potentials, lengths=None):
+    """One exact sample from `P(y | x)` per chain (forward filtering, backward
+    sampling), `labels [..., T]` int32 with -1 past each length."""
+    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
+    keys = jax.random.split(key, math.prod(batch_shape)).reshape(batch_shape + key.shape)
+    return _map_batch(_sample_instance, potentials, lengths, batch_shape, keys)

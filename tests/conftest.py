@@ -1,0 +1,25 @@
+"""Test-suite configuration: float64 is on so gradient checks are exact;
+float32 tests build float32 arrays explicitly."""
+
+import os
+
+import jax
+import pytest
+from hypothesis import HealthCheck, settings
+
+jax.config.update("jax_enable_x64", True)
+
+settings.register_profile(
+    "ci", max_examples=int(os.environ.get("LOSSFNS_HYPOTHESIS_EXAMPLES", "25")), deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
+settings.load_profile("ci")
+
+
+def corpus_or_fail(path_parts):
+    """Locate a corpus under NLTK_DATA; skip locally, fail in CI (CI=true) when missing."""
+    for root in os.environ.get("NLTK_DATA", "").split(os.pathsep):
+        if root and os.path.exists(os.path.join(root, *path_parts)):
+            return os.path.join(root, *path_parts)
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"corpus {'/'.join(path_parts)} not found under NLTK_DATA in CI")
+    pytest.skip(f"corpus {'/'.join(path_parts)} not found under NLTK_DATA")
