@@ -49,6 +49,19 @@ class FactoredPotentials(NamedTuple):
     start: Optional[jax.Array] = None
 
 
+def materialize(potentials: FactoredPotentials) -> jax.Array:
+    """Per-position potentials `[..., T, L, L]` equal to a factored form
+    (row 0 at t = 0 holds the start scores; other rows there are unread)."""
+    unary, transitions, start = potentials
+    L = unary.shape[-1]
+    start = jnp.zeros((L,), unary.dtype) if start is None else start
+    edges = transitions[..., None, :, :] + unary[..., :, None, :]
+    if unary.shape[-2] == 0:
+        return edges
+    first_row = jnp.broadcast_to(start[..., None, :] + unary[..., :1, :], edges.shape[:-3] + (1, L))
+    return edges.at[..., :1, 0, :].set(first_row)
+
+
 # ---------------------------------------------------------------------------
 # Validation and batching
 # ---------------------------------------------------------------------------
@@ -268,7 +281,7 @@ _FORWARD = {"sequential": _forward_sequential, "parallel": _forward_parallel}
 
 def _forward_instance(semiring, algorithm, potentials, length):
     if _num_steps(potentials) == 0:
-        dtype = (potentials.unary if isinstance(potentials, FactoredPotentials) else potentials).dtype
+        dtype = _dtype(potentials)
         return semiring.unconvert(semiring.one((), dtype), jnp.zeros((), dtype))
     return _FORWARD[algorithm](semiring, potentials, length)
 
@@ -367,13 +380,18 @@ def score(potentials, labels, lengths=None):
     return _map_batch(one, potentials, lengths, batch_shape, labels)
 
 
+def _dtype_source(potentials):
+    """The array whose dtype and last axis (labels) describe the potentials."""
+    return potentials.unary if isinstance(potentials, FactoredPotentials) else potentials
+
+
 def _dtype(potentials):
-    return (potentials.unary if isinstance(potentials, FactoredPotentials) else potentials).dtype
+    return _dtype_source(potentials).dtype
 
 
 def _viterbi_instance(potentials, length):
     T = _num_steps(potentials)
-    L = _first_scores(potentials).shape[-1]
+    L = _dtype_source(potentials).shape[-1]
     if T == 0:
         return jnp.zeros((), _dtype(potentials)), jnp.zeros((0,), jnp.int32)
     valid = jnp.arange(T) < length
