@@ -215,7 +215,7 @@ def test_log_partition_gradients_order_two(semiring, algorithm):
     rng = np.random.default_rng(5)
     potentials = jnp.asarray(rng.normal(size=(2, 4, 3, 3)))
     lengths = jnp.asarray([4, 2], jnp.int32)
-    testing.check_gradients(lambda p: chain.log_partition(p, lengths, semiring=semiring, algorithm=algorithm),
+    testing.check_gradients(jax.jit(lambda p: chain.log_partition(p, lengths, semiring=semiring, algorithm=algorithm)),
                             (potentials,), order=2)
 
 
@@ -224,11 +224,11 @@ def test_marginals_entropy_and_factored_gradients_order_two():
     potentials = jnp.asarray(rng.normal(size=(3, 3, 3)))
     lengths = jnp.asarray(3, jnp.int32)
     weights = jnp.asarray(rng.normal(size=(3, 3)))
-    testing.check_gradients(lambda p: jnp.sum(chain.node_marginals(p, lengths) * weights), (potentials,), order=2)
-    testing.check_gradients(lambda p: chain.entropy(p, lengths), (potentials,), order=2)
+    testing.check_gradients(jax.jit(lambda p: jnp.sum(chain.node_marginals(p, lengths) * weights)), (potentials,), order=2)
+    testing.check_gradients(jax.jit(lambda p: chain.entropy(p, lengths)), (potentials,), order=2)
     unary, transitions = jnp.asarray(rng.normal(size=(4, 3))), jnp.asarray(rng.normal(size=(3, 3)))
-    testing.check_gradients(
-        lambda u, a: chain.log_partition(FactoredPotentials(u, a), jnp.asarray(3, jnp.int32), semiring=semirings.Real),
+    testing.check_gradients(jax.jit(
+        lambda u, a: chain.log_partition(FactoredPotentials(u, a), jnp.asarray(3, jnp.int32), semiring=semirings.Real)),
         (unary, transitions), order=2)
 
 
@@ -243,11 +243,11 @@ def test_forbidden_transitions_give_finite_values_and_gradients():
         for semiring in (semirings.Log, semirings.Real):
             fn = lambda u, a, s: jnp.sum(chain.log_partition(FactoredPotentials(u, a, s), lengths,
                                                              semiring=semiring, algorithm=algorithm))
-            value, grads = jax.value_and_grad(fn, argnums=(0, 1, 2))(unary, transitions, start)
+            value, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(unary, transitions, start)
             assert np.isfinite(value)
             for g in grads:
                 assert np.all(np.isfinite(np.asarray(g)))
-            second = jax.grad(lambda u: jnp.sum(jax.grad(fn)(u, transitions, start) ** 2))(unary)
+            second = jax.jit(jax.grad(lambda u: jnp.sum(jax.grad(fn)(u, transitions, start) ** 2)))(unary)
             assert np.all(np.isfinite(np.asarray(second)))
     dense = chain.materialize(FactoredPotentials(unary, transitions, start))
     assert_close(chain.log_partition(FactoredPotentials(unary, transitions, start), lengths),
@@ -258,7 +258,7 @@ def test_everything_forbidden_gives_minus_inf_and_zero_gradients():
     potentials = jnp.full((2, 3, 3), -jnp.inf)
     lengths = jnp.asarray(2, jnp.int32)
     for semiring in (semirings.Log, semirings.Real):
-        value, grad = jax.value_and_grad(lambda p: chain.log_partition(p, lengths, semiring=semiring))(potentials)
+        value, grad = jax.jit(jax.value_and_grad(lambda p: chain.log_partition(p, lengths, semiring=semiring)))(potentials)
         assert value == -np.inf
         assert np.all(np.asarray(grad) == 0.0)
     best, labels = chain.viterbi(potentials, lengths)
@@ -271,7 +271,7 @@ def test_padding_with_nan_and_inf_does_not_leak():
     lengths = jnp.asarray([2, 0], jnp.int32)
     clean = chain.log_partition(potentials, lengths)
     padded = potentials.at[0, 2:].set(-jnp.inf).at[1].set(-jnp.inf)
-    value, grad = jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(p, lengths)))(padded)
+    value, grad = jax.jit(jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(p, lengths))))(padded)
     assert_close(value, jnp.sum(clean))
     assert np.all(np.isfinite(np.asarray(grad))) and np.all(np.asarray(grad)[0, 2:] == 0)
 
