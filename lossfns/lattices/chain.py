@@ -24,6 +24,7 @@ backward sampling.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -105,13 +106,23 @@ def _prepare(potentials, lengths):
     return potentials, lengths, tuple(batch_shape), T, L
 
 
-def _map_batch(fn, potentials, lengths, batch_shape, *batched):
-    """Apply the unbatched `fn(potentials, length, *batched)` over `batch_shape`.
+@functools.lru_cache(maxsize=None)
+def _instance(fn, *static):
+    """One stable callable per static configuration, so `_map_batch`'s jit
+    cache is hit on every later call with the same shapes."""
+    return functools.partial(fn, *static) if static else fn
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _map_batch(fn, potentials, lengths, *batched):
+    """Apply the unbatched `fn(potentials, length, *batched)` over the batch
+    shape of `lengths`, compiled once per (fn, shapes).
 
     The batch is flattened into one axis and mapped with a single `vmap`; a
     factored transition matrix without batch dimensions stays shared (not
     broadcast), which is what makes the factored path fast.
     """
+    batch_shape = lengths.shape
     size = math.prod(batch_shape)
 
     def flatten(x, core):
@@ -306,9 +317,8 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "s
       `[...]` (`[..., k]` for k-max), the semiring's output per chain.
     """
     _check_algorithm(algorithm)
-    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    fn = lambda p, n: _forward_instance(semiring, algorithm, p, n)
-    return _map_batch(fn, potentials, lengths, batch_shape)
+    potentials, lengths, _, _, _ = _prepare(potentials, lengths)
+    return _map_batch(_instance(_forward_instance, semiring, algorithm), potentials, lengths)
 
 
 def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
@@ -364,20 +374,23 @@ def score(potentials, labels, lengths=None):
     """
     potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
     labels = as_labels(labels, batch_shape + (T,), L, lengths)
+    return _map_batch(_score_instance, potentials, lengths, labels)
 
-    def one(p, n, y):
-        if T == 0:
-            return jnp.zeros((), _dtype(p))
-        valid = jnp.arange(T) < n
-        y = jnp.where(valid, y, 0)
-        previous = jnp.concatenate([jnp.zeros((1,), y.dtype), y[:-1]])
-        if isinstance(p, FactoredPotentials):
-            terms = p.unary[jnp.arange(T), y] + jnp.where(jnp.arange(T) == 0, p.start[y], p.transitions[previous, y])
-        else:
-            terms = p[jnp.arange(T), previous, y]
-        return jnp.sum(jnp.where(valid, terms, 0.0))
 
-    return _map_batch(one, potentials, lengths, batch_shape, labels)
+def _score_instance(potentials, length, labels):
+    T = labels.shape[0]
+    if T == 0:
+        return jnp.zeros((), _dtype(potentials))
+    positions = jnp.arange(T)
+    valid = positions < length
+    labels = jnp.where(valid, labels, 0)
+    previous = jnp.concatenate([jnp.zeros((1,), labels.dtype), labels[:-1]])
+    if isinstance(potentials, FactoredPotentials):
+        edge = jnp.where(positions == 0, potentials.start[labels], potentials.transitions[previous, labels])
+        terms = potentials.unary[positions, labels] + edge
+    else:
+        terms = potentials[positions, previous, labels]
+    return jnp.sum(jnp.where(valid, terms, 0.0))
 
 
 def _dtype_source(potentials):
@@ -431,8 +444,8 @@ def viterbi(potentials, lengths=None):
     each length, and everywhere when no sequence has a finite score (then
     the score is -inf).
     """
-    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    return _map_batch(_viterbi_instance, potentials, lengths, batch_shape)
+    potentials, lengths, _, _, _ = _prepare(potentials, lengths)
+    return _map_batch(_viterbi_instance, potentials, lengths)
 
 
 def kbest(potentials, lengths=None, k: int = 1):
@@ -444,18 +457,17 @@ def kbest(potentials, lengths=None, k: int = 1):
     Returns `(scores [..., k], labels [..., k, T])`, best first; when fewer
     than k sequences exist the missing scores are -inf and their labels -1.
     """
-    semiring = semirings.KMax(k)
-    potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
+    potentials, lengths, _, _, _ = _prepare(potentials, lengths)
+    return _map_batch(_instance(_kbest_instance, semirings.KMax(k)), potentials, lengths)
 
-    def one(p, n):
-        scores, pullback = jax.vjp(lambda q: _forward_instance(semiring, "sequential", q, n), p)
-        (indicator,) = jax.vmap(pullback)(jnp.eye(k, dtype=scores.dtype))
-        node = indicator.unary if isinstance(p, FactoredPotentials) else jnp.sum(indicator, axis=-2)
-        labels = jnp.argmax(node, axis=-1).astype(jnp.int32)
-        present = (jnp.max(node, axis=-1) > 0.5) & (scores[:, None] > -jnp.inf)
-        return scores, jnp.where(present, labels, -1)
 
-    return _map_batch(one, potentials, lengths, batch_shape)
+def _kbest_instance(semiring, potentials, length):
+    scores, pullback = jax.vjp(lambda q: _forward_instance(semiring, "sequential", q, length), potentials)
+    (indicator,) = jax.vmap(pullback)(jnp.eye(semiring.k, dtype=scores.dtype))
+    node = indicator.unary if isinstance(potentials, FactoredPotentials) else jnp.sum(indicator, axis=-2)
+    labels = jnp.argmax(node, axis=-1).astype(jnp.int32)
+    present = (jnp.max(node, axis=-1) > 0.5) & (scores[:, None] > -jnp.inf)
+    return scores, jnp.where(present, labels, -1)
 
 
 def _forward_log_alphas(potentials):
@@ -505,4 +517,4 @@ def sample(key, potentials, lengths=None):
     sampling), `labels [..., T]` int32 with -1 past each length."""
     potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
     keys = jax.random.split(key, math.prod(batch_shape)).reshape(batch_shape + key.shape)
-    return _map_batch(_sample_instance, potentials, lengths, batch_shape, keys)
+    return _map_batch(_sample_instance, potentials, lengths, keys)
