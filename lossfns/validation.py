@@ -23,7 +23,10 @@ def concrete(x):
 
 def as_float_array(name: str, x, min_rank: int, shape_doc: str) -> jax.Array:
     """`x` as a floating array of rank >= `min_rank`, or a clear error."""
-    x = jnp.asarray(x)
+    try:
+        x = jnp.asarray(x)
+    except TypeError as error:
+        raise TypeError(f"{name} must be a floating-point array {shape_doc}, got {type(x).__name__}: {error}") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point array {shape_doc}, got dtype {x.dtype}")
     if x.ndim < min_rank:

@@ -317,6 +317,8 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "s
       `[...]` (`[..., k]` for k-max), the semiring's output per chain.
     """
     _check_algorithm(algorithm)
+    if not isinstance(semiring, Semiring):
+        raise TypeError(f"semiring must be a lossfns.semirings.Semiring (e.g. semirings.Log), got {semiring!r}")
     potentials, lengths, _, _, _ = _prepare(potentials, lengths)
     return _map_batch(_instance(_forward_instance, semiring, algorithm), potentials, lengths)
 

@@ -35,22 +35,30 @@ def _logsumexp_value(x, axis):
     peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
     total = jnp.sum(jnp.exp(x - peak), axis=axis, keepdims=True)
     safe_total = jnp.where(total > 0, total, 1.0)
-    out = jnp.where(total > 0, jnp.log(safe_total) + peak, -jnp.inf)
+    # NaN must stay NaN (never be read as an empty sum).
+    empty = jnp.where(jnp.isnan(total), jnp.nan, -jnp.inf)
+    out = jnp.where(total > 0, jnp.log(safe_total) + peak, empty)
     return jnp.squeeze(out, axis=axis)
 
 
-def _softmax_weights(x, out, axis):
-    """`exp(x - out)`, zero wherever `out` is `-inf` (an empty sum)."""
-    out = jnp.expand_dims(out, axis)
-    finite = jnp.isfinite(out)
-    return jnp.where(finite, jnp.exp(x - jnp.where(finite, out, 0.0)), 0.0)
+def _softmax_weights(x, axis):
+    """`softmax(x)` along `axis`, zero where the whole slice is `-inf`.
+
+    Normalised by the sum itself rather than as `exp(x - logsumexp(x))`,
+    which is off when `log(sum)` is lost to rounding next to huge scores.
+    """
+    peak = jnp.max(x, axis=axis, keepdims=True)
+    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    shifted = jnp.exp(x - peak)
+    total = jnp.sum(shifted, axis=axis, keepdims=True)
+    return shifted / jnp.where(total > 0, total, 1.0)
 
 
 @logsumexp.defjvp
 def _logsumexp_jvp(axis, primals, tangents):
     (x,), (dx,) = primals, tangents
     out = logsumexp(x, axis)
-    weights = _softmax_weights(x, out, axis)
+    weights = _softmax_weights(x, axis)
     # The weights are exactly zero at -inf entries; masking dx keeps an
     # infinite or NaN tangent there from leaking in as 0 * inf.
     dx = jnp.where(weights > 0, dx, 0.0)

@@ -23,3 +23,8 @@ class CountingSemiring(RealSemiring):
 
     def unconvert(self, value, log_scale):
         return value * jnp.exp(log_scale)
+
+    def normalize(self, a, axis):
+        # Counts are exact integers in floating point; dividing them would
+        # make them inexact, so no rescaling (they overflow only past ~1e308).
+        return a, jnp.zeros(a.shape[: a.ndim + axis] + a.shape[a.ndim + axis + 1:], a.dtype)

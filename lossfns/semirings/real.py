@@ -30,7 +30,8 @@ class RealSemiring(Semiring):
 
     def unconvert(self, value, log_scale):
         positive = value > 0
-        return jnp.where(positive, jnp.log(jnp.where(positive, value, 1.0)), -jnp.inf) + log_scale
+        empty = jnp.where(jnp.isnan(value), jnp.nan, -jnp.inf)
+        return jnp.where(positive, jnp.log(jnp.where(positive, value, 1.0)), empty) + log_scale
 
     def zero(self, shape, dtype):
         return jnp.zeros(shape, dtype)

@@ -1,0 +1,500 @@
+"""Forward algorithms over acyclic lattices (weighted DAG acceptors), each
+written once and specialised by a semiring.
+
+A `Lattice` is a static-shape, padded description of an acyclic automaton:
+
+* states `0 .. S-1` in topological order (every arc goes from a lower to a
+  higher state); state 0 is the start state; `final [S]` marks final states;
+* arcs `src [A]`, `dst [A]`, `symbol [A]` (int32; a word or tag id), with
+  `arc_valid [A]` marking real arcs (the rest is padding);
+* a level layout for the forward scan: the level of a state is the length of
+  the longest path that reaches it; the states of level `n` occupy slots
+  `n W .. n W + W - 1` of a flat table of `(N + 1) W + 1` values (the start
+  state is slot 0, the last slot is an always-zero sentinel for states that
+  no arc reaches); `state_slot [S]` maps states to slots and
+  `level_arcs [N, W, D]` lists the incoming arcs of the slots of levels
+  1..N, padded with the sentinel arc id `A`.
+
+Arc scores `[..., A]` (log space) are passed separately so that they can be
+differentiated. Lattices padded to the same sizes (`pad`, `stack`) share one
+compiled kernel and batch under `jax.vmap`; every public function also maps
+leading batch dimensions of the scores (and of the lattice) itself.
+
+The forward pass scans over levels: each step gathers the incoming arcs of
+one level into a `[W, D]` block, multiplies by the source values and sums
+over `D` with the semiring's own `sum`. Two scales keep every semiring in
+range: for the real semiring each state keeps its own log scale (the arc
+scores leaving it are shifted by it before `exp`, a potential that telescopes
+along every path, so paths of different lengths stay comparable); the other
+semirings renormalise all carried values at every level (`normalize`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from .. import semirings
+from ..semirings import Semiring
+from ..validation import as_float_array, check_finite_or_neg_inf
+
+
+class Lattice(NamedTuple):
+    """An acyclic lattice (see the module docstring). All fields are int32
+    or bool arrays; a batch of lattices carries leading batch dimensions.
+
+    src, dst, symbol: `[..., A]`; arc_valid: `[..., A]` bool;
+    final: `[..., S]` bool; state_slot: `[..., S]`;
+    level_arcs: `[..., N, W, D]`.
+    """
+
+    src: jax.Array
+    dst: jax.Array
+    symbol: jax.Array
+    arc_valid: jax.Array
+    final: jax.Array
+    state_slot: jax.Array
+    level_arcs: jax.Array
+
+    @property
+    def num_states(self) -> int:
+        return self.final.shape[-1]
+
+    @property
+    def num_arcs(self) -> int:
+        return self.src.shape[-1]
+
+
+# ---------------------------------------------------------------------------
+# Construction (numpy, on concrete arrays)
+# ---------------------------------------------------------------------------
+
+
+def _build(src, dst, symbol, final, num_states: int) -> Lattice:
+    """Check topological order and compute the level layout of valid arcs."""
+    src, dst, symbol = (np.asarray(a, np.int64).reshape(-1) for a in (src, dst, symbol))
+    final = np.asarray(final, bool).reshape(-1)
+    if num_states < 1:
+        raise ValueError(f"a lattice needs at least one state (the start state 0), got num_states={num_states}")
+    if final.shape != (num_states,):
+        raise ValueError(f"final must have shape [num_states] = [{num_states}], got {final.shape}")
+    out_of_range = (src < 0) | (dst < 0) | (src >= num_states) | (dst >= num_states)
+    if out_of_range.any():
+        i = int(np.argmax(out_of_range))
+        raise ValueError(f"arc {i} ({src[i]} -> {dst[i]}) refers to a state outside [0, {num_states})")
+    backward = src >= dst
+    if backward.any():
+        i = int(np.argmax(backward))
+        raise ValueError(f"arc {i} ({src[i]} -> {dst[i]}) is not in topological order: number the states so that "
+                         "every arc goes from a lower to a higher state (a cycle or self-loop cannot be numbered so)")
+    level = np.zeros(num_states, np.int64)
+    for arc in np.argsort(dst, kind="stable"):  # in-arcs of a source come before its out-arcs
+        level[dst[arc]] = max(level[dst[arc]], level[src[arc]] + 1)
+    num_levels = int(level.max()) if level.size else 0
+    width = max(int(np.bincount(level[level > 0]).max(initial=0)) if num_levels else 0, 1)
+    depth = max(int(np.bincount(dst).max(initial=0)) if dst.size else 0, 1)
+    # Slots: states of one level in increasing id order; arcs of one state in id order.
+    state_slot = np.full(num_states, (num_levels + 1) * width, np.int64)
+    state_slot[0] = 0
+    inner = np.flatnonzero(level > 0)
+    inner = inner[np.argsort(level[inner], kind="stable")]
+    rank = np.arange(inner.size) - np.searchsorted(level[inner], level[inner])
+    state_slot[inner] = level[inner] * width + rank
+    by_dst = np.argsort(dst, kind="stable")
+    rank = np.arange(by_dst.size) - np.searchsorted(dst[by_dst], dst[by_dst])
+    level_arcs = np.full((num_levels, width, depth), src.size, np.int64)
+    level_arcs[level[dst[by_dst]] - 1, state_slot[dst[by_dst]] % width, rank] = by_dst
+    as32 = lambda a: jnp.asarray(a, jnp.int32)
+    return Lattice(as32(src), as32(dst), as32(symbol), jnp.ones(src.shape, bool), jnp.asarray(final),
+                   as32(state_slot), as32(level_arcs))
+
+
+def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
+    """A lattice from `arcs`, a sequence of `(src, dst, symbol)` triples (or an
+    int array `[A, 3]`), in the order their scores will be given.
+
+    `final` is a sequence of final state ids. States must be numbered in
+    topological order with 0 the start state (`src < dst` for every arc);
+    anything else, a cycle included, raises `ValueError`.
+    `num_states` defaults to one more than the largest state id used.
+    """
+    arcs = np.asarray(arcs, np.int64)
+    if arcs.size == 0:
+        arcs = np.zeros((0, 3), np.int64)
+    if arcs.ndim != 2 or arcs.shape[1] != 3:
+        raise ValueError(f"arcs must be (src, dst, symbol) triples, shape [A, 3], got shape {arcs.shape}")
+    final = np.asarray(final, np.int64).reshape(-1)
+    if num_states is None:
+        num_states = int(max([0] + list(arcs[:, :2].reshape(-1)) + list(final))) + 1
+    if ((final < 0) | (final >= num_states)).any():
+        raise ValueError(f"final must list state ids in [0, {num_states}), got {final.tolist()}")
+    final_mask = np.zeros(num_states, bool)
+    final_mask[final] = True
+    return _build(arcs[:, 0], arcs[:, 1], arcs[:, 2], final_mask, num_states)
+
+
+def from_string(symbols: Sequence[int]) -> Lattice:
+    """The chain accepting exactly `symbols`: states `0..m`, arc `i` reads `symbols[i]`."""
+    m = len(symbols)
+    return from_arcs([(i, i + 1, int(s)) for i, s in enumerate(symbols)], final=[m], num_states=m + 1)
+
+
+def from_strings(strings: Sequence[Sequence[int]], *, deterministic: bool = False) -> Lattice:
+    """A lattice accepting a list of strings (e.g. an N-best candidate list).
+
+    With `deterministic=False`, candidate `i` is its own path (shared start
+    and final states) and its arcs are contiguous and in order, so a
+    duplicated candidate is two paths. With `deterministic=True`, the
+    minimal deterministic acceptor of the *set* of strings: every string on
+    exactly one path, shared prefixes and suffixes merged.
+    """
+    strings = [tuple(int(s) for s in string) for string in strings]
+    if deterministic:
+        return _minimal_acceptor(strings)
+    internal = sum(max(len(s) - 1, 0) for s in strings)
+    last = internal + 1
+    arcs, next_state, accepts_empty = [], 1, False
+    for string in strings:
+        if not string:
+            accepts_empty = True
+            continue
+        previous = 0
+        for position, symbol in enumerate(string):
+            target = last if position == len(string) - 1 else next_state
+            if target != last:
+                next_state += 1
+            arcs.append((previous, target, symbol))
+            previous = target
+    final = [last] + ([0] if accepts_empty else [])
+    return from_arcs(arcs, final=final, num_states=last + 1)
+
+
+def _minimal_acceptor(strings) -> Lattice:
+    """Minimal acyclic DFA of a finite set: a trie whose states with equal
+    right languages are merged (bottom-up signature hashing)."""
+    children, accepting = [{}], [False]
+    for string in strings:
+        node = 0
+        for symbol in string:
+            if symbol not in children[node]:
+                children[node][symbol] = len(children)
+                children.append({})
+                accepting.append(False)
+            node = children[node][symbol]
+        accepting[node] = True
+    if not any(accepting):
+        return from_arcs([], final=[], num_states=1)
+    # Trie children have larger ids than parents, so a reverse sweep sees every
+    # child's class first; classes are registered leaves-first.
+    register, class_of = {}, [0] * len(children)
+    for node in reversed(range(len(children))):
+        signature = (accepting[node], tuple(sorted((s, class_of[c]) for s, c in children[node].items())))
+        class_of[node] = register.setdefault(signature, len(register))
+    num_classes = len(register)
+    # A child's class is registered before its parent's: reversing the
+    # registration order numbers the states topologically, the root first.
+    state = lambda node: num_classes - 1 - class_of[node]
+    arcs, final, seen = [], set(), set()
+    for node in range(len(children)):
+        if accepting[node]:
+            final.add(state(node))
+        if state(node) in seen:
+            continue
+        seen.add(state(node))
+        arcs.extend((state(node), state(child), symbol) for symbol, child in sorted(children[node].items()))
+    return from_arcs(arcs, final=sorted(final), num_states=num_classes)
+
+
+def _numpy_lattice(lattice: Lattice) -> Lattice:
+    if lattice.src.ndim != 1:
+        raise ValueError(f"expected one lattice (src of shape [A]), got a batch of shape {lattice.src.shape[:-1]}")
+    return Lattice(*(np.asarray(field) for field in lattice))
+
+
+def union(*lattices: Lattice) -> Lattice:
+    """A lattice accepting every path of every argument: the start states are
+    merged (arcs out of each start leave the new start 0). Not deterministic
+    when the arguments share strings."""
+    src, dst, symbol, start_final, offset = [], [], [], False, 1
+    finals = []
+    for lattice in lattices:
+        lattice = _numpy_lattice(lattice)
+        valid = lattice.arc_valid
+        # Old start state 0 disappears; its other states shift by offset - 1.
+        renumber = lambda s: np.where(s == 0, 0, s + offset - 1)
+        src.append(renumber(lattice.src[valid]))
+        dst.append(renumber(lattice.dst[valid]))
+        symbol.append(lattice.symbol[valid])
+        start_final |= bool(lattice.final[0])
+        finals.append(np.flatnonzero(lattice.final[1:]) + offset)
+        offset += lattice.num_states - 1
+    final = np.zeros(offset, bool)
+    final[np.concatenate(finals + [np.zeros(0, np.int64)])] = True
+    final[0] = start_final
+    cat = lambda parts: np.concatenate(parts + [np.zeros(0, np.int64)])
+    return _build(cat(src), cat(dst), cat(symbol), final, offset)
+
+
+def pad(lattice: Lattice, num_states: int, num_arcs: int, num_levels: int, width: int, in_degree: int) -> Lattice:
+    """Pad one lattice to larger static sizes (padding states are unreachable
+    and not final; padding arcs are invalid), so lattices can be stacked."""
+    return jax.tree_util.tree_map(jnp.asarray, _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree))
+
+
+def _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree) -> Lattice:
+    lattice = _numpy_lattice(lattice)
+    S, A = lattice.num_states, lattice.num_arcs
+    N, W, D = lattice.level_arcs.shape
+    if num_states < S or num_arcs < A or num_levels < N or width < W or in_degree < D:
+        raise ValueError(f"pad sizes (num_states={num_states}, num_arcs={num_arcs}, num_levels={num_levels}, "
+                         f"width={width}, in_degree={in_degree}) must be at least the lattice's ({S}, {A}, {N}, {W}, {D})")
+    grow = lambda a, size, value: np.concatenate([a, np.full(size - a.shape[0], value, a.dtype)])
+    # Sentinels move with the sizes; slots move to the wider rows.
+    level_arcs = np.where(lattice.level_arcs == A, num_arcs, lattice.level_arcs)
+    old_slot = lattice.state_slot.astype(np.int64)
+    state_slot = np.where(old_slot == (N + 1) * W, (num_levels + 1) * width, old_slot // W * width + old_slot % W)
+    state_slot = grow(state_slot, num_states, (num_levels + 1) * width)
+    level_arcs = np.pad(level_arcs, ((0, num_levels - N), (0, width - W), (0, in_degree - D)), constant_values=num_arcs)
+    return Lattice(grow(lattice.src, num_arcs, 0), grow(lattice.dst, num_arcs, 0), grow(lattice.symbol, num_arcs, -1),
+                   grow(lattice.arc_valid, num_arcs, False), grow(lattice.final, num_states, False),
+                   state_slot.astype(np.int32), level_arcs.astype(np.int32))
+
+
+def stack(lattices: Sequence[Lattice]) -> Lattice:
+    """Pad lattices to common sizes and stack them into a batch `[B, ...]`."""
+    lattices = [_numpy_lattice(lattice) for lattice in lattices]
+    if not lattices:
+        raise ValueError("stack needs at least one lattice")
+    sizes = dict(num_states=max(l.num_states for l in lattices), num_arcs=max(l.num_arcs for l in lattices),
+                 num_levels=max(l.level_arcs.shape[0] for l in lattices),
+                 width=max(l.level_arcs.shape[1] for l in lattices),
+                 in_degree=max(l.level_arcs.shape[2] for l in lattices))
+    padded = [_pad_numpy(lattice, **sizes) for lattice in lattices]
+    return jax.tree_util.tree_map(lambda *fields: jnp.asarray(np.stack(fields)), *padded)
+
+
+def enumerate_paths(lattice: Lattice) -> list[tuple[int, ...]]:
+    """Every accepting path of one small lattice, as a tuple of arc ids
+    (depth first, arcs in id order). For tests and debugging."""
+    lattice = _numpy_lattice(lattice)
+    outgoing = [[] for _ in range(lattice.num_states)]
+    for arc in np.flatnonzero(lattice.arc_valid):
+        outgoing[lattice.src[arc]].append(int(arc))
+    paths = []
+
+    def visit(state, prefix):
+        if lattice.final[state]:
+            paths.append(tuple(prefix))
+        for arc in outgoing[state]:
+            visit(int(lattice.dst[arc]), prefix + [arc])
+
+    visit(0, [])
+    return paths
+
+
+def enumerate_strings(lattice: Lattice) -> list[tuple[int, ...]]:
+    """The symbol string of every accepting path (one entry per path)."""
+    symbol = np.asarray(lattice.symbol)
+    return [tuple(int(symbol[arc]) for arc in path) for path in enumerate_paths(lattice)]
+
+
+# ---------------------------------------------------------------------------
+# Validation and batching
+# ---------------------------------------------------------------------------
+
+
+def _prepare(lattice, arc_scores):
+    """Validate the arguments of the public functions."""
+    if not isinstance(lattice, Lattice):
+        raise TypeError(f"lattice must be a dag.Lattice, got {type(lattice).__name__}")
+    A = lattice.src.shape[-1]
+    arc_scores = as_float_array("arc_scores", arc_scores, 1, f"[..., A] with A = {A} (the lattice's arcs)")
+    if arc_scores.shape[-1] != A:
+        raise ValueError(f"arc_scores must have shape [..., {A}] (one score per lattice arc), got {arc_scores.shape}")
+    lattice_batch, batch_shape = lattice.src.shape[:-1], arc_scores.shape[:-1]
+    if lattice_batch not in ((), batch_shape):
+        raise ValueError(f"arc_scores batch shape {batch_shape} must equal the lattice batch shape {lattice_batch} "
+                         "(or the lattice must be unbatched)")
+    check_finite_or_neg_inf("arc_scores", arc_scores)
+    return lattice, arc_scores
+
+
+def _map_batch(fn, lattice, arc_scores, batch_shape):
+    """Apply the unbatched `fn(lattice, arc_scores)` over `batch_shape` with
+    one `vmap`; an unbatched lattice is shared, not broadcast."""
+    if not batch_shape:
+        return fn(lattice, arc_scores)
+    size = math.prod(batch_shape)
+    shared = lattice.src.ndim == 1
+    if not shared:
+        lattice = jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape):]), lattice)
+    scores = arc_scores.reshape((size,) + arc_scores.shape[len(batch_shape):])
+    out = jax.vmap(fn, in_axes=(None if shared else 0, 0))(lattice, scores)
+    return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
+
+
+# ---------------------------------------------------------------------------
+# Unbatched algorithms
+# ---------------------------------------------------------------------------
+
+
+def _gather(value, index):
+    """Entries of a semiring value at logical indices `index` (any shape)."""
+    return jax.tree_util.tree_map(lambda x: x[..., index], value)
+
+
+def _write_row(value, row_start, update):
+    """Write `update [W]` into slots `row_start ..` of every leaf's last axis."""
+    return jax.tree_util.tree_map(lambda x, u: jax.lax.dynamic_update_slice_in_dim(x, u, row_start, x.ndim - 1),
+                                  value, update)
+
+
+def _arc_source_slots(lattice):
+    """Slot of each arc's source `[A + 1]`; the sentinel arc reads the zero slot."""
+    N, W, _ = lattice.level_arcs.shape
+    return jnp.concatenate([lattice.state_slot[lattice.src], jnp.full((1,), (N + 1) * W, jnp.int32)])
+
+
+def _forward_instance(semiring: Semiring, lattice: Lattice, arc_scores):
+    A = lattice.num_arcs
+    N, W, _ = lattice.level_arcs.shape
+    size, dtype = (N + 1) * W + 1, arc_scores.dtype
+    # Padding scores become 0 before any arithmetic (no -inf/NaN can leak into
+    # gradients); arc A is the sentinel arc.
+    scores = jnp.concatenate([jnp.where(lattice.arc_valid, arc_scores, 0.0), jnp.zeros((1,), dtype)])
+    sources = _arc_source_slots(lattice)
+    values = semiring.select(jnp.arange(size) == 0, semiring.one((size,), dtype), semiring.zero((size,), dtype))
+    # potential[slot]: the log scale divided out of values[slot]. A semiring
+    # whose conversion shifts scores (the real semiring) keeps one scale per
+    # state, folded into the arc scores that leave it: a uniform renormalisation
+    # would let states that are no longer read dominate the scale and later
+    # values underflow. The other semirings (log-space values, counts) ignore
+    # shifts in `convert`, so they are renormalised uniformly and keep
+    # potential = 0.
+    per_state_scale = type(semiring).convert_scaled is not Semiring.convert_scaled
+    potential = jnp.zeros((size,), dtype)
+
+    def step(carry, level):
+        values, potential = carry
+        row, arcs = level
+        arc_sources = sources[arcs]
+        shifted = jnp.where(arcs < A, scores[arcs] + potential[arc_sources], -jnp.inf)
+        weights, shift = semiring.convert_scaled(shifted, (-2, -1))
+        new = semiring.sum(semiring.times(_gather(values, arc_sources), weights), -1)
+        if per_state_scale:
+            new, norm = semiring.normalize(semiring.expand_dims(new, -1), -1)
+            new = jax.tree_util.tree_map(lambda x: x[..., 0], new)
+            potential = jax.lax.dynamic_update_slice_in_dim(potential, shift + norm, row * W, 0)
+            return (_write_row(values, row * W, new), potential), jnp.zeros((), dtype)
+        values, norm = semiring.normalize(_write_row(values, row * W, new), -1)
+        return (values, potential), norm
+
+    levels = (jnp.arange(1, N + 1), lattice.level_arcs)
+    (values, potential), norms = jax.lax.scan(step, (values, potential), levels)
+    exits, exit_shift = semiring.convert_scaled(jnp.where(lattice.final, potential[lattice.state_slot], -jnp.inf), (-1,))
+    total = semiring.sum(semiring.times(_gather(values, lattice.state_slot), exits), -1)
+    return semiring.unconvert(total, jnp.sum(norms) + exit_shift)
+
+
+def _viterbi_instance(lattice: Lattice, arc_scores):
+    A = lattice.num_arcs
+    N, W, _ = lattice.level_arcs.shape
+    size, dtype = (N + 1) * W + 1, arc_scores.dtype
+    scores = jnp.concatenate([jnp.where(lattice.arc_valid, arc_scores, -jnp.inf), jnp.full((1,), -jnp.inf, dtype)])
+    sources = _arc_source_slots(lattice)
+    best = jnp.where(jnp.arange(size) == 0, 0.0, -jnp.inf).astype(dtype)
+    best_arc = jnp.full((size,), -1, jnp.int32)
+
+    def step(carry, level):
+        best, best_arc = carry
+        row, arcs = level
+        candidates = jnp.where(arcs < A, best[sources[arcs]] + scores[arcs], -jnp.inf)
+        slot = jnp.argmax(candidates, axis=-1)  # lowest slot wins ties
+        value = jnp.max(candidates, axis=-1)
+        chosen = jnp.where(value > -jnp.inf, jnp.take_along_axis(arcs, slot[:, None], axis=-1)[:, 0], -1)
+        best = jax.lax.dynamic_update_slice_in_dim(best, value, row * W, 0)
+        return (best, jax.lax.dynamic_update_slice_in_dim(best_arc, chosen, row * W, 0)), None
+
+    (best, best_arc), _ = jax.lax.scan(step, (best, best_arc), (jnp.arange(1, N + 1), lattice.level_arcs))
+    final_scores = jnp.where(lattice.final, best[lattice.state_slot], -jnp.inf)
+    last = jnp.argmax(final_scores)
+    score = final_scores[last]
+
+    def back(state, _):
+        arc = jnp.where(state > 0, best_arc[lattice.state_slot[state]], -1)
+        return jnp.where(arc >= 0, lattice.src[jnp.maximum(arc, 0)], state), arc
+
+    if N == 0:  # no arcs: the best path, if any, is empty
+        return score, jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.int32)
+    _, reversed_arcs = jax.lax.scan(back, jnp.where(score > -jnp.inf, last, 0), None, length=N)
+    count = jnp.sum(reversed_arcs >= 0)
+    position = jnp.arange(N)
+    arcs = jnp.where(position < count, reversed_arcs[jnp.clip(count - 1 - position, 0, N - 1)], -1)
+    symbols = jnp.where(arcs >= 0, lattice.symbol[jnp.maximum(arcs, 0)], -1)
+    return score, arcs.astype(jnp.int32), symbols.astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def forward(semiring: Semiring, lattice: Lattice, arc_scores):
+    """Semiring sum over all accepting paths of each lattice.
+
+    Args:
+      semiring: any of `lossfns.semirings` (`Log` -> log Z, `Max` -> best
+        path score, `Real` -> log Z, `Entropy` -> path entropy, `KMax(k)` ->
+        `[..., k]` best scores, `Counting` -> number of finite-score paths).
+      lattice: a `Lattice`, unbatched or with the batch shape of the scores.
+      arc_scores: `[..., A]` log-space scores; `-inf` forbids an arc; padding
+        arcs' scores are ignored.
+    Returns:
+      `[...]` (`[..., k]` for k-max). A lattice without an accepting path
+      gives the semiring zero (`-inf` log Z) with zero gradients.
+    """
+    lattice, arc_scores = _prepare(lattice, arc_scores)
+    return _forward_batch(semiring, lattice, arc_scores)
+
+
+# Compiled once per semiring and shape, so eager callers do not retrace the scan.
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_batch(semiring, lattice, arc_scores):
+    return _map_batch(functools.partial(_forward_instance, semiring), lattice, arc_scores, arc_scores.shape[:-1])
+
+
+@jax.jit
+def _viterbi_batch(lattice, arc_scores):
+    return _map_batch(_viterbi_instance, lattice, arc_scores, arc_scores.shape[:-1])
+
+
+def log_partition(lattice: Lattice, arc_scores, *, semiring: Semiring = semirings.Log):
+    """`log` of the sum over accepting paths of `exp(path score)`, `[...]`.
+    `semiring` is `Log` (exact with -inf) or `Real` (faster on CPU)."""
+    if semiring.name not in ("log", "real"):
+        raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
+    return forward(semiring, lattice, arc_scores)
+
+
+def arc_marginals(lattice: Lattice, arc_scores, *, semiring: Semiring = semirings.Log):
+    """Posterior probability of each arc, `[..., A]` (the derivative of
+    `log_partition`; 0 for padding, forbidden and unreachable arcs)."""
+    total = lambda scores: jnp.sum(log_partition(lattice, scores, semiring=semiring))
+    return jax.grad(total)(arc_scores)
+
+
+def viterbi(lattice: Lattice, arc_scores):
+    """Best accepting path by back-pointers (ties: lowest arc slot wins).
+
+    Returns `(score [...], arcs [..., N], symbols [..., N])`: the path's arc
+    ids and symbols from the start, padded with -1 (N is the number of levels,
+    the longest possible path). Without an accepting path: score -inf, all -1.
+    """
+    lattice, arc_scores = _prepare(lattice, arc_scores)
+    return _viterbi_batch(lattice, arc_scores)

@@ -1,0 +1,281 @@
+"""Bad input across the public API: each case must raise the stated exception
+type with a message naming the offending argument (and, for files, the
+file and line). The table doubles as the README's reliability table:
+`python tests/test_bad_inputs.py` prints it in Markdown.
+
+Cases marked `xfail(strict=True)` are checks the API does not make yet; each
+names the check to add (strict, so the suite flags it once it is added).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from lossfns import checkpoint, corpora, debug, losses, semirings
+from lossfns.features import templates
+from lossfns.lattices import chain, dag
+from lossfns.lattices.chain import FactoredPotentials
+
+T, L = 3, 2
+
+
+def _potentials(**changes):
+    p = np.zeros((2, T, L, L))
+    for index, value in changes.items():
+        p[tuple(int(c) for c in index[1:])] = value
+    return jnp.asarray(p)
+
+
+def _factored(unary=None, transitions=None, start=None):
+    return FactoredPotentials(jnp.zeros((2, T, L)) if unary is None else unary,
+                              jnp.zeros((L, L)) if transitions is None else transitions,
+                              start)
+
+
+def _lattice():
+    return dag.from_arcs([(0, 1, 0), (0, 1, 1), (1, 2, 0)], final=[2])
+
+
+def _truncated_checkpoint(tmp_path):
+    path = checkpoint.save(tmp_path / "state.ckpt", {"w": jnp.zeros(4)})
+    path.write_bytes(path.read_bytes()[:-3])
+    return checkpoint.load(path, like={"w": jnp.zeros(4)})
+
+
+def _template_file(tmp_path, text):
+    path = tmp_path / "bad.tpl"
+    path.write_text(text)
+    return templates.read_templates(str(path))
+
+
+def _conll_file(tmp_path, text):
+    path = tmp_path / "bad.conll"
+    path.write_text(text)
+    return corpora.read_conll(str(path))
+
+
+GOOD = _potentials
+NAN = float("nan")
+INF = float("inf")
+
+# (id, description of the bad input, call taking tmp_path, exception, words the message must contain)
+CASES = [
+    # --- lossfns.lattices.chain: potentials ---
+    ("potentials-rank", "potentials of rank 2", lambda _: chain.log_partition(jnp.zeros((T, L))),
+     ValueError, ["potentials", "[..., T, L, L]", "(3, 2)"]),
+    ("potentials-not-square", "potentials [..., T, L, M] with L != M",
+     lambda _: chain.log_partition(jnp.zeros((T, 2, 3))), ValueError, ["potentials", "square"]),
+    ("potentials-int", "integer potentials", lambda _: chain.log_partition(jnp.zeros((T, L, L), jnp.int32)),
+     TypeError, ["potentials", "floating", "int32"]),
+    ("potentials-complex", "complex potentials", lambda _: chain.viterbi(jnp.zeros((T, L, L), jnp.complex64)),
+     TypeError, ["potentials", "complex64"]),
+    ("potentials-nan", "NaN in potentials", lambda _: chain.marginals(GOOD(i011=NAN)),
+     ValueError, ["potentials", "NaN", "(0, 1, 1"]),
+    ("potentials-posinf", "+inf in potentials", lambda _: chain.viterbi(GOOD(i100=INF)),
+     ValueError, ["potentials", "+inf"]),
+    ("potentials-no-labels", "zero labels (L = 0)", lambda _: chain.log_partition(jnp.zeros((T, 0, 0))),
+     ValueError, ["potentials", "L >= 1"]),
+    ("potentials-string", "a string as potentials", lambda _: chain.log_partition("scores"),
+     TypeError, ["potentials"]),
+    # --- lengths ---
+    ("lengths-shape", "lengths not of the batch shape",
+     lambda _: chain.log_partition(GOOD(), jnp.array([1, 2, 3])), ValueError, ["lengths", "(2,)", "(3,)"]),
+    ("lengths-float", "float lengths", lambda _: chain.entropy(GOOD(), jnp.array([1.0, 2.0])),
+     TypeError, ["lengths", "integer"]),
+    ("lengths-negative", "a negative length", lambda _: chain.viterbi(GOOD(), jnp.array([-1, 2])),
+     ValueError, ["lengths", "[0, 3]", "-1"]),
+    ("lengths-too-long", "a length above T", lambda _: chain.sample(jax.random.key(0), GOOD(), jnp.array([1, 4])),
+     ValueError, ["lengths", "[0, 3]", "4"]),
+    ("lengths-too-long-kbest", "a length above T (kbest)", lambda _: chain.kbest(GOOD(), jnp.array([9, 1]), 2),
+     ValueError, ["lengths", "9"]),
+    # --- labels ---
+    ("labels-shape", "labels not [..., T]", lambda _: chain.score(GOOD(), jnp.zeros((2, T + 1), jnp.int32)),
+     ValueError, ["labels", "(2, 3)", "(2, 4)"]),
+    ("labels-float", "float labels", lambda _: chain.score(GOOD(), jnp.zeros((2, T))),
+     TypeError, ["labels", "integer"]),
+    ("labels-too-large", "a label >= L inside the length",
+     lambda _: chain.score(GOOD(), jnp.array([[0, 1, 2], [0, 0, 0]])), ValueError, ["labels", "[0, 2)", "2"]),
+    ("labels-negative", "a label -1 inside the length",
+     lambda _: chain.score(GOOD(), jnp.array([[0, -1, -1], [0, 0, 0]]), jnp.array([2, 3])),
+     ValueError, ["labels", "-1", "(0, 1)"]),
+    # --- factored potentials ---
+    ("unary-rank", "unary of rank 1", lambda _: chain.log_partition(_factored(unary=jnp.zeros(L))),
+     ValueError, ["unary", "[..., T, L]"]),
+    ("unary-int", "integer unary scores", lambda _: chain.log_partition(_factored(unary=jnp.zeros((T, L), int))),
+     TypeError, ["unary"]),
+    ("unary-nan", "NaN in unary", lambda _: chain.marginals(_factored(unary=jnp.full((2, T, L), NAN))),
+     ValueError, ["unary", "NaN"]),
+    ("transitions-shape", "transitions not [L, L]",
+     lambda _: chain.log_partition(_factored(transitions=jnp.zeros((L, L + 1)))),
+     ValueError, ["transitions", "[..., 2, 2]"]),
+    ("transitions-batch", "transitions batch not broadcastable to unary's",
+     lambda _: chain.log_partition(_factored(transitions=jnp.zeros((5, L, L)))),
+     ValueError, ["transitions", "(5,)", "(2,)"]),
+    ("transitions-posinf", "+inf in transitions",
+     lambda _: chain.viterbi(_factored(transitions=jnp.full((L, L), INF))), ValueError, ["transitions", "+inf"]),
+    ("start-shape", "start not [L]", lambda _: chain.log_partition(_factored(start=jnp.zeros(L + 1))),
+     ValueError, ["start", "[..., 2]"]),
+    ("start-nan", "NaN in start", lambda _: chain.entropy(_factored(start=jnp.full(L, NAN))),
+     ValueError, ["start", "NaN"]),
+    # --- options and semirings ---
+    ("algorithm", "unknown algorithm", lambda _: chain.log_partition(GOOD(), algorithm="fast"),
+     ValueError, ["algorithm", "'fast'", "sequential"]),
+    ("log-partition-semiring", "a max semiring for log_partition",
+     lambda _: chain.log_partition(GOOD(), semiring=semirings.Max), ValueError, ["semiring", "Log or Real"]),
+    ("kmax-k-zero", "k = 0 for the k-max semiring", lambda _: semirings.KMax(0), ValueError, ["k", "0"]),
+    ("kmax-k-float", "a float k", lambda _: semirings.KMax(2.5), ValueError, ["k", "2.5"]),
+    ("kbest-k", "k = 0 for kbest", lambda _: chain.kbest(GOOD(), None, 0), ValueError, ["k", "0"]),
+    ("forward-semiring", "a string instead of a semiring",
+     lambda _: chain.forward("log", GOOD()), TypeError, ["semiring", "Semiring"]),
+    ("sample-key", "an int instead of a PRNG key", lambda _: chain.sample(0, GOOD()), TypeError, ["PRNG key"]),
+    # --- lossfns.lattices.dag ---
+    ("dag-cycle", "a cyclic lattice", lambda _: dag.from_arcs([(0, 1, 0), (1, 2, 0), (2, 1, 0)], final=[2]),
+     ValueError, ["arc 2", "topological order", "cycle"]),
+    ("dag-order", "states not numbered in topological order",
+     lambda _: dag.from_arcs([(0, 2, 0), (2, 1, 0)], final=[1]), ValueError, ["arc 1", "(2 -> 1)"]),
+    ("dag-missing-state", "an arc to a missing state",
+     lambda _: dag.from_arcs([(0, 1, 0), (1, 7, 0)], final=[1], num_states=2), ValueError, ["arc 1", "7"]),
+    ("dag-arcs-shape", "arcs that are not triples", lambda _: dag.from_arcs([(0, 1)], final=[1]),
+     ValueError, ["arcs", "[A, 3]"]),
+    ("dag-final", "a final state that does not exist", lambda _: dag.from_arcs([(0, 1, 0)], final=[3], num_states=2),
+     ValueError, ["final", "[3]"]),
+    ("dag-arc-scores-shape", "arc_scores of the wrong length",
+     lambda _: dag.log_partition(_lattice(), jnp.zeros(4)), ValueError, ["arc_scores", "[..., 3]"]),
+    ("dag-arc-scores-nan", "NaN in arc_scores", lambda _: dag.viterbi(_lattice(), jnp.array([0.0, NAN, 0.0])),
+     ValueError, ["arc_scores", "NaN"]),
+    ("dag-lattice-type", "potentials instead of a lattice", lambda _: dag.log_partition(GOOD(), jnp.zeros(3)),
+     TypeError, ["lattice", "dag.Lattice"]),
+    # --- lossfns.losses ---
+    ("loss-labels", "a gold label >= L", lambda _: losses.sequence_log_loss(GOOD(), jnp.full((2, T), 5)),
+     ValueError, ["labels", "5"]),
+    ("loss-lengths", "loss lengths above T",
+     lambda _: losses.structured_hinge_loss(GOOD(), jnp.zeros((2, T), int), jnp.array([4, 1])),
+     ValueError, ["lengths", "4"]),
+    ("reranking-reference", "a reference outside the candidate list",
+     lambda _: losses.reranking_log_loss(jnp.zeros((2, 3)), jnp.array([0, 3])), ValueError, ["reference", "[0, 3)"]),
+    ("reranking-absent", "a reference marked absent by mask",
+     lambda _: losses.reranking_log_loss(jnp.zeros((1, 3)), jnp.array([1]), jnp.array([[True, False, True]])),
+     ValueError, ["reference", "mask"]),
+    pytest.param("reranking-empty", "an empty candidate list (N = 0)",
+                 lambda _: losses.reranking_log_loss(jnp.zeros((2, 0)), jnp.array([0, 0])),
+                 ValueError, ["scores", "candidate"],
+                 marks=pytest.mark.xfail(strict=True, reason="reranking losses do not reject N = 0 by name")),
+    ("hamming-shape", "predicted and gold of different shapes",
+     lambda _: losses.hamming_loss(jnp.zeros((2, 3), int), jnp.zeros((2, 4), int)), ValueError, ["predicted", "gold"]),
+    # --- lossfns.features.templates ---
+    ("template-kind", "a template line not starting with U, B or *",
+     lambda tmp: _template_file(tmp, "U00:%x[0,0]\nX01:%x[1,0]\n"), ValueError, ["bad.tpl:2", "U, B or *"]),
+    ("template-macro", "a malformed macro", lambda tmp: _template_file(tmp, "# c\n\nU00:%x[0,\n"),
+     ValueError, ["bad.tpl:3", "malformed macro"]),
+    ("template-duplicate", "a template name used twice", lambda tmp: _template_file(tmp, "U00:%x[0,0]\nU00:%x[1,0]\n"),
+     ValueError, ["bad.tpl:2", "U00", "line 1"]),
+    ("template-regex", "a bad regex in %m[...]", lambda tmp: _template_file(tmp, 'U00:%m[0,0,"(a"]\n'),
+     ValueError, ["bad.tpl:1", "regex"]),
+    # --- lossfns.corpora ---
+    ("corpus-columns", "a line with a different number of columns",
+     lambda tmp: _conll_file(tmp, "El DA O\nrey NC\n\n"), ValueError, ["bad.conll:2", "3 columns"]),
+    ("corpus-one-column", "a line with a single column", lambda tmp: _conll_file(tmp, "\nword\n"),
+     ValueError, ["bad.conll:2", "at least 2 columns"]),
+    # --- lossfns.checkpoint ---
+    ("checkpoint-truncated", "a truncated checkpoint file", _truncated_checkpoint,
+     checkpoint.CheckpointError, ["state.ckpt", "truncated"]),
+]
+
+
+def _case_id(case):
+    return case.values[0] if hasattr(case, "values") else case[0]
+
+
+@pytest.mark.parametrize("case_id, description, call, error, words", CASES, ids=[_case_id(c) for c in CASES])
+def test_bad_input_raises_a_named_error(tmp_path, case_id, description, call, error, words):
+    with pytest.raises(error) as raised:
+        call(tmp_path)
+    message = str(raised.value)
+    for word in words:
+        assert word in message, f"{description}: {word!r} not in {message!r}"
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 30
+
+
+# ---------------------------------------------------------------------------
+# Inside jit: values are traced, so only the opt-in checkify mode sees them
+# ---------------------------------------------------------------------------
+
+_checked_log_partition = debug.checked(chain.log_partition, validate=debug.check_chain_inputs)
+_checked_score = debug.checked(chain.score, validate=lambda p, y, n=None: debug.check_chain_inputs(p, n, y))
+_FORBIDDEN = jnp.zeros((2, T, L, L)).at[:, :, 1, 0].set(-jnp.inf)
+
+INSIDE_JIT_CASES = [
+    ("nan-potentials", lambda: _checked_log_partition(_FORBIDDEN.at[0, 1, 1, 1].set(NAN), jnp.array([1, 3])),
+     ["potentials", "NaN"]),
+    ("posinf-potentials", lambda: _checked_log_partition(_FORBIDDEN.at[1, 0, 0, 1].set(INF), None),
+     ["potentials", "+inf"]),
+    ("nan-unary", lambda: _checked_log_partition(_factored(unary=jnp.full((2, T, L), NAN)), None), ["unary", "NaN"]),
+    ("length-above-T", lambda: _checked_log_partition(_FORBIDDEN, jnp.array([0, 4])), ["lengths", "[0, 3]", "4"]),
+    ("length-negative", lambda: _checked_log_partition(_FORBIDDEN, jnp.array([-2, 1])), ["lengths", "-2"]),
+    ("label-out-of-range", lambda: _checked_score(_FORBIDDEN, jnp.array([[0, 5, 0], [0, 0, 0]]), jnp.array([3, 3])),
+     ["labels", "[0, 2)", "5"]),
+    ("nan-made-inside", lambda: debug.checked(lambda x: jnp.log(x) * 0.0)(jnp.array([-1.0])), ["nan", "log"]),
+]
+
+
+@pytest.mark.parametrize("case_id, call, words", INSIDE_JIT_CASES, ids=[c[0] for c in INSIDE_JIT_CASES])
+def test_checked_mode_catches_bad_values_inside_jit(case_id, call, words):
+    with pytest.raises(ValueError) as raised:
+        call()
+    for word in words:
+        assert word in str(raised.value), str(raised.value)
+
+
+def test_checked_mode_passes_valid_inputs_unchanged():
+    lengths = jnp.array([0, 3])
+    np.testing.assert_array_equal(_checked_log_partition(_FORBIDDEN, lengths), chain.log_partition(_FORBIDDEN, lengths))
+    # Labels outside the length are never read, so -1 padding is fine there.
+    labels = jnp.array([[0, 5, -1], [0, 1, 1]])
+    np.testing.assert_array_equal(_checked_score(_FORBIDDEN, labels, jnp.array([1, 3])),
+                                  chain.score(_FORBIDDEN, labels, jnp.array([1, 3])))
+    # No false NaN alarms from -inf structure, chains with no path, or derivatives.
+    marginals = debug.checked(chain.marginals)(jnp.full((2, T, L, L), -jnp.inf), lengths)
+    assert np.asarray(marginals).sum() == 0.0
+
+
+def test_plain_jit_does_not_see_nan_values():
+    """Why the debug mode exists: under plain jit the value check is skipped
+    and a NaN potential gives a number without any error (here a finite,
+    wrong one: the NaN is lost in the max-shift of logsumexp)."""
+    bad = _FORBIDDEN.at[0, 1, 1, 1].set(NAN)
+    jax.block_until_ready(jax.jit(chain.log_partition)(bad, jnp.array([3, 3])))
+    with pytest.raises(ValueError, match="potentials contains NaN"):
+        _checked_log_partition(bad, jnp.array([3, 3]))
+
+
+def markdown_table(tmp_path: Path) -> str:
+    """The README table: each bad input and the error it gives now."""
+    rows = ["| bad input | error |", "|---|---|"]
+    for case in CASES:
+        case_id, description, call, _, _ = case.values if hasattr(case, "values") else case
+        try:
+            call(tmp_path)
+            outcome = "**no error**"
+        except Exception as error:  # noqa: BLE001  (reporting whatever is raised)
+            text = str(error).replace(str(tmp_path) + "/", "").replace("|", "\\|").splitlines()[0]
+            outcome = f"`{type(error).__name__}`: {text[:140]}"
+        rows.append(f"| {description} | {outcome} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    jax.config.update("jax_enable_x64", True)
+    with tempfile.TemporaryDirectory() as directory:
+        sys.stdout.write(markdown_table(Path(directory)) + "\n")
