@@ -53,7 +53,8 @@ class FactoredPotentials(NamedTuple):
 def materialize(potentials: FactoredPotentials) -> jax.Array:
     """Per-position potentials `[..., T, L, L]` equal to a factored form
     (row 0 at t = 0 holds the start scores; other rows there are unread)."""
-    unary, transitions, start = potentials
+    unary, transitions = jnp.asarray(potentials.unary), jnp.asarray(potentials.transitions)
+    start = potentials.start
     L = unary.shape[-1]
     start = jnp.zeros((L,), unary.dtype) if start is None else start
     edges = transitions[..., None, :, :] + unary[..., :, None, :]

@@ -1,0 +1,56 @@
+"""Shape checks shared by the chain losses: the losses gather gold labels
+and mask positions themselves, so they need the batch shape, `T` and `L`
+before calling into `lossfns.lattices.chain` (which validates again)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..lattices.chain import FactoredPotentials
+from ..validation import as_float_array, as_labels, as_lengths
+
+
+def chain_inputs(potentials, labels, lengths):
+    """Validate; return `(labels [..., T], lengths [...], inside [..., T] bool, L)`.
+
+    `inside[..., t]` is `t < length`; gold labels outside may be anything
+    (e.g. -1 padding) and are never read there.
+    """
+    if isinstance(potentials, FactoredPotentials):
+        unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
+        batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
+    else:
+        potentials = as_float_array("potentials", potentials, 3, "[..., T, L, L]")
+        batch_shape, (T, L) = potentials.shape[:-3], potentials.shape[-3:-1]
+    lengths = as_lengths(lengths, tuple(batch_shape), T)
+    labels = as_labels(labels, tuple(batch_shape) + (T,), L, lengths)
+    inside = jnp.arange(T) < lengths[..., None]
+    return labels, lengths, inside, L
+
+
+def gold_label_scores(per_label: jax.Array, labels: jax.Array, inside: jax.Array) -> jax.Array:
+    """`per_label[..., t, labels[..., t]]`, `[..., T]` (label 0 read outside the length)."""
+    safe = jnp.where(inside, labels, 0)
+    return jnp.take_along_axis(per_label, safe[..., None], axis=-1)[..., 0]
+
+
+def add_to_label_scores(potentials, extra: jax.Array):
+    """Add `extra [..., T, L]` to the score of choosing label `j` at `t`,
+    for either form of potentials (keeping the potentials' dtype)."""
+    if isinstance(potentials, FactoredPotentials):
+        unary = jnp.asarray(potentials.unary)
+        return potentials._replace(unary=unary + extra.astype(unary.dtype))
+    potentials = jnp.asarray(potentials)
+    return potentials + extra.astype(potentials.dtype)[..., :, None, :]
+
+
+def excess_over_gold(reference: jax.Array, gold: jax.Array) -> jax.Array:
+    """`reference - gold`, `[...]`, where `reference >= gold` (log Z or a best score).
+
+    A gold sequence of score -inf gives +inf. When no sequence is allowed at
+    all both are -inf: the reference is replaced by 0 (with a zero gradient),
+    so the answer is +inf there too rather than NaN. Otherwise the gradient
+    is the plain difference of gradients, finite even when the value is +inf.
+    """
+    return jnp.where(jnp.isfinite(reference), reference, 0.0) - gold

@@ -1,0 +1,72 @@
+"""Evaluation losses (counts, not for gradients): Hamming loss of decoded
+labels, posterior (max-marginal) decoding, and the rank loss by brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from .. import semirings
+from ..lattices import chain
+from ..semirings import Semiring
+from ..validation import as_lengths
+from ._chain_inputs import chain_inputs
+
+
+def hamming_loss(predicted, gold, lengths=None):
+    """Number of positions inside each length where `predicted != gold`, `[...]` int32.
+
+    predicted, gold: integer labels `[..., T]` of the same shape (values past
+    each length are ignored); lengths: `[...]`, default `T`.
+    """
+    predicted, gold = jnp.asarray(predicted), jnp.asarray(gold)
+    for name, labels in (("predicted", predicted), ("gold", gold)):
+        if not jnp.issubdtype(labels.dtype, jnp.integer):
+            raise TypeError(f"{name} must be an integer array [..., T], got dtype {labels.dtype}")
+        if labels.ndim < 1:
+            raise ValueError(f"{name} must have shape [..., T] (rank >= 1), got shape {labels.shape}")
+    if predicted.shape != gold.shape:
+        raise ValueError(f"predicted must have the shape of gold {gold.shape} ([..., T]), got shape {predicted.shape}")
+    lengths = as_lengths(lengths, gold.shape[:-1], gold.shape[-1])
+    inside = jnp.arange(gold.shape[-1]) < lengths[..., None]
+    return jnp.sum(inside & (predicted != gold), axis=-1).astype(jnp.int32)
+
+
+def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log,
+                     algorithm: str = "sequential"):
+    """The most probable label at each position (argmax of the node
+    marginals), `[..., T]` int32, -1 past each length. Minimises the expected
+    Hamming loss; the result need not be an allowed sequence."""
+    node = chain.node_marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
+    T = node.shape[-2]
+    lengths = as_lengths(lengths, node.shape[:-2], T)
+    inside = jnp.arange(T) < lengths[..., None]
+    return jnp.where(inside, jnp.argmax(node, axis=-1), -1).astype(jnp.int32)
+
+
+def rank_loss(potentials, labels, lengths=None, *, max_sequences: int = 100_000):
+    """Number of sequences `y' != y` with `s(x, y') >= s(x, y)`, `[...]` int32.
+
+    Brute force: scores all `L ** T` label sequences, so it is for small
+    problems only (tests, toy evaluations); raises ValueError beyond
+    `max_sequences`. A gold sequence of score -inf ranks below every sequence.
+    """
+    labels, lengths, inside, L = chain_inputs(potentials, labels, lengths)
+    T = labels.shape[-1]
+    if L ** T > max_sequences:
+        raise ValueError(f"rank_loss enumerates L ** T = {L} ** {T} sequences, more than max_sequences = "
+                         f"{max_sequences}; it is a brute-force evaluation for small problems")
+    candidates = jnp.asarray(np.array(list(itertools.product(range(L), repeat=T)), np.int32).reshape(-1, T))
+    broadcast = lambda y: jnp.broadcast_to(y, labels.shape)
+    scores = jax.vmap(lambda y: chain.score(potentials, broadcast(y), lengths))(candidates)  # [N, ...]
+    gold = chain.score(potentials, labels, lengths)
+    # Sequences that differ only past the length are the same sequence: count
+    # the one whose padding is all label 0.
+    candidates = candidates.reshape((-1,) + (1,) * (labels.ndim - 1) + (T,))
+    canonical = jnp.all(inside | (candidates == 0), axis=-1)
+    different = jnp.any(inside & (candidates != labels), axis=-1)
+    return jnp.sum(canonical & different & (scores >= gold), axis=0).astype(jnp.int32)

@@ -1,0 +1,71 @@
+"""Sequence-level objectives of Altun, Johnson & Hofmann (2003): the CRF
+log-loss and the sequential exp-loss (MATH.md section 2, items 1 and 2).
+
+All take chain potentials `[..., T, L, L]` or `FactoredPotentials`, gold
+`labels [..., T]` (values past each length are ignored, e.g. -1 padding) and
+`lengths [...]`, and return one loss per chain, `[...]`.
+
+A gold sequence through a forbidden (-inf) potential has probability 0 under
+every setting of the finite scores, so `-log P(y | x)` and `1 / P(y | x) - 1`
+are +inf: the example cannot be fitted by this model structure (usually a
+labelling that violates the constraints, e.g. O -> I-PER in IOB2). The
+log-losses keep their finite gradient there (`E_P[S] - S(y)`, the limit
+as the forbidden score goes to -inf); `sequence_exp_loss` returns a zero
+gradient there, so that masking such examples out with `jnp.where` keeps
+the batch gradient NaN-free.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .. import semirings
+from ..lattices import chain
+from ..semirings import Semiring
+from ._chain_inputs import excess_over_gold
+
+
+def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
+                      algorithm: str = "sequential"):
+    """`log Z(x) - s(x, y) = -log P(y | x)`, `[...]` (the CRF objective).
+
+    Gradient: `E_P[S | x] - S(x, y)`. `semiring` is `Log` (exact with -inf)
+    or `Real` (faster on CPU); `algorithm` as in `chain.log_partition`.
+    """
+    log_z = chain.log_partition(potentials, lengths, semiring=semiring, algorithm=algorithm)
+    return excess_over_gold(log_z, chain.score(potentials, labels, lengths))
+
+
+def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
+                      algorithm: str = "sequential"):
+    """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`, `[...]`.
+
+    Computed as `expm1(log Z - s)`, exact for small losses. Gradient:
+    `(1 / P(y | x)) (E_P[S | x] - S(x, y))`. Upper-bounds the rank loss.
+    Overflows to +inf once `log Z - s` exceeds about 709 (88 in float32);
+    `log_sequence_exp_loss` stays finite there.
+    """
+    log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    # Rounding can make log Z - s a hair negative when the gold sequence holds
+    # all the mass; the exact loss there is 0 and its gradient is 0 too.
+    # The second `where` gives an infinite loss a zero (not NaN) gradient.
+    finite_positive = (log_loss > 0) & jnp.isfinite(log_loss)
+    loss = jnp.expm1(jnp.where(finite_positive, log_loss, 0.0))
+    return jnp.where(jnp.isinf(log_loss), jnp.inf, loss)
+
+
+def log_sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
+                          algorithm: str = "sequential"):
+    """`log(1 / P(y | x) - 1) = log(1 - P(y | x)) - log P(y | x)`, `[...]`.
+
+    The log of `sequence_exp_loss`, finite for very wrong models where the
+    exp-loss overflows; -inf (with a zero gradient) where the gold sequence
+    holds all the mass (e.g. length 0, or one label). Gradient:
+    `(1 / (1 - P(y | x))) (E_P[S | x] - S(x, y))`.
+    """
+    log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    positive = log_loss > 0
+    safe = jnp.where(positive, log_loss, 1.0)
+    # log(expm1(d)) = d + log(1 - exp(-d)): no overflow for large d, and the
+    # correction's derivative goes to 0 (not NaN) as d -> +inf.
+    return jnp.where(positive, safe + jnp.log(-jnp.expm1(-safe)), -jnp.inf)
