@@ -1,0 +1,38 @@
+"""Optimizers as functional state machines on optax (MATH.md sections 2, 3, 5, 6).
+
+Every optimizer has an immutable state pytree and a step `state -> state`,
+run by `minimize.run_loop` inside `jax.lax.while_loop` (jit-able end to end;
+a saved and reloaded state resumes bit-identically). Gradient-based ones are
+optax `GradientTransformationExtraArgs`; L-BFGS itself is `optax.lbfgs`.
+
+The functions `minimize`, `bcd`, `perceptron`, `owlqn`, `sgd_l1` and
+`sequence_boosting` exported here share their names with their modules;
+use them from this package (`lossfns.optimizers.minimize(...)`).
+"""
+
+from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, sparse_potentials
+from .finetune import active_mask, finetune
+from .minimize import (LoopState, MinimizeResult, drive, epoch_step_fn, gradient_step_fn, init_loop, minimize,
+                       minimize_stochastic, num_examples, relative_change_below, run_loop, run_loop_jit)
+from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
+from .perceptron import (PerceptronState, SequenceData, averaged_params, perceptron, perceptron_epoch_fn,
+                         perceptron_init, perceptron_update)
+from .reranking import (RerankingData, RerankingState, blasso_step_fn, boosting_with_shrinkage_step_fn,
+                        exp_loss, fslr_step_fn, lasso_loss, reranking_data, reranking_init, run_reranker)
+from .sequence_boosting import (BoostingState, boosting_statistics, sequence_boosting,
+                                sequence_boosting_step_fn, sequence_exp_loss)
+from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
+
+__all__ = [
+    "BcdData", "bcd", "bcd_data", "bcd_init", "bcd_loss", "bcd_sweep_fn", "sparse_potentials",
+    "active_mask", "finetune",
+    "LoopState", "MinimizeResult", "drive", "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize",
+    "minimize_stochastic", "num_examples", "relative_change_below", "run_loop", "run_loop_jit",
+    "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
+    "PerceptronState", "SequenceData", "averaged_params", "perceptron", "perceptron_epoch_fn", "perceptron_init",
+    "perceptron_update",
+    "RerankingData", "RerankingState", "blasso_step_fn", "boosting_with_shrinkage_step_fn", "exp_loss",
+    "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
+    "BoostingState", "boosting_statistics", "sequence_boosting", "sequence_boosting_step_fn", "sequence_exp_loss",
+    "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "sgd_l1",
+]

@@ -1,0 +1,274 @@
+"""Optimisation loops as pure state machines.
+
+Every optimizer in `lossfns.optimizers` is run by the same loop: a
+`LoopState` (the optimizer's own state pytree, a step counter, the last
+objective value, the objective trace and a `done` flag) is advanced by a
+`step_fn(inner_state, step) -> (inner_state, objective)` inside
+`jax.lax.while_loop`. Nothing is mutated on the Python side, so
+
+* `run_loop` is jit-compiled end to end;
+* a run stopped at any step, saved (`lossfns.checkpoint.save` or
+  `equinox.tree_serialise_leaves`), reloaded and continued executes the very
+  same compiled loop body on the very same values, and so ends bit-identical
+  to an uninterrupted run;
+* `drive` is the Python-side wrapper for long runs: it calls the jitted loop
+  in chunks, shows progress and writes an atomic checkpoint after each chunk,
+  resuming from the newest checkpoint when one exists.
+
+`minimize` specialises the loop to optax gradient transformations, including
+those with a line search that take `value=`, `grad=`, `value_fn=`
+(`optax.lbfgs`, `owlqn`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from .. import checkpoint
+
+
+class LoopState(NamedTuple):
+    """State of an optimisation loop.
+
+    inner: the optimizer's state pytree (for `minimize`: `(params, opt_state)`).
+    step: `[]` int32, steps taken so far.
+    value: `[]` objective after the last step (`inf` before the first).
+    trace: `[max_steps]` objective after each step; NaN for steps not taken.
+    done: `[]` bool, the stopping test has fired.
+    """
+
+    inner: Any
+    step: jax.Array
+    value: jax.Array
+    trace: jax.Array
+    done: jax.Array
+
+
+def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
+    """A fresh `LoopState` around the optimizer state `inner`."""
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+    if dtype is None:
+        dtype = jnp.result_type(float)
+    return LoopState(inner, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf, dtype),
+                     jnp.full((max_steps,), jnp.nan, dtype), jnp.zeros((), bool))
+
+
+@functools.lru_cache(maxsize=None)
+def relative_change_below(tol: float) -> Callable:
+    """Stopping test `|previous - value| <= tol * max(|value|, 1)`; `tol = 0` never stops.
+
+    Cached, so equal tolerances give the same function and jitted loops are re-used."""
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+
+    def stop(previous, value):
+        return (tol > 0) & (jnp.abs(previous - value) <= tol * jnp.maximum(jnp.abs(value), 1.0))
+
+    return stop
+
+
+def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: Callable) -> LoopState:
+    """Advance `loop` with `step_fn` until `until` steps in total, the trace is
+    full, or `stop_fn(previous_value, value)` fires. Jit-able (`until` may be
+    traced; `step_fn` and `stop_fn` are static).
+
+    step_fn: `(inner, step) -> (inner, objective)`; `step` is the int32 step index.
+    """
+    max_steps = loop.trace.shape[0]
+    until = jnp.minimum(jnp.asarray(until, jnp.int32), max_steps)
+
+    def cond(state):
+        return (state.step < until) & ~state.done
+
+    def body(state):
+        inner, value = step_fn(state.inner, state.step)
+        value = jnp.asarray(value, state.value.dtype)
+        done = stop_fn(state.value, value)
+        return LoopState(inner, state.step + 1, value, state.trace.at[state.step].set(value), done)
+
+    return jax.lax.while_loop(cond, body, loop)
+
+
+def _value_and_grad(fun, opt_state):
+    """`optax.value_and_grad_from_state` when the optimizer stores `value` and
+    `grad` (line-search optimizers: no re-evaluation), else `jax.value_and_grad`."""
+    if optax.tree.get(opt_state, "value") is not None and optax.tree.get(opt_state, "grad") is not None:
+        return lambda params: optax.value_and_grad_from_state(fun)(params, state=opt_state)
+    return jax.value_and_grad(fun)
+
+
+def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
+                     penalty: Optional[Callable] = None) -> Callable:
+    """The `step_fn` of one optax update on `inner = (params, opt_state)`.
+
+    The objective recorded is `fun(params) + penalty(params)` at the new
+    parameters (`penalty` is the non-smooth part the optimizer handles
+    itself, e.g. `l1_penalty(...)` for `owlqn`).
+    """
+    def objective(params):
+        value = fun(params)
+        return value if penalty is None else value + penalty(params)
+
+    def step_fn(inner, step):
+        params, opt_state = inner
+        value, grad = _value_and_grad(fun, opt_state)(params)
+        updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), objective(params)
+
+    return step_fn
+
+
+class MinimizeResult(NamedTuple):
+    """params: the final parameters; state: the final optimizer state;
+    trace: `[max_steps]` objective after each step (NaN past `num_steps`);
+    num_steps: `[]` steps taken."""
+
+    params: Any
+    state: Any
+    trace: jax.Array
+    num_steps: jax.Array
+
+
+def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, max_steps: int,
+             tol: float = 1e-9, penalty: Optional[Callable] = None) -> MinimizeResult:
+    """Minimise `fun(params)` (+ `penalty(params)`) with an optax optimizer.
+
+    Runs up to `max_steps` updates in one `jax.lax.while_loop`, stopping when
+    the objective's relative change falls below `tol`. Jit-able as a whole
+    (make `fun`, `optimizer`, `max_steps`, `tol`, `penalty` static).
+
+    Returns:
+      `MinimizeResult(params, state, trace [max_steps], num_steps)`.
+    """
+    step_fn = gradient_step_fn(fun, optimizer, penalty)
+    loop = init_loop((params, optimizer.init(params)), max_steps, _float_dtype(params))
+    loop = run_loop(step_fn, loop, max_steps, relative_change_below(tol))
+    (params, state) = loop.inner
+    return MinimizeResult(params, state, loop.trace, loop.step)
+
+
+def _float_dtype(tree):
+    leaves = [leaf for leaf in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
+    return jnp.result_type(*leaves) if leaves else jnp.result_type(float)
+
+
+def num_examples(data) -> int:
+    """The size `N` of the leading example axis shared by every leaf of `data`."""
+    sizes = {jnp.shape(leaf)[0] if jnp.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(data)}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(f"data must be a pytree of arrays sharing a leading example axis [N, ...], "
+                         f"got leading sizes {sorted(map(str, sizes))}")
+    return sizes.pop()
+
+
+def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, *, batch_size: int,
+                  penalty: Optional[Callable] = None) -> Callable:
+    """The `step_fn` of one shuffled epoch of minibatch updates.
+
+    inner: `(params, opt_state, key)`; the epoch's order is
+    `permutation(fold_in(key, step))`, so it depends only on the step index
+    (a resumed run replays the same batches). `fun(params, batch)` is the
+    loss summed over a batch; its gradient is scaled by `N / batch_size` to
+    estimate the gradient of the corpus sum. The last `N mod batch_size`
+    examples of each permutation are skipped. The objective recorded is
+    `fun(params, data) + penalty(params)` on the whole data after the epoch.
+    """
+    total = num_examples(data)
+    if not 1 <= batch_size <= total:
+        raise ValueError(f"batch_size must lie in [1, {total}] (the number of examples), got {batch_size}")
+    steps_per_epoch = total // batch_size
+    grad_fn = jax.grad(fun)
+
+    def step_fn(inner, step):
+        params, opt_state, key = inner
+        order = jax.random.permutation(jax.random.fold_in(key, step), total)
+
+        def minibatch(index, carry):
+            params, opt_state = carry
+            rows = jax.lax.dynamic_slice_in_dim(order, index * batch_size, batch_size)
+            batch = jax.tree_util.tree_map(lambda x: x[rows], data)
+            grads = jax.tree_util.tree_map(lambda g: g * (total / batch_size), grad_fn(params, batch))
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        params, opt_state = jax.lax.fori_loop(0, steps_per_epoch, minibatch, (params, opt_state))
+        value = fun(params, data)
+        if penalty is not None:
+            value = value + penalty(params)
+        return (params, opt_state, key), value
+
+    return step_fn
+
+
+def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransformation, data, *, key,
+                        batch_size: int, num_epochs: int, tol: float = 0.0,
+                        penalty: Optional[Callable] = None) -> MinimizeResult:
+    """Minibatch training for up to `num_epochs` epochs in one `while_loop`.
+
+    fun: `(params, batch) -> loss summed over the batch`; data: pytree with a
+    leading example axis `[N, ...]`; key: PRNG key for the shuffles. The
+    trace holds the full objective after each epoch; `tol > 0` stops when
+    its relative change falls below `tol`. Jit-able.
+    """
+    step_fn = epoch_step_fn(fun, optimizer, data, batch_size=batch_size, penalty=penalty)
+    loop = init_loop((params, optimizer.init(params), key), num_epochs, _float_dtype(params))
+    loop = run_loop(step_fn, loop, num_epochs, relative_change_below(tol))
+    params, state, _ = loop.inner
+    return MinimizeResult(params, state, loop.trace, loop.step)
+
+
+run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3))
+run_loop_jit.__doc__ = """`run_loop` compiled once per `(step_fn, stop_fn)` pair (pass the same objects to re-use it)."""
+
+
+def drive(step_fn: Callable, loop: LoopState, *, stop_fn: Callable, chunk_steps: int = 100,
+          until: Optional[int] = None, checkpoint_dir=None, keep: int = 2, progress: bool = True) -> LoopState:
+    """Run a loop to completion from Python, in jitted chunks of `chunk_steps`.
+
+    After each chunk the `LoopState` is written atomically to
+    `checkpoint_dir/checkpoint-<step>.ckpt` (`lossfns.checkpoint`, keeping the
+    newest `keep`). If `checkpoint_dir` already holds a checkpoint, the run
+    resumes from it (`loop` then only supplies the structure), and ends
+    bit-identical to an uninterrupted run. `until` stops after that many
+    steps in total (a time-boxed run, resumed later). `progress` shows a tqdm bar with
+    the current objective when tqdm is installed.
+    """
+    if chunk_steps < 1:
+        raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
+    if checkpoint_dir is not None:
+        checkpoint_dir = Path(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        latest = checkpoint.latest_checkpoint(checkpoint_dir)
+        if latest is not None:
+            loop = checkpoint.load(latest, loop)
+    max_steps = loop.trace.shape[0]
+    until = max_steps if until is None else min(until, max_steps)
+    bar = _progress_bar(max_steps, int(loop.step)) if progress else None
+    while int(loop.step) < until and not bool(loop.done):
+        before = int(loop.step)
+        loop = run_loop_jit(step_fn, loop, min(before + chunk_steps, until), stop_fn)
+        if bar is not None:
+            bar.update(int(loop.step) - before)
+            bar.set_postfix(objective=float(loop.value))
+        if checkpoint_dir is not None:
+            checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), loop)
+            checkpoint.prune_checkpoints(checkpoint_dir, keep)
+    if bar is not None:
+        bar.close()
+    return loop
+
+
+def _progress_bar(total: int, initial: int):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is an optional extra: run silently without it
+        return None
+    return tqdm(total=total, initial=initial, unit="step")

@@ -1,0 +1,200 @@
+"""OWL-QN (Andrew & Gao 2007): L-BFGS for `f(theta) + l1 ||theta||_1 + l2/2 ||theta||^2`.
+
+The smooth part `f` is the user's function; the elastic-net penalty is
+handled here (MATH.md section 6):
+
+* the orthant-wise pseudo-gradient replaces the gradient where the L1 term
+  is not differentiable;
+* the L-BFGS memory holds differences of the *smooth* gradients (`f` plus
+  the L2 term), never of the pseudo-gradient;
+* the direction `-H pg` is zeroed where it disagrees in sign with `-pg`;
+* the backtracking line search projects each trial point onto the orthant
+  of the current point (coordinates whose sign would change become 0).
+
+It is an optax `GradientTransformationExtraArgs` with the same calling
+shape as `optax.lbfgs`: `update(grads, state, params, value=, grad=,
+value_fn=)`; the state stores `value` and `grad` of `f` at the accepted
+point so `optax.value_and_grad_from_state` (and `minimize`) re-use them.
+Internally parameters are flattened to one vector (`ravel_pytree`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from .. import losses
+from ..validation import concrete
+
+
+class OwlqnState(NamedTuple):
+    """count: `[]` int32 updates done; params_diffs, grad_diffs: `[memory_size,
+    n]` L-BFGS pairs (newest last, zeros when unused); value: `[]` f at the
+    current params (`inf` before the first update); grad: `f`'s gradient
+    there (the params' pytree structure)."""
+
+    count: jax.Array
+    params_diffs: jax.Array
+    grad_diffs: jax.Array
+    value: jax.Array
+    grad: optax.Params
+
+
+def penalised_vector(params, mask) -> jax.Array:
+    """`[n]` float vector over the flattened params: 1 where the penalty applies.
+
+    mask: as in `lossfns.losses.elastic_net` (and `optax.masked`): `None`
+    (all penalised), a pytree of bools with the params' structure or a
+    prefix of it, or a callable `params -> such a pytree`; True = penalised.
+    """
+    flat, _ = ravel_pytree(params)
+    if mask is None:
+        return jnp.ones_like(flat)
+    if callable(mask):
+        mask = mask(params)
+    spread = jax.tree_util.tree_map(
+        lambda keep, subtree: jax.tree_util.tree_map(
+            lambda x: jnp.broadcast_to(jnp.asarray(keep, flat.dtype), jnp.shape(x)), subtree), mask, params)
+    return ravel_pytree(spread)[0]
+
+
+def elastic_net_penalty(l1: float, l2: float = 0.0, mask=None):
+    """`params -> l1 ||theta||_1 + l2/2 ||theta||^2` (`lossfns.losses.elastic_net`),
+    the non-smooth part that `minimize(..., penalty=)` adds to its trace."""
+    return lambda params: losses.elastic_net(params, l1, l2, mask=mask)
+
+
+def pseudo_gradient(theta, smooth_grad, l1, weight):
+    """Orthant-wise pseudo-gradient `[n]` of `f + l1 ||weight * theta||_1`.
+
+    At `theta_k != 0` it is the gradient; at 0 it is the one-sided derivative
+    that points downhill (`g + l1` if negative, `g - l1` if positive), or 0
+    when 0 is optimal along that coordinate.
+    """
+    l1 = l1 * weight
+    right, left = smooth_grad + l1, smooth_grad - l1
+    at_zero = jnp.where(right < 0, right, jnp.where(left > 0, left, 0.0))
+    return jnp.where(theta > 0, right, jnp.where(theta < 0, left, at_zero))
+
+
+def _two_loop(direction, params_diffs, grad_diffs):
+    """`H direction` by the L-BFGS two-loop recursion (newest pair last)."""
+    curvature = jnp.sum(params_diffs * grad_diffs, axis=1)
+    rho = jnp.where(curvature > 0, 1.0 / jnp.where(curvature > 0, curvature, 1.0), 0.0)
+
+    def backward(q, pair):
+        s, y, r = pair
+        a = r * jnp.dot(s, q)
+        return q - a * y, a
+
+    q, alphas = jax.lax.scan(backward, direction, (params_diffs, grad_diffs, rho), reverse=True)
+    newest_yy = jnp.dot(grad_diffs[-1], grad_diffs[-1])
+    gamma = jnp.where(curvature[-1] > 0, curvature[-1] / jnp.where(newest_yy > 0, newest_yy, 1.0), 1.0)
+
+    def forward(r, pair):
+        s, y, rh, a = pair
+        b = rh * jnp.dot(y, r)
+        return r + s * (a - b), None
+
+    r, _ = jax.lax.scan(forward, gamma * q, (params_diffs, grad_diffs, rho, alphas))
+    return r
+
+
+def push_pair(params_diffs, grad_diffs, s, y):
+    """Append `(s, y)` as the newest pair if its curvature `s . y` is positive."""
+    keep = jnp.dot(s, y) > jnp.finfo(s.dtype).eps * jnp.dot(y, y)
+    new_s = jnp.concatenate([params_diffs[1:], s[None]])
+    new_y = jnp.concatenate([grad_diffs[1:], y[None]])
+    return jnp.where(keep, new_s, params_diffs), jnp.where(keep, new_y, grad_diffs)
+
+
+def check_penalties(l1, l2) -> None:
+    """Reject negative penalty weights when they are concrete (they may be traced)."""
+    for name, value in (("l1", l1), ("l2", l2)):
+        value = concrete(value)
+        if value is not None and (value.ndim != 0 or value < 0):
+            raise ValueError(f"{name} must be a scalar >= 0, got {value}")
+
+
+def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
+          max_linesearch_steps: int = 30, decrease_factor: float = 1e-4,
+          shrink: float = 0.5) -> optax.GradientTransformationExtraArgs:
+    """OWL-QN for `f(theta) + l1 ||theta||_1 + l2/2 ||theta||^2`.
+
+    Args:
+      l1, l2: penalty weights (>= 0); `l1 = 0` is L-BFGS with an Armijo search.
+      memory_size: number of L-BFGS pairs (5 in Lavergne et al.).
+      mask: which coordinates are penalised (True), as in
+        `lossfns.losses.elastic_net`; e.g. `{"weights": True, "bias": False}`
+        leaves intercepts free of both penalties. `None`: all penalised.
+      max_linesearch_steps, decrease_factor, shrink: backtracking search:
+        accept the first trial with `F(x) <= F(theta) + decrease_factor *
+        pg . (x - theta)`, else multiply the step by `shrink`. When all fail
+        the parameters are left unchanged (a converged or stalled run).
+
+    `update(grads, state, params, *, value, grad, value_fn)`: `grads` (and
+    `grad`, `value`) are `f`'s at `params`; `value_fn` is `f`. The returned
+    updates move `params` to the accepted point.
+    """
+    check_penalties(l1, l2)
+    if memory_size < 1:
+        raise ValueError(f"memory_size must be >= 1, got {memory_size}")
+
+    def init(params):
+        flat, _ = ravel_pytree(params)
+        memory = jnp.zeros((memory_size,) + flat.shape, flat.dtype)
+        return OwlqnState(jnp.zeros((), jnp.int32), memory, memory, jnp.asarray(jnp.inf, flat.dtype),
+                          jax.tree_util.tree_map(jnp.zeros_like, params))
+
+    def update(grads, state, params=None, *, value=None, grad=None, value_fn=None, **extra_args):
+        del grad  # `grads` is the same gradient of f
+        if params is None or value is None or value_fn is None:
+            raise ValueError("owlqn.update needs params, value= and value_fn= (as optax.lbfgs does)")
+        theta, unravel = ravel_pytree(params)
+        smooth_grad, _ = ravel_pytree(grads)
+        weight = penalised_vector(params, mask)
+        smooth_grad = smooth_grad + l2 * weight * theta
+
+        def total(x, f_value):
+            return f_value + l1 * jnp.sum(weight * jnp.abs(x)) + 0.5 * l2 * jnp.sum(weight * x ** 2)
+
+        start_objective = total(theta, value)
+        pg = pseudo_gradient(theta, smooth_grad, l1, weight)
+        direction = -_two_loop(pg, state.params_diffs, state.grad_diffs)
+        direction = jnp.where(direction * pg < 0, direction, 0.0)
+        orthant = jnp.where(theta != 0, jnp.sign(theta), -jnp.sign(pg))
+        first_step = jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.linalg.norm(pg), jnp.finfo(theta.dtype).tiny))
+        step = jnp.where(jnp.any(state.params_diffs != 0), 1.0, first_step).astype(theta.dtype)
+
+        def trial(step_size):
+            x = theta + step_size * direction
+            x = jnp.where((weight == 0) | (jnp.sign(x) == orthant), x, 0.0)
+            f_value, f_grad = jax.value_and_grad(value_fn)(unravel(x), **extra_args)
+            accept = total(x, f_value) <= start_objective + decrease_factor * jnp.dot(pg, x - theta)
+            return x, f_value, f_grad, accept
+
+        def cond(carry):
+            count, _, _, _, _, accept = carry
+            return (count < max_linesearch_steps) & ~accept
+
+        def body(carry):
+            count, step_size, _, _, _, _ = carry
+            x, f_value, f_grad, accept = trial(step_size)
+            return count + 1, jnp.where(accept, step_size, step_size * shrink), x, f_value, f_grad, accept
+
+        initial = (jnp.zeros((), jnp.int32), step, theta, jnp.asarray(value, theta.dtype), grads, jnp.zeros((), bool))
+        _, _, x, f_value, f_grad, accept = jax.lax.while_loop(cond, body, initial)
+        x = jnp.where(accept, x, theta)
+        f_value = jnp.where(accept, f_value, value)
+        f_grad = jax.tree_util.tree_map(lambda new, old: jnp.where(accept, new, old), f_grad, grads)
+        new_smooth_grad = ravel_pytree(f_grad)[0] + l2 * weight * x
+        params_diffs, grad_diffs = push_pair(state.params_diffs, state.grad_diffs, x - theta,
+                                             new_smooth_grad - smooth_grad)
+        new_state = OwlqnState(state.count + 1, params_diffs, grad_diffs, f_value, f_grad)
+        return unravel(x - theta), new_state
+
+    return optax.GradientTransformationExtraArgs(init, update)
