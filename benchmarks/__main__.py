@@ -1,0 +1,192 @@
+"""Run the benchmarks side by side in one process, print tables, write JSON
+and a markdown summary to `benchmarks/results/`.
+
+    python -m benchmarks                     # chain + sparse (+ training when its model exists)
+    python -m benchmarks --quick             # a smoke run: small shapes, few repeats
+    python -m benchmarks --only chain        # one part: chain, sparse or training
+
+Peers (torch==2.13.0 with torch-struct 0.5, python-crfsuite) are installed
+with pip into the running interpreter when missing (`--no-install` to skip
+them instead). Timings on shared machines drift: compare the ratios, which
+come from the same run.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch or XLA start their thread pools: spinning OpenMP threads of
+# torch steal the cores from XLA's and make both 10x noisier (NUMERICS.md 9).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import datetime
+import importlib
+import json
+import platform
+import subprocess
+import sys
+
+PEERS = {"torch": "torch==2.13.0", "torch_struct": "torch-struct==0.5", "pycrfsuite": "python-crfsuite"}
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def ensure_peers(install: bool, log=print):
+    """Import each peer, pip-installing the missing ones when `install`."""
+    available = {}
+    for module, requirement in PEERS.items():
+        try:
+            importlib.import_module(module)
+            available[module] = True
+            continue
+        except ImportError:
+            available[module] = False
+        if install:
+            log(f"installing {requirement} ...")
+            done = subprocess.run([sys.executable, "-m", "pip", "install", requirement], capture_output=True, text=True)
+            if done.returncode == 0:
+                importlib.invalidate_caches()
+                try:
+                    importlib.import_module(module)
+                    available[module] = True
+                except ImportError as error:
+                    log(f"  installed but not importable: {error}")
+            else:
+                log(f"  pip failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return available
+
+
+def describe_machine():
+    import jax
+    import numpy as np
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        with open("/proc/meminfo") as info:
+            memory_gib = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) / 1024 ** 2
+    except (OSError, StopIteration):
+        memory_gib = None
+    versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
+    for module in ("torch", "torch_struct", "pycrfsuite"):
+        try:
+            versions[module] = getattr(importlib.import_module(module), "__version__", "installed")
+        except ImportError:
+            versions[module] = None
+    return {"cpu": cpu, "logical_cores": os.cpu_count(), "memory_gib": memory_gib,
+            "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "jax_devices": [str(d) for d in jax.devices()], "platform": platform.platform(), "versions": versions,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "float": "float32 (numpy reference: float64)"}
+
+
+def markdown(report) -> str:
+    machine = report["machine"]
+    lines = [f"# lossfns benchmarks ({report['date']})", "",
+             f"Machine: {machine['cpu']}, {machine['logical_cores']} logical cores, "
+             f"{machine['memory_gib']:.0f} GiB, devices {machine['jax_devices']}; load average at start "
+             f"{machine['load_average_at_start']}; versions {machine['versions']}. "
+             "Medians of interleaved repeats in one process; ratios from the same run.", ""]
+    if "note" in report:
+        lines += [report["note"], ""]
+    if "chain" in report:
+        lines += ["## Chain: log-partition plus marginals (float32)", "",
+                  "| (B, T, L) | variant | median ms | min ms | tokens/s (median) | compile s |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in report["chain"]["records"]:
+            if "median_s" in r:
+                compile_s = f"{r['compile_s']:.2f}" if r["compile_s"] is not None else "-"
+                lines.append(f"| {tuple(r['shape'])} | {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['min_s'] * 1e3:.2f} | "
+                             f"{r['tokens_per_s']:,.0f} | {compile_s} |")
+            else:
+                lines.append(f"| {tuple(r['shape'])} | {r['variant']} | skipped: {r['skipped']} | | | |")
+        lines += ["", "Speed-up of the fastest lossfns variant of each form:", "",
+                  "| (B, T, L) | form | fastest lossfns variant | vs torch-struct (median; min) "
+                  "| vs numpy float64 (median; min) |", "|---|---|---|---:|---:|"]
+        ratio = lambda r, key: f"{r[key]:.1f}x; {r[key + '_min']:.1f}x" if key in r else "n/a"
+        for r in report["chain"]["ratios"]:
+            torch_ratio, numpy_ratio = ratio(r, "vs_torch_struct"), ratio(r, "vs_numpy")
+            lines.append(f"| {tuple(r['shape'])} | {r['form']} | {r['fastest_lossfns']} | {torch_ratio} | {numpy_ratio} |")
+        lines.append("")
+    if "sparse" in report:
+        lines += ["## Sparse forward-backward (Lavergne 4.1) vs dense, log Z plus gradients (float32)", "",
+                  "| (B, T, L) | zero label-pair weights | sparse ms | dense ms (from weights) | dense ms (given matrices) "
+                  "| speed-up | log Z rel. error | marginals max error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in report["sparse"]:
+            m = r["median_s"]
+            lines.append(f"| {tuple(r['shape'])} | {r['zero_fraction']:.0%} | {m['sparse'] * 1e3:.1f} | "
+                         f"{m['dense (from the sparse weights)'] * 1e3:.1f} | {m['dense (given [B, T, L, L])'] * 1e3:.1f} | "
+                         f"{r['speedup_vs_dense_from_weights']:.1f}x / {r['speedup_vs_dense_given']:.1f}x | "
+                         f"{r['log_z_relative_error']:.1e} | {r['marginal_max_abs_error']:.1e} |")
+        lines.append("")
+    if "training" in report:
+        lines += ["## Training step vs CRFsuite", "", "```", json.dumps(report["training"], indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def write(report, stem):
+    """The JSON and markdown files of `report` (rewritten as parts finish)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(stem + ".json", "w") as out:
+        json.dump(report, out, indent=2)
+    with open(stem + ".md", "w") as out:
+        out.write(markdown(report))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("chain", "sparse", "training"), action="append")
+    parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
+    parser.add_argument("--no-install", action="store_true", help="skip missing peers instead of installing them")
+    parser.add_argument("--tag", default="cpu", help="suffix of the result files, e.g. the device")
+    parser.add_argument("--shapes", help="chain shapes BxTxL, comma-separated (default: the five of issue 8)")
+    parser.add_argument("--iterations", type=int, default=100, help="training iterations of each trainer")
+    args = parser.parse_args(argv)
+    parts = args.only or ["chain", "sparse", "training"]
+
+    ensure_peers(not args.no_install)
+    from benchmarks import chain_benchmark
+
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "machine": describe_machine(), "command": " ".join(["python -m benchmarks"] + (argv or sys.argv[1:]))}
+    repeats = 3 if args.quick else args.repeats
+    stem = os.path.join(RESULTS, f"benchmarks-{args.tag}{'-quick' if args.quick else ''}")
+    if "chain" in parts:
+        shapes = ((4, 10, 5), (2, 200, 9)) if args.quick else chain_benchmark.SHAPES
+        if args.shapes:
+            shapes = tuple(tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(","))
+
+        def save_partial(records):
+            report["chain"] = {"records": records, "ratios": chain_benchmark.chain_ratios(records)}
+            write(report, stem)
+
+        records = chain_benchmark.benchmark_chain(shapes, repeats, args.budget, on_shape=save_partial)
+        report["chain"] = {"records": records, "ratios": chain_benchmark.chain_ratios(records)}
+        for row in report["chain"]["ratios"]:
+            print(f"{str(tuple(row['shape'])):>18} {row['form']:<13} {row['fastest_lossfns']:<36} "
+                  f"vs torch-struct {row.get('vs_torch_struct', float('nan')):7.1f}x "
+                  f"(min {row.get('vs_torch_struct_min', float('nan')):7.1f}x)   "
+                  f"vs numpy {row.get('vs_numpy', float('nan')):7.1f}x (min {row.get('vs_numpy_min', float('nan')):7.1f}x)")
+    if "sparse" in parts:
+        shape = (2, 10, 50) if args.quick else (8, 40, 333)
+        report["sparse"] = chain_benchmark.benchmark_sparse(shape, repeats=repeats, budget_s=args.budget)
+        write(report, stem)
+    if "training" in parts:
+        try:
+            from benchmarks import training_benchmark
+        except ImportError as error:
+            print(f"training benchmark unavailable: {error}")
+        else:
+            report["training"] = training_benchmark.run(quick=args.quick, iterations=args.iterations)
+
+    write(report, stem)
+    print(f"wrote {stem}.json and {stem}.md")
+
+
+if __name__ == "__main__":
+    main()

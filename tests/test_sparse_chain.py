@@ -1,0 +1,183 @@
+"""Sparse forward-backward (Lavergne section 4.1) against the dense chain and
+brute-force enumeration."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lossfns import testing
+from lossfns.lattices import chain, sparse_chain
+from lossfns.lattices.sparse_chain import SparsePotentials
+
+_log_partition = jax.jit(sparse_chain.log_partition)
+_marginals = jax.jit(sparse_chain.marginals)
+
+
+def _random(seed, batch_shape, T, L, density, dtype=jnp.float64, scale=1.0, with_start=True):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    previous, following = sparse_chain.random_support(keys[0], L, density)
+    K = previous.shape[0]
+    unary = scale * jax.random.normal(keys[1], batch_shape + (T, L), dtype)
+    pair_weights = scale * jax.random.normal(keys[2], batch_shape + (T, K), dtype)
+    start = scale * jax.random.normal(keys[3], (L,), dtype) if with_start else None
+    return SparsePotentials(unary, pair_weights, previous, following, start)
+
+
+def _random_lengths(seed, batch_shape, T):
+    return jax.random.randint(jax.random.PRNGKey(seed + 1000), batch_shape, 0, T + 1)
+
+
+def _pair_marginals_from_dense(edge, potentials):
+    """Gather dense edge marginals `[..., T, L, L]` at the sparse support; at
+    t = 0 only pairs from the start state (label 0) exist."""
+    gathered = edge[..., potentials.pair_previous, potentials.pair_next]
+    if gathered.shape[-2] == 0:
+        return gathered
+    from_start = jnp.asarray(potentials.pair_previous) == 0
+    return gathered.at[..., 0, :].multiply(from_start)
+
+
+# T in {0, 1, 2, 5}, L in {1, .., 4}, empty / partial / full support, batch shapes (), (3,), (2, 3)
+_CASES = [(0, 1, 0.0, ()), (1, 2, 1.0, (3,)), (2, 3, 0.0, (2, 3)), (5, 4, 0.3, (3,))]
+
+
+@pytest.mark.parametrize("T, L, density, batch_shape", _CASES)
+def test_log_partition_and_marginals_match_enumeration(T, L, density, batch_shape):
+    for seed in range(2):  # same shapes: one compilation per case
+        potentials = _random(seed, batch_shape, T, L, density)
+        lengths = _random_lengths(seed, batch_shape, T)
+        dense = np.asarray(sparse_chain.to_dense(potentials))
+        np.testing.assert_allclose(_log_partition(potentials, lengths), testing.log_partition(dense, lengths),
+                                   rtol=1e-10, atol=1e-10)
+        edge = jnp.asarray(testing.marginals(dense, lengths))
+        result = _marginals(potentials, lengths)
+        np.testing.assert_allclose(result.unary, edge.sum(axis=-2), atol=1e-10)
+        np.testing.assert_allclose(result.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-10)
+        np.testing.assert_allclose(result.start, edge[..., 0, 0, :] if T else np.zeros(batch_shape + (L,)),
+                                   atol=1e-10)
+
+
+def test_to_dense_is_the_oracle_it_claims():
+    """`to_dense` must put weights where the support says: checked entry by entry."""
+    potentials = _random(1, (), 3, 4, 0.4)
+    dense = np.asarray(sparse_chain.to_dense(potentials))
+    for t in range(3):
+        for i in range(4):
+            for j in range(4):
+                expected = potentials.unary[t, j] + (potentials.start[j] if (t == 0 and i == 0) else 0.0)
+                for k in range(potentials.pair_previous.shape[0]):
+                    if (potentials.pair_previous[k], potentials.pair_next[k]) == (i, j):
+                        expected += potentials.pair_weights[t, k]
+                np.testing.assert_allclose(dense[t, i, j], expected)
+
+
+def test_matches_dense_chain_at_333_labels_in_float32():
+    """The benchmark setting (333 labels, 90% zero pair weights): float32 sparse
+    equals the float64 dense chain to 1e-5."""
+    potentials = _random(2, (2,), 4, 333, 0.1, dtype=jnp.float32)
+    lengths = jnp.array([4, 3])
+    dense64 = sparse_chain.to_dense(jax.tree_util.tree_map(
+        lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x, potentials))
+    log_z = _log_partition(potentials, lengths)
+    assert log_z.dtype == jnp.float32
+    np.testing.assert_allclose(log_z, chain.log_partition(dense64, lengths), rtol=1e-6)
+    edge = chain.marginals(dense64, lengths)
+    result = _marginals(potentials, lengths)
+    np.testing.assert_allclose(result.unary, edge.sum(axis=-2), atol=1e-5)
+    np.testing.assert_allclose(result.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-5)
+
+
+def test_large_weights_do_not_overflow():
+    """Scores far above exp's float32 range (88) are shifted, not overflowed."""
+    potentials = _random(3, (2,), 5, 4, 0.5, dtype=jnp.float32, scale=3.0)
+    potentials = potentials._replace(unary=potentials.unary + 200.0, pair_weights=potentials.pair_weights + 95.0,
+                                     start=potentials.start + 150.0)
+    lengths = jnp.array([5, 3])
+    dense64 = sparse_chain.to_dense(potentials).astype(jnp.float64)
+    np.testing.assert_allclose(_log_partition(potentials, lengths), chain.log_partition(dense64, lengths), rtol=1e-6)
+    edge = chain.marginals(dense64, lengths)
+    result = _marginals(potentials, lengths)
+    np.testing.assert_allclose(result.unary, edge.sum(axis=-2), atol=1e-5)
+    np.testing.assert_allclose(result.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-5)
+
+
+def test_forbidden_pairs_and_labels_give_finite_values_and_gradients():
+    potentials = _random(4, (3,), 5, 4, 0.5)
+    pair_weights = potentials.pair_weights.at[:, :, ::2].set(-jnp.inf)
+    unary = potentials.unary.at[:, 2, 1].set(-jnp.inf)
+    potentials = potentials._replace(unary=unary, pair_weights=pair_weights)
+    lengths = jnp.array([5, 1, 0])
+    dense = np.asarray(sparse_chain.to_dense(potentials))
+    np.testing.assert_allclose(_log_partition(potentials, lengths), testing.log_partition(dense, lengths), rtol=1e-10)
+    result = _marginals(potentials, lengths)
+    for leaf in (result.unary, result.pair_weights, result.start):
+        assert np.isfinite(np.asarray(leaf)).all()
+    edge = jnp.asarray(testing.marginals(dense, lengths))
+    np.testing.assert_allclose(result.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-10)
+
+
+def test_padding_with_nan_does_not_leak():
+    potentials = _random(5, (2,), 4, 3, 0.5)
+    lengths = jnp.array([2, 4])
+    clean = _marginals(potentials, lengths)
+    poisoned = potentials._replace(unary=potentials.unary.at[0, 2:].set(-jnp.inf),
+                                   pair_weights=potentials.pair_weights.at[0, 3:].set(-jnp.inf))
+    dirty = _marginals(poisoned, lengths)
+    np.testing.assert_allclose(dirty.unary, clean.unary, atol=1e-12)
+    np.testing.assert_allclose(dirty.pair_weights, clean.pair_weights, atol=1e-12)
+
+
+def test_gradients_to_second_order():
+    potentials = _random(6, (), 4, 3, 0.5)
+    lengths = jnp.array(3)
+
+    @jax.jit
+    def objective(unary, pair_weights, start):
+        return sparse_chain.log_partition(potentials._replace(unary=unary, pair_weights=pair_weights, start=start),
+                                          lengths)
+
+    testing.check_gradients(objective, (potentials.unary, potentials.pair_weights, potentials.start), order=2,
+                            modes=("rev",))
+
+
+def test_jit_vmap_and_loop_agree():
+    potentials = _random(7, (3,), 5, 3, 0.5)
+    lengths = jnp.array([5, 2, 0])
+    batched = sparse_chain.log_partition(potentials, lengths)
+    looped = [sparse_chain.log_partition(
+        potentials._replace(unary=potentials.unary[b], pair_weights=potentials.pair_weights[b]), lengths[b])
+        for b in range(3)]
+    unbatched = lambda u, w, n: sparse_chain.log_partition(potentials._replace(unary=u, pair_weights=w), n)
+    mapped = jax.vmap(unbatched)(potentials.unary, potentials.pair_weights, lengths)
+    np.testing.assert_allclose(batched, np.stack(looped), rtol=1e-12)
+    np.testing.assert_allclose(batched, mapped, rtol=1e-12)
+    np.testing.assert_allclose(batched, _log_partition(potentials, lengths), rtol=1e-12)
+
+
+def test_no_pairs_is_the_independent_model():
+    """K = 0: every transition scores 0, so log Z is a sum of per-position logsumexps."""
+    potentials = _random(8, (2,), 4, 3, 0.0, with_start=False)
+    lengths = jnp.array([4, 2])
+    per_position = jax.scipy.special.logsumexp(potentials.unary, axis=-1)
+    expected = jnp.sum(jnp.where(jnp.arange(4) < lengths[:, None], per_position, 0.0), axis=-1)
+    np.testing.assert_allclose(_log_partition(potentials, lengths), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("field, value, error, message", [
+    ("unary", jnp.zeros((3,)), ValueError, "unary must have shape"),
+    ("pair_weights", jnp.zeros((2, 3, 2)), ValueError, "pair_weights must have shape"),
+    ("pair_previous", jnp.array([0, 5]), ValueError, "pair_previous must lie in"),
+    ("pair_next", jnp.array([0.0, 1.0]), TypeError, "pair_next must be an integer"),
+    ("pair_next", jnp.array([0]), ValueError, r"pair_next must have shape \[2\]"),
+    ("start", jnp.zeros((4,)), ValueError, "start must have shape"),
+    ("unary", jnp.full((2, 4, 3), jnp.nan), ValueError, "unary contains NaN"),
+])
+def test_bad_input_names_the_argument(field, value, error, message):
+    potentials = SparsePotentials(jnp.zeros((2, 4, 3)), jnp.zeros((2, 4, 2)), jnp.array([0, 1]), jnp.array([1, 2]))
+    with pytest.raises(error, match=message):
+        sparse_chain.log_partition(potentials._replace(**{field: value}))
+    with pytest.raises(ValueError, match="lengths must lie in"):
+        sparse_chain.log_partition(potentials, jnp.array([5, 1]))
+    with pytest.raises(TypeError, match="SparsePotentials"):
+        sparse_chain.log_partition(jnp.zeros((2, 4, 3, 3)))
