@@ -1,0 +1,138 @@
+"""Training on CoNLL-2002 Spanish NER against CRFsuite, in one process.
+
+Same features (the `crfsuite_ner` preset, i.e. the sklearn-crfsuite feature
+set, state features only for observed (attribute, label) pairs), same
+objective (`-sum_i log p(y_i | x_i) + c1 ||w||_1 + c2 ||w||^2`), c1 = c2 = 0.1:
+
+* one full-batch value-and-gradient of the lossfns objective (log-loss plus
+  elastic net, jitted; compile time reported apart) against one CRFsuite
+  L-BFGS iteration (CRFsuite's own per-iteration times; an iteration may
+  evaluate the gradient more than once, which is also reported);
+* a whole training run (OWL-QN, at most `iterations` iterations) of each,
+  wall time including lossfns's indexing and compilation, and entity F1 on
+  `esp.testb`.
+
+Needs NLTK_DATA pointing at the corpora and python-crfsuite.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+from lossfns import corpora, metrics
+from lossfns.features import preset
+from lossfns.features.index import pack
+from lossfns.tagger import Tagger, crfsuite_elastic_net
+
+
+def _crfsuite(train, test, extractor, c1, c2, iterations):
+    import pycrfsuite
+
+    trainer = pycrfsuite.Trainer(verbose=False)
+    for sentence in train:
+        trainer.append(extractor(sentence.tokens).unigram, list(sentence.labels))
+    trainer.set_params({"c1": c1, "c2": c2, "max_iterations": iterations})
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "model.crfsuite")
+        start = time.perf_counter()
+        trainer.train(path)
+        seconds = time.perf_counter() - start
+        tagger = pycrfsuite.Tagger()
+        tagger.open(path)
+        predicted = [tuple(tagger.tag(extractor(s.tokens).unigram)) for s in test]
+    log = trainer.logparser.iterations
+    # CRFsuite times its iterations with clock(): processor time, not wall time.
+    per_iteration = [float(it["time"]) for it in log]
+    trials = [int(it.get("linesearch_trials", 1)) for it in log]
+    return {"train_seconds": seconds, "iterations": len(log),
+            "wall_seconds_per_iteration": seconds / max(len(log), 1),
+            "median_iteration_seconds": statistics.median(per_iteration),
+            "median_seconds_per_gradient": statistics.median(t / max(n, 1) for t, n in zip(per_iteration, trials)),
+            "test_f1": metrics.entity_scores([s.labels for s in test], predicted).f1}
+
+
+def _one_gradient(tagger, train, c1, c2, repeats):
+    """Median seconds of one full-batch value-and-gradient of log-loss plus
+    elastic net at the trained weights, and its compile time."""
+    params, _ = tagger.model.trainable()
+    # The Tagger's own objective and packed data: exactly what its optimizer evaluates.
+    objective = tagger._objective()
+    lookup = {label: i for i, label in enumerate(tagger.labels)}
+    packed = pack([tagger.index.encode(tagger.extractor(s.tokens)) for s in train],
+                  [[lookup[label] for label in s.labels] for s in train], tagger.num_buckets)
+    data = dict(tagger._device_data(packed, True), emission_mask=tagger.model.emission_mask)
+    penalty = crfsuite_elastic_net(c1, c2)
+
+    def full(params, data):
+        leaves = jax.tree_util.tree_leaves(params)
+        return (objective(params, data) + penalty["l1"] * sum(jnp.sum(jnp.abs(x)) for x in leaves)
+                + 0.5 * penalty["l2"] * sum(jnp.sum(jnp.square(x)) for x in leaves))
+
+    value_and_grad = jax.jit(jax.value_and_grad(full))
+    start = time.perf_counter()
+    jax.block_until_ready(value_and_grad(params, data))
+    first = time.perf_counter() - start
+    times, processor = [], []
+    for _ in range(repeats):
+        start, start_processor = time.perf_counter(), time.process_time()
+        jax.block_until_ready(value_and_grad(params, data))
+        times.append(time.perf_counter() - start)
+        processor.append(time.process_time() - start_processor)
+    median = statistics.median(times)
+    # Processor time (all threads) is comparable with CRFsuite's clock()-timed
+    # iterations and less sensitive than wall time to other processes.
+    return {"median_seconds": median, "median_processor_seconds": statistics.median(processor),
+            "compile_seconds": max(first - median, 0.0), "repeats": repeats,
+            "tokens": int(sum(len(s.tokens) for s in train))}
+
+
+def run(quick: bool = False, iterations: int = 100, c1: float = 0.1, c2: float = 0.1, log=print):
+    """Returns a result record (or `{"skipped": reason}` without corpus or CRFsuite)."""
+    try:
+        import pycrfsuite  # noqa: F401
+    except ImportError:
+        return {"skipped": "python-crfsuite is not installed"}
+    try:
+        train, test = corpora.conll2002("esp.train"), corpora.conll2002("esp.testb")
+    except (LookupError, OSError, ValueError) as error:
+        return {"skipped": f"CoNLL-2002 not found under NLTK_DATA: {error}"}
+    if quick:
+        train, test, iterations = train[:300], test[:200], 5
+    extractor = preset("crfsuite_ner")
+    log(f"training benchmark: {len(train)} sentences, c1 = {c1}, c2 = {c2}, {iterations} iterations")
+
+    crfsuite = _crfsuite(train, test, extractor, c1, c2, iterations)
+    log(f"  crfsuite: {crfsuite['train_seconds']:.1f} s for {crfsuite['iterations']} iterations "
+        f"({crfsuite['median_iteration_seconds']:.3f} s per iteration), F1 {crfsuite['test_f1']:.4f}")
+
+    start = time.perf_counter()
+    tagger = Tagger(extractor, **crfsuite_elastic_net(c1, c2), max_iterations=iterations, progress=False)
+    tagger.fit(train)
+    lossfns_seconds = time.perf_counter() - start
+    lossfns = {"train_seconds_including_indexing_and_compile": lossfns_seconds,
+               "optimisation_loop_seconds": tagger.training_seconds, "iterations": len(tagger.history),
+               "test_f1": tagger.evaluate(test)["f1"]}
+    lossfns["gradient"] = _one_gradient(tagger, train, c1, c2, repeats=3 if quick else 7)
+    log(f"  lossfns: {lossfns_seconds:.1f} s for {lossfns['iterations']} iterations (loop "
+        f"{tagger.training_seconds:.1f} s), F1 {lossfns['test_f1']:.4f}; one gradient "
+        f"{lossfns['gradient']['median_seconds']:.3f} s (compile {lossfns['gradient']['compile_seconds']:.1f} s)")
+
+    ratios = {"gradient_processor_time_over_crfsuite_iteration": lossfns["gradient"]["median_processor_seconds"]
+              / crfsuite["median_iteration_seconds"],
+              "gradient_wall_over_crfsuite_wall_per_iteration": lossfns["gradient"]["median_seconds"]
+              / crfsuite["wall_seconds_per_iteration"],
+              "gradient_over_crfsuite_iteration": lossfns["gradient"]["median_seconds"]
+              / crfsuite["median_iteration_seconds"],
+              "gradient_over_crfsuite_gradient": lossfns["gradient"]["median_seconds"]
+              / crfsuite["median_seconds_per_gradient"],
+              "training_time_lossfns_over_crfsuite": lossfns_seconds / crfsuite["train_seconds"],
+              "f1_lossfns_minus_crfsuite": lossfns["test_f1"] - crfsuite["test_f1"]}
+    log("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
+    return {"task": "CoNLL-2002 Spanish NER, crfsuite_ner features", "sentences": len(train), "c1": c1, "c2": c2,
+            "max_iterations": iterations, "crfsuite": crfsuite, "lossfns": lossfns, "ratios": ratios}

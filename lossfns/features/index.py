@@ -1,0 +1,186 @@
+"""Observation-feature index: strings -> integer ids, and padded id arrays.
+
+`FeatureIndex.build` counts observation strings over a training corpus and
+keeps those seen at least `min_count` times; `FeatureIndex.hashed` maps
+strings to `num_buckets` ids by a stable hash instead (for feature sets too
+large to index; collisions share a weight). `encode` turns one sentence's
+`TokenFeatures` into id lists and `pad_batch` stacks sentences into
+`FeatureBatch` arrays padded with id -1.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from ..corpora import length_buckets
+from .extraction import TokenFeatures
+
+PADDING_ID = -1
+
+
+class FeatureBatch(NamedTuple):
+    """Featurised, padded sentences.
+
+    unigram_ids: `[..., T, F]` int32 emission feature ids, -1 = padding;
+    pair_ids: `[..., T, F2]` int32 label-pair-observation feature ids
+      (`F2` may be 0);
+    lengths: `[...]` int32;
+    labels: `[..., T]` int32 gold label ids (-1 past each length), or None.
+    """
+
+    unigram_ids: np.ndarray
+    pair_ids: np.ndarray
+    lengths: np.ndarray
+    labels: Optional[np.ndarray] = None
+
+
+def _stable_hash(text: str, buckets: int) -> int:
+    # Python's hash() is salted per process; crc32 is the same everywhere.
+    return zlib.crc32(text.encode("utf-8")) % buckets
+
+
+class FeatureIndex(NamedTuple):
+    """Ids of emission (`unigram`) and label-pair (`pair`) observation strings.
+
+    unigram, pair: string -> id dictionaries (None when hashing);
+    num_unigram, num_pair: K and K2, the row counts of the weight tables;
+    hashed: whether ids come from a stable hash modulo K (resp. K2).
+    """
+
+    unigram: Optional[dict]
+    pair: Optional[dict]
+    num_unigram: int
+    num_pair: int
+    hashed: bool = False
+
+    @staticmethod
+    def build(features: Iterable[TokenFeatures], min_count: int = 1) -> "FeatureIndex":
+        """Index every observation string seen at least `min_count` times,
+        in order of first appearance (so ids are deterministic)."""
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        unigram_counts: Counter = Counter()
+        pair_counts: Counter = Counter()
+        for sentence in features:
+            for token in sentence.unigram:
+                unigram_counts.update(token)
+            for token in sentence.pair:
+                pair_counts.update(token)
+        unigram = {name: i for i, name in enumerate(n for n, c in unigram_counts.items() if c >= min_count)}
+        pair = {name: i for i, name in enumerate(n for n, c in pair_counts.items() if c >= min_count)}
+        return FeatureIndex(unigram, pair, len(unigram), len(pair))
+
+    @staticmethod
+    def hashed_index(num_unigram: int, num_pair: int = 0) -> "FeatureIndex":
+        """Hash strings into `num_unigram` (resp. `num_pair`) ids; no vocabulary is kept."""
+        if num_unigram < 1 or num_pair < 0:
+            raise ValueError(f"num_unigram must be >= 1 and num_pair >= 0, got {num_unigram} and {num_pair}")
+        return FeatureIndex(None, None, num_unigram, num_pair, hashed=True)
+
+    def _ids(self, names: Sequence[str], table: Optional[dict], size: int) -> list[int]:
+        if self.hashed:
+            return sorted({_stable_hash(name, size) for name in names}) if size else []
+        return [table[name] for name in names if name in table]
+
+    def encode(self, features: TokenFeatures) -> tuple[list[list[int]], list[list[int]]]:
+        """Ids of one sentence's known observations: `([T][...], [T][...])`.
+        Unknown strings (unseen or below `min_count`) are dropped."""
+        unigram = [self._ids(token, self.unigram, self.num_unigram) for token in features.unigram]
+        pair = [self._ids(token, self.pair, self.num_pair) for token in features.pair]
+        return unigram, pair
+
+
+def _pad(rows: Sequence[Sequence[Sequence[int]]], max_length: int) -> np.ndarray:
+    width = max((len(token) for sentence in rows for token in sentence), default=0)
+    out = np.full((len(rows), max_length, width), PADDING_ID, dtype=np.int32)
+    for b, sentence in enumerate(rows):
+        for t, token in enumerate(sentence):
+            out[b, t, : len(token)] = token
+    return out
+
+
+def pad_batch(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
+              max_length: Optional[int] = None) -> FeatureBatch:
+    """Stack encoded sentences into a `FeatureBatch` padded to `max_length`
+    positions (default: the longest) and to the widest token."""
+    lengths = np.array([len(unigram) for unigram, _ in encoded], dtype=np.int32)
+    longest = int(lengths.max()) if lengths.size else 0
+    max_length = longest if max_length is None else max_length
+    if max_length < longest:
+        raise ValueError(f"max_length must be >= the longest sentence ({longest}), got {max_length}")
+    unigram_ids = _pad([u for u, _ in encoded], max_length)
+    pair_ids = _pad([p for _, p in encoded], max_length)
+    label_array = None
+    if labels is not None:
+        label_array = np.full((len(encoded), max_length), -1, dtype=np.int32)
+        for b, sequence in enumerate(labels):
+            if len(sequence) != lengths[b]:
+                raise ValueError(f"labels[{b}] has {len(sequence)} labels for a sentence of {lengths[b]} tokens")
+            label_array[b, : len(sequence)] = sequence
+    return FeatureBatch(unigram_ids, pair_ids, lengths, label_array)
+
+
+def observed_label_pairs(batches: Iterable[FeatureBatch], num_features: int, num_labels: int) -> np.ndarray:
+    """`[K, L]` bool: which (emission feature, label) pairs occur in the
+    labelled batches. CRFsuite creates state features only for these (its
+    default), so a model masked by it has CRFsuite's parameter set."""
+    seen = np.zeros((num_features, num_labels), dtype=bool)
+    for batch in batches:
+        ids = batch.unigram_ids
+        labels = np.broadcast_to(batch.labels[..., None], ids.shape)
+        keep = (ids >= 0) & (labels >= 0)
+        seen[ids[keep], labels[keep]] = True
+    return seen
+
+
+class PackedCorpus(NamedTuple):
+    """A corpus as one stack of real tokens plus padded length buckets that
+    point into it, so feature gathers never touch padding and only a few
+    bucket shapes are compiled.
+
+    unigram_ids: `[N, F]` int32 over all N tokens of the corpus (-1 = padding);
+    pair_ids: `[N, F2]` int32;
+    positions: per bucket `[B_b, T_b]` int32 rows of the token stack (-1 past each length);
+    lengths: per bucket `[B_b]` int32;
+    labels: per bucket `[B_b, T_b]` int32 (-1 past each length), or None;
+    members: per bucket `[B_b]` the sentences' indices in the corpus.
+    """
+
+    unigram_ids: np.ndarray
+    pair_ids: np.ndarray
+    positions: tuple
+    lengths: tuple
+    labels: Optional[tuple]
+    members: tuple
+
+
+def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
+         num_buckets: int = 6) -> PackedCorpus:
+    """Pack encoded sentences (from `FeatureIndex.encode`) and optional label
+    ids into a `PackedCorpus` with at most `num_buckets` length buckets."""
+    sentence_lengths = [len(unigram) for unigram, _ in encoded]
+    offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
+    stack = pad_batch([([token for unigram, _ in encoded for token in unigram],
+                        [token for _, pair in encoded for token in pair])])
+    positions, lengths, label_arrays, members = [], [], [], []
+    for indices, padded_length in length_buckets(sentence_lengths, num_buckets):
+        bucket_lengths = np.array([sentence_lengths[i] for i in indices], dtype=np.int32)
+        steps = np.arange(padded_length)
+        inside = steps < bucket_lengths[:, None]
+        positions.append(np.where(inside, offsets[indices][:, None] + steps, PADDING_ID).astype(np.int32))
+        lengths.append(bucket_lengths)
+        members.append(np.asarray(indices))
+        if labels is not None:
+            bucket_labels = np.full((len(indices), padded_length), -1, dtype=np.int32)
+            for row, i in enumerate(indices):
+                if len(labels[i]) != sentence_lengths[i]:
+                    raise ValueError(f"labels[{i}] has {len(labels[i])} labels for a sentence of "
+                                     f"{sentence_lengths[i]} tokens")
+                bucket_labels[row, : sentence_lengths[i]] = labels[i]
+            label_arrays.append(bucket_labels)
+    return PackedCorpus(stack.unigram_ids[0], stack.pair_ids[0], tuple(positions), tuple(lengths),
+                        tuple(label_arrays) if labels is not None else None, tuple(members))

@@ -1,0 +1,148 @@
+"""Named feature sets, each a callable `tokens -> TokenFeatures`.
+
+* `altun_s1`, `altun_s2`, `altun_s3`: the feature sets of Altun, Johnson &
+  Hofmann (2003): S1 = HMM features (the current word; label bigrams are the
+  model's transitions); S2 = S1 + spelling features of the current word
+  (last 1-3 letters, case of the first letter, capitalised with a dot, all
+  capitals, hyphen); S3 = S2 + the word and spelling features of the
+  previous and next word (a window of 3).
+* `crfsuite_ner`: the NER features of the sklearn-crfsuite tutorial (word
+  lower-cased, suffixes of 2 and 3 letters, case and digit tests, the POS tag
+  and its first two letters; the same for the neighbouring words; BOS/EOS;
+  a bias). Tokens are `(word, POS)`.
+* `lavergne_pos`: Lavergne et al.'s POS set: word, lower-cased word,
+  prefixes and suffixes up to 4 letters, character shape, and the words and
+  word pairs in a window of 5.
+
+String-valued tests become `name=value`; boolean tests are present only when
+true (a CRFsuite attribute of value 0 contributes nothing).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, NamedTuple, Sequence
+
+from .extraction import TokenFeatures
+
+Tokens = Sequence[Sequence[str]]
+
+
+def _spelling(word: str, prefix: str) -> list[str]:
+    """Altun's spelling tests (adapted from Bikel et al. 1999)."""
+    first = word[:1]
+    features = [f"{prefix}suffix1={word[-1:]}", f"{prefix}suffix2={word[-2:]}", f"{prefix}suffix3={word[-3:]}"]
+    if first.islower():
+        features.append(f"{prefix}first_lower")
+    if first.isupper():
+        features.append(f"{prefix}first_upper")
+    if first.isalnum():
+        features.append(f"{prefix}first_alphanumeric")
+    if first.isupper() and "." in word:
+        features.append(f"{prefix}capitalised_with_dot")
+    if word.isupper():
+        features.append(f"{prefix}all_capitals")
+    if "-" in word:
+        features.append(f"{prefix}hyphen")
+    return features
+
+
+def _word_at(tokens: Tokens, index: int) -> str:
+    if index < 0:
+        return f"_B{index}"
+    if index >= len(tokens):
+        return f"_B+{index - len(tokens) + 1}"
+    return tokens[index][0]
+
+
+def altun_s1(tokens: Tokens) -> TokenFeatures:
+    return TokenFeatures([[f"word={row[0]}"] for row in tokens], [[] for _ in tokens])
+
+
+def altun_s2(tokens: Tokens) -> TokenFeatures:
+    return TokenFeatures([[f"word={row[0]}"] + _spelling(row[0], "") for row in tokens], [[] for _ in tokens])
+
+
+def altun_s3(tokens: Tokens) -> TokenFeatures:
+    unigram = []
+    for t, row in enumerate(tokens):
+        features = [f"word={row[0]}"] + _spelling(row[0], "")
+        for offset in (-1, 1):
+            word = _word_at(tokens, t + offset)
+            features.append(f"{offset:+d}:word={word}")
+            if 0 <= t + offset < len(tokens):
+                features.extend(_spelling(word, f"{offset:+d}:"))
+        unigram.append(features)
+    return TokenFeatures(unigram, [[] for _ in tokens])
+
+
+def crfsuite_ner(tokens: Tokens) -> TokenFeatures:
+    """sklearn-crfsuite's tutorial features; tokens are `(word, POS)` rows."""
+    unigram = []
+    for t, row in enumerate(tokens):
+        if len(row) < 2:
+            raise ValueError(f"crfsuite_ner needs (word, POS) token rows, got {tuple(row)!r} at position {t}")
+        word, tag = row[0], row[1]
+        features = ["bias", f"word.lower()={word.lower()}", f"word[-3:]={word[-3:]}", f"word[-2:]={word[-2:]}"]
+        features += [name for name, test in (("word.isupper()", word.isupper()), ("word.istitle()", word.istitle()),
+                                             ("word.isdigit()", word.isdigit())) if test]
+        features += [f"postag={tag}", f"postag[:2]={tag[:2]}"]
+        for offset, edge in ((-1, "BOS"), (1, "EOS")):
+            if 0 <= t + offset < len(tokens):
+                other, other_tag = tokens[t + offset][0], tokens[t + offset][1]
+                name = f"{offset:+d}" if offset > 0 else f"{offset}"
+                features.append(f"{name}:word.lower()={other.lower()}")
+                features += [f"{name}:{test}" for test, value in (("word.istitle()", other.istitle()),
+                                                                 ("word.isupper()", other.isupper())) if value]
+                features += [f"{name}:postag={other_tag}", f"{name}:postag[:2]={other_tag[:2]}"]
+            else:
+                features.append(edge)
+        unigram.append(features)
+    return TokenFeatures(unigram, [[] for _ in tokens])
+
+
+def _shape(word: str) -> str:
+    """Character shape with runs collapsed: `Mr.` -> `Xx.`, `1,234` -> `d,d`."""
+    shape = re.sub(r"[A-Z]+", "X", word)
+    shape = re.sub(r"[a-z]+", "x", shape)
+    return re.sub(r"[0-9]+", "d", shape)
+
+
+def lavergne_pos(tokens: Tokens) -> TokenFeatures:
+    unigram = []
+    for t, row in enumerate(tokens):
+        word = row[0]
+        features = [f"word={word}", f"lower={word.lower()}", f"shape={_shape(word)}"]
+        features += [f"prefix{n}={word[:n]}" for n in range(1, 5) if len(word) >= n]
+        features += [f"suffix{n}={word[-n:]}" for n in range(1, 5) if len(word) >= n]
+        window = {offset: _word_at(tokens, t + offset) for offset in range(-2, 3)}
+        features += [f"{offset:+d}:word={window[offset]}" for offset in (-2, -1, 1, 2)]
+        features += [f"{offset:+d}{offset + 1:+d}:words={window[offset]}|{window[offset + 1]}"
+                     for offset in range(-2, 2)]
+        unigram.append(features)
+    return TokenFeatures(unigram, [[] for _ in tokens])
+
+
+PRESETS: dict[str, Callable[[Tokens], TokenFeatures]] = {
+    "altun_s1": altun_s1,
+    "altun_s2": altun_s2,
+    "altun_s3": altun_s3,
+    "crfsuite_ner": crfsuite_ner,
+    "lavergne_pos": lavergne_pos,
+}
+
+
+class Preset(NamedTuple):
+    """A named preset as a callable extractor (the name is what gets saved)."""
+
+    name: str
+
+    def __call__(self, tokens: Tokens) -> TokenFeatures:
+        return PRESETS[self.name](tokens)
+
+
+def preset(name: str) -> Preset:
+    """The preset called `name` (one of `PRESETS`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown feature preset {name!r}; expected one of {sorted(PRESETS)}")
+    return Preset(name)
