@@ -1,0 +1,13 @@
+"""The experiments of the five seed papers, run with lossfns.
+
+`python -m experiments NAME [--quick] [--out DIR]` runs one of `EXPERIMENTS`
+and writes, under DIR (default `experiments/results/NAME`, or
+`.../NAME-quick`), a Markdown table with the paper's numbers beside ours
+(`results.md`), every number (`results.json`), plots (`*.png`) and the exact
+command (`COMMAND.txt`). Without the corpora under `NLTK_DATA` the data are
+sampled from a planted model (`experiments.synthetic`).
+"""
+
+EXPERIMENTS = {
+    "altun2003": "experiments.altun2003",
+}

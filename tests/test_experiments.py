@@ -1,0 +1,221 @@
+"""The experiments harness: the quick CLI run, resumption, the planted-model
+generator, the training objective against brute force, and decoding order.
+
+Uses the real corpora when NLTK_DATA has them (CI), else synthetic data.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from lossfns import testing
+from lossfns.lattices import chain
+from lossfns.losses import sequence
+
+from experiments import synthetic, tagging
+from experiments.harness import RunDirectory, markdown_table
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """`python -m experiments altun2003 --quick` on its NER slice, once."""
+    out = tmp_path_factory.mktemp("altun2003-quick")
+    command = [sys.executable, "-m", "experiments", "altun2003", "--quick", "--tasks", "ner", "--no-progress",
+               "--out", str(out)]
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow  # about 60 s of CPU, mostly compiling one L-BFGS loop per loss
+def test_quick_run_writes_table_json_plots_and_command(quick_run):
+    table = (quick_run / "results.md").read_text()
+    for loss in tagging.LOSSES + ("perceptron",):
+        assert f"| {loss} |" in table
+    assert "73.62" in table  # the paper's S3 sequential log-loss F1 sits beside ours
+    summary = json.loads((quick_run / "results.json").read_text())
+    rows = summary["tasks"]["ner"]["rows"]
+    assert {(row["features"], row["loss"]) for row in rows} == {
+        (s, loss) for s in ("S1", "S2", "S3") for loss in tagging.LOSSES + ("perceptron",)}
+    for row in rows:
+        assert 0.0 <= row["score"] <= 100.0 and math.isfinite(row["train_seconds"])
+        assert row["nonzero_parameters"] > 0
+        if row["loss"] != "perceptron":
+            trace = row["objective_trace"]
+            assert all(map(math.isfinite, trace)) and trace[-1] < trace[0]
+    # Richer features must help even on the quick slice (the paper's main finding).
+    s1 = np.mean([r["score"] for r in rows if r["features"] == "S1" and r["loss"] in tagging.LOSSES])
+    s3 = np.mean([r["score"] for r in rows if r["features"] == "S3" and r["loss"] in tagging.LOSSES])
+    assert s3 > s1
+    assert (quick_run / "losses_by_feature_set.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    command = (quick_run / "COMMAND.txt").read_text()
+    assert "-m experiments altun2003 --quick" in command
+
+
+def test_unit_is_computed_once_and_read_back(tmp_path):
+    run = RunDirectory(str(tmp_path), ["python", "-m", "experiments", "x"])
+    assert run.unit("a", lambda: {"value": 1.5}) == {"value": 1.5}
+
+    def must_not_run():
+        raise AssertionError("a finished unit was computed again")
+
+    assert run.unit("a", must_not_run) == {"value": 1.5}
+    assert not [name for name in os.listdir(tmp_path / "units") if name.endswith(".tmp")]
+    report = RunDirectory(str(tmp_path), ["python"], compute_missing=False)  # --report-only
+    assert report.unit("a", must_not_run) == {"value": 1.5}
+    assert report.unit("b", must_not_run) is None
+
+
+def test_markdown_table():
+    assert markdown_table(["a", "b"], [[1.234, None]]) == "| a | b |\n|---|---|\n| 1.23 | - |\n"
+
+
+# ---------------------------------------------------------------------------
+# Planted-model data
+# ---------------------------------------------------------------------------
+
+
+def test_synthetic_corpus_is_deterministic_and_valid_iob2():
+    train, test, labels = synthetic.synthetic_corpus(3, "iob", 60, 20)
+    again, _, _ = synthetic.synthetic_corpus(3, "iob", 60, 20)
+    other, _, _ = synthetic.synthetic_corpus(4, "iob", 60, 20)
+    assert train == again and train != other
+    assert len(train) == 60 and len(test) == 20 and train != test[:60]
+    for words, tags in train + test:
+        assert len(words) == len(tags) >= 1 and set(tags) <= set(labels)
+        for previous, tag in zip(["O"] + tags[:-1], tags):
+            if tag.startswith("I-"):
+                assert previous in ("B-" + tag[2:], tag), (previous, tag)
+    assert sum(tag != "O" for _, tags in train for tag in tags) > 0
+
+
+def test_synthetic_spelling_carries_the_label():
+    """S2 can only help if spelling predicts labels: the most common label of
+    each 3-letter suffix is right far more often than the majority label."""
+    train, _, _ = synthetic.synthetic_corpus(0, "pos", 400, 1)
+    pairs = [(word[-3:].lower(), tag) for words, tags in train for word, tag in zip(words, tags)]
+    by_suffix = {}
+    for suffix, tag in pairs:
+        by_suffix.setdefault(suffix, []).append(tag)
+    suffix_rule = sum(max(map(tags.count, set(tags))) for tags in by_suffix.values()) / len(pairs)
+    majority = max(map([t for _, t in pairs].count, {t for _, t in pairs})) / len(pairs)
+    assert suffix_rule > majority + 0.3
+
+
+def test_load_task_falls_back_to_synthetic_without_corpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+    data = tagging.load_task("ner", 30, 10)
+    assert data.source.startswith("synthetic") and data.metric == "entity_f1"
+    assert len(data.train) == 30 and len(data.test) == 10 and "O" in data.labels
+    with pytest.raises(ValueError, match="task"):
+        tagging.load_task("chunking", 3, 3)
+
+
+# ---------------------------------------------------------------------------
+# Objective, training, decoding
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_task():
+    pairs, test_pairs, _ = synthetic.synthetic_corpus(1, "iob", 12, 3)
+    data = tagging.TaskData("ner", tagging._as_sentences(pairs), tagging._as_sentences(test_pairs),
+                            synthetic.planted_model(1, "iob").labels, "entity_f1", "synthetic")
+    return data, tagging.encode_task(data, ("S1", "S2"), num_buckets=2)
+
+
+def _random_model(encoded, num_labels, seed):
+    model = tagging.init_params(encoded.num_features, num_labels, jnp.float64)
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return model.__class__(jax.random.normal(keys[0], model.emission.shape, jnp.float64) * 0.3,
+                           jax.random.normal(keys[1], model.transitions.shape, jnp.float64),
+                           jax.random.normal(keys[2], model.start.shape, jnp.float64), model.pair_emission)
+
+
+def test_sequential_exp_objective_equals_brute_force():
+    """`N log(mean_i exp-loss_i)` with exp-loss_i = sum over y != gold of
+    exp(s(y) - s(gold)), enumerated; zero-weight sentences are left out."""
+    L, T, K = 3, 4, 5
+    key = jax.random.key(7)
+    model = tagging.init_params(K, L, jnp.float64)
+    model = model.__class__(jax.random.normal(key, (K, L), jnp.float64), jnp.eye(L) - 0.5, jnp.arange(L) * 0.1,
+                            model.pair_emission)
+    ids = jnp.array([[[0, 1], [2, -1], [3, 4], [1, -1]], [[4, -1], [0, 2], [-1, -1], [-1, -1]],
+                     [[1, 3], [-1, -1], [-1, -1], [-1, -1]]], jnp.int32)
+    bucket = tagging.Bucket(ids, jnp.array([[0, 2, 1, 1], [2, 0, -1, -1], [1, -1, -1, -1]], jnp.int32),
+                            jnp.array([4, 2, 1], jnp.int32))
+    weights = jnp.array([1.0, 1.0, 0.0])
+    exp_losses = []
+    for b in range(2):
+        potentials = model(ids[b])
+        assert isinstance(potentials, chain.FactoredPotentials)
+        labels, scores = testing.enumerate_sequences(potentials, int(bucket.lengths[b]))
+        gold = np.all(labels == np.asarray(bucket.labels[b, : bucket.lengths[b]]), axis=1)
+        exp_losses.append(np.sum(np.exp(scores[~gold] - scores[gold][0])))
+    expected = 2 * np.log(np.mean(exp_losses))
+    objective = jax.jit(tagging.objective, static_argnames=("loss", "l2_weight"))
+    value = objective(model, (bucket,), (weights,), loss="sequential exp", l2_weight=0.0)
+    np.testing.assert_allclose(value, expected, rtol=1e-10)
+    # The log-loss objective is the plain weighted sum plus the prior.
+    log_losses = sequence.sequence_log_loss(model(ids), bucket.labels, bucket.lengths)
+    prior = 0.5 * 0.3 * sum(float(jnp.sum(x ** 2)) for x in (model.emission, model.transitions, model.start))
+    np.testing.assert_allclose(objective(model, (bucket,), (weights,), loss="sequential log", l2_weight=0.3),
+                               float(jnp.sum(log_losses[:2])) + prior, rtol=1e-10)
+    gradient = jax.jit(jax.grad(tagging.objective), static_argnums=(3, 4))(model, (bucket,), (weights,),
+                                                                           "sequential exp", 0.0)
+    assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(gradient))
+
+
+def test_predict_restores_corpus_order(tiny_task):
+    """Decoding in length buckets and decoding each sentence alone agree,
+    sentence by sentence, in corpus order."""
+    data, encoded = tiny_task
+    model = _random_model(encoded, len(data.labels), 3)
+    together = tagging.predict(model, encoded.test["S2"], encoded.test_order, data.labels)
+    alone = []
+    for sentence in data.test:
+        single = tagging.encode_task(data._replace(test=[sentence]), ("S1", "S2"), num_buckets=1)
+        # Same training set, so the feature index and K are those of `encoded`.
+        assert single.num_features == encoded.num_features
+        alone += tagging.predict(model, single.test["S2"], single.test_order, data.labels)
+    assert together == alone
+    assert [len(labels) for labels in together] == [len(s.labels) for s in data.test]
+
+
+def test_training_resumes_from_checkpoint_bit_identical(tiny_task, tmp_path, monkeypatch):
+    data, encoded = tiny_task
+    buckets = encoded.train["S1"]
+    weights = [np.ones(bucket.lengths.shape[0]) for bucket in buckets]
+    options = dict(l2_weight=0.1, max_steps=6, tol=0.0, progress=False, chunks=3)
+    start = tagging.init_params(encoded.num_features, len(data.labels))
+    reference = tagging.train(start, buckets, weights, "sequential log", checkpoint_dir=None, **options)
+
+    real_save, saves = tagging.checkpoint.save, []
+
+    def save_then_crash(path, tree):
+        real_save(path, tree)
+        saves.append(path)
+        if len(saves) == 1:
+            raise KeyboardInterrupt("simulated interruption after the first chunk")
+
+    monkeypatch.setattr(tagging.checkpoint, "save", save_then_crash)
+    directory = str(tmp_path / "checkpoints")
+    with pytest.raises(KeyboardInterrupt):
+        tagging.train(start, buckets, weights, "sequential log", checkpoint_dir=directory, **options)
+    resumed = tagging.train(start, buckets, weights, "sequential log", checkpoint_dir=directory, **options)
+    assert len(saves) == 3  # one before the crash, two after resuming (not three)
+    assert resumed.num_steps == reference.num_steps == 6
+    np.testing.assert_array_equal(resumed.trace, reference.trace)
+    for got, want in zip(jax.tree_util.tree_leaves(resumed.params), jax.tree_util.tree_leaves(reference.params)):
+        np.testing.assert_array_equal(got, want)
+    assert not os.path.exists(directory)
