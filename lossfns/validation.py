@@ -79,3 +79,25 @@ def as_labels(labels, shape: tuple[int, ...], num_labels: int, lengths, name: st
             raise ValueError(f"{name} must lie in [0, {num_labels}) inside each sequence's length, "
                              f"got {int(value[where])} at index {where}")
     return labels
+
+
+def available_memory_bytes() -> int | None:
+    """Physical memory available now (Linux `sysconf`), or `None` if unknown."""
+    import os
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_allocation(name: str, shape: tuple[int, ...], dtype, copies: int = 1) -> None:
+    """Raise `MemoryError` naming `name` before allocating `copies` dense arrays
+    of `shape` that cannot fit in the memory available now, rather than let the
+    process be killed by the kernel mid-allocation."""
+    import math
+    needed = math.prod(shape) * np.dtype(dtype).itemsize * copies
+    available = available_memory_bytes()
+    if available is not None and needed > available:
+        raise MemoryError(f"{name} of shape {tuple(shape)} ({np.dtype(dtype).name}, x{copies}) needs "
+                          f"{needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is available; "
+                          "use fewer features (a larger min_count or hashing) or fewer labels")

@@ -163,10 +163,8 @@ CASES = [
     ("reranking-absent", "a reference marked absent by mask",
      lambda _: losses.reranking_log_loss(jnp.zeros((1, 3)), jnp.array([1]), jnp.array([[True, False, True]])),
      ValueError, ["reference", "mask"]),
-    pytest.param("reranking-empty", "an empty candidate list (N = 0)",
-                 lambda _: losses.reranking_log_loss(jnp.zeros((2, 0)), jnp.array([0, 0])),
-                 ValueError, ["scores", "candidate"],
-                 marks=pytest.mark.xfail(strict=True, reason="reranking losses do not reject N = 0 by name")),
+    ("reranking-empty", "an empty candidate list (N = 0)",
+     lambda _: losses.reranking_log_loss(jnp.zeros((2, 0)), jnp.array([0, 0])), ValueError, ["scores", "candidate"]),
     ("hamming-shape", "predicted and gold of different shapes",
      lambda _: losses.hamming_loss(jnp.zeros((2, 3), int), jnp.zeros((2, 4), int)), ValueError, ["predicted", "gold"]),
     # --- lossfns.features.templates ---
@@ -279,3 +277,10 @@ if __name__ == "__main__":
     jax.config.update("jax_enable_x64", True)
     with tempfile.TemporaryDirectory() as directory:
         sys.stdout.write(markdown_table(Path(directory)) + "\n")
+
+
+def test_a_dense_table_that_cannot_fit_is_refused_before_allocation():
+    from lossfns.models import LinearChainModel
+
+    with pytest.raises(MemoryError, match="emission weights W of shape"):
+        LinearChainModel.zeros(10**12, 45)

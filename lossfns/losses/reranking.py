@@ -21,6 +21,8 @@ from ..validation import as_float_array, check_finite_or_neg_inf, concrete
 def _candidate_inputs(scores, reference, mask):
     scores = as_float_array("scores", scores, 1, "[..., N]")
     check_finite_or_neg_inf("scores", scores)
+    if scores.shape[-1] == 0:
+        raise ValueError(f"scores needs at least one candidate (shape [..., N] with N >= 1), got shape {scores.shape}")
     batch_shape = scores.shape[:-1]
     reference = jnp.asarray(reference)
     if not jnp.issubdtype(reference.dtype, jnp.integer):

@@ -33,7 +33,7 @@ from jax.flatten_util import ravel_pytree
 
 from ..features.index import FeatureBatch
 from ..lattices.chain import FactoredPotentials
-from ..validation import concrete
+from ..validation import check_allocation, concrete
 
 
 @jax.custom_vjp
@@ -108,6 +108,8 @@ class LinearChainModel(eqx.Module):
             if emission_mask.shape != (num_features, num_labels):
                 raise ValueError(f"emission_mask must have shape [K, L] = {(num_features, num_labels)}, "
                                  f"got shape {emission_mask.shape}")
+        check_allocation("emission weights W", (num_features, num_labels), dtype)
+        check_allocation("label-pair-observation weights", (num_pair_features, num_labels, num_labels), dtype)
         return LinearChainModel(jnp.zeros((num_features, num_labels), dtype), jnp.zeros((num_labels, num_labels), dtype),
                                 jnp.zeros((num_labels,), dtype),
                                 jnp.zeros((num_pair_features, num_labels, num_labels), dtype), emission_mask)
