@@ -24,41 +24,35 @@ def logsumexp(x: jax.Array, axis: int = -1) -> jax.Array:
 
     An all-`-inf` slice gives `-inf` with a zero gradient, and `-inf` entries
     among finite ones get a zero gradient (jax.nn.logsumexp gives NaN for the
-    first case). A custom JVP rather than a VJP, so forward mode, reverse mode
-    and any order of derivatives all work.
+    first case); NaN stays NaN. A custom JVP rather than a VJP, so forward
+    mode, reverse mode and any order of derivatives all work.
     """
-    return _logsumexp_value(x, axis)
+    return _logsumexp_parts(x, axis)[0]
 
 
-def _logsumexp_value(x, axis):
+def _logsumexp_parts(x, axis):
+    """`(logsumexp(x), softmax(x))` from one pass of shifted exponentials.
+
+    The weights are normalised by the sum itself rather than computed as
+    `exp(x - logsumexp(x))`, which is off when `log(sum)` is lost to rounding
+    next to huge scores; they are zero where the whole slice is `-inf`.
+    """
     peak = jnp.max(x, axis=axis, keepdims=True)
     peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
-    total = jnp.sum(jnp.exp(x - peak), axis=axis, keepdims=True)
-    safe_total = jnp.where(total > 0, total, 1.0)
-    # NaN must stay NaN (never be read as an empty sum).
-    empty = jnp.where(jnp.isnan(total), jnp.nan, -jnp.inf)
-    out = jnp.where(total > 0, jnp.log(safe_total) + peak, empty)
-    return jnp.squeeze(out, axis=axis)
-
-
-def _softmax_weights(x, axis):
-    """`softmax(x)` along `axis`, zero where the whole slice is `-inf`.
-
-    Normalised by the sum itself rather than as `exp(x - logsumexp(x))`,
-    which is off when `log(sum)` is lost to rounding next to huge scores.
-    """
-    peak = jnp.max(x, axis=axis, keepdims=True)
-    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
     shifted = jnp.exp(x - peak)
     total = jnp.sum(shifted, axis=axis, keepdims=True)
-    return shifted / jnp.where(total > 0, total, 1.0)
+    positive = total > 0
+    safe_total = jnp.where(positive, total, 1.0)
+    # NaN must stay NaN (never be read as an empty sum).
+    empty = jnp.where(jnp.isnan(total), jnp.nan, -jnp.inf)
+    out = jnp.where(positive, jnp.log(safe_total) + peak, empty)
+    return jnp.squeeze(out, axis=axis), shifted / safe_total
 
 
 @logsumexp.defjvp
 def _logsumexp_jvp(axis, primals, tangents):
     (x,), (dx,) = primals, tangents
-    out = logsumexp(x, axis)
-    weights = _softmax_weights(x, axis)
+    out, weights = _logsumexp_parts(x, axis)
     # The weights are exactly zero at -inf entries; masking dx keeps an
     # infinite or NaN tangent there from leaking in as 0 * inf.
     dx = jnp.where(weights > 0, dx, 0.0)
