@@ -25,10 +25,16 @@ import time
 import jax
 import jax.numpy as jnp
 
-from lossfns import corpora, metrics
+import numpy as np
+
+from lossfns import corpora, metrics, semirings
 from lossfns.features import preset
-from lossfns.features.index import pack
-from lossfns.tagger import Tagger, crfsuite_elastic_net
+from lossfns.features.design import bucket_design, bucket_slices, design_matmul
+from lossfns.features.index import FeatureIndex, pack
+from lossfns.lattices.chain import FactoredPotentials
+from lossfns.losses.sequence import sequence_log_loss
+from lossfns.models.linear_chain import _sum_rows
+from lossfns.tagger import Tagger, _weights_of, crfsuite_elastic_net
 
 
 def _crfsuite(train, test, extractor, c1, c2, iterations):
@@ -60,13 +66,13 @@ def _crfsuite(train, test, extractor, c1, c2, iterations):
 def _one_gradient(tagger, train, c1, c2, repeats):
     """Median seconds of one full-batch value-and-gradient of log-loss plus
     elastic net at the trained weights, and its compile time."""
-    params, _ = tagger.model.trainable()
-    # The Tagger's own objective and packed data: exactly what its optimizer evaluates.
+    # The Tagger's own objective, variables and packed data: exactly what its optimizer evaluates.
+    params = _weights_of(tagger.model)
     objective = tagger._objective()
     lookup = {label: i for i, label in enumerate(tagger.labels)}
     packed = pack([tagger.index.encode(tagger.extractor(s.tokens)) for s in train],
                   [[lookup[label] for label in s.labels] for s in train], tagger.num_buckets)
-    data = dict(tagger._device_data(packed, True), emission_mask=tagger.model.emission_mask)
+    data = tagger._training_data(packed)
     penalty = crfsuite_elastic_net(c1, c2)
 
     def full(params, data):
@@ -92,6 +98,57 @@ def _one_gradient(tagger, train, c1, c2, repeats):
             "tokens": int(sum(len(s.tokens) for s in train))}
 
 
+def _median_seconds(fn, *args, repeats):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: int = 7):
+    """The emission-weight gradient at K = `num_features` hashed features
+    against the chain forward-backward it follows (issue 5: not slower).
+
+    Times, on the whole corpus: the weight gradient (the VJP of the sparse
+    product `design_matmul`, `[K, L]` out, with its forward product), the forward-backward of the
+    log-loss given the emission scores (value and gradient with respect to
+    them), and the previous gather / scatter-add path for reference.
+    """
+    labels = sorted({label for s in train for label in s.labels})
+    lookup = {label: i for i, label in enumerate(labels)}
+    index = FeatureIndex.hashed_index(num_features, 0)
+    packed = pack([index.encode(extractor(s.tokens)) for s in train],
+                  [[lookup[label] for label in s.labels] for s in train], 6)
+    design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, num_features))
+    shapes = [p.shape for p in packed.positions]
+    rng = np.random.default_rng(0)
+    weights = jnp.asarray(0.01 * rng.standard_normal((num_features, len(labels))), jnp.float32)
+    transitions = jnp.asarray(0.1 * rng.standard_normal((len(labels),) * 2), jnp.float32)
+    bucket_labels, bucket_lengths = tuple(map(jnp.asarray, packed.labels)), tuple(map(jnp.asarray, packed.lengths))
+
+    def chain_loss(rows):
+        return sum(jnp.sum(sequence_log_loss(FactoredPotentials(unary, transitions), y, n, semiring=semirings.Real))
+                   for unary, y, n in zip(bucket_slices(rows, shapes), bucket_labels, bucket_lengths))
+
+    rows = jax.jit(design_matmul)(design, weights)
+    forward_backward = jax.jit(jax.value_and_grad(chain_loss))
+    cotangent = forward_backward(rows)[1]
+    weight_gradient = jax.jit(lambda design, cotangent: jax.vjp(lambda w: design_matmul(design, w), weights)[1](cotangent)[0])
+    token_ids = jnp.asarray(packed.unigram_ids)
+    token_cotangent = jnp.asarray(rng.standard_normal((token_ids.shape[0], len(labels))), jnp.float32)
+    scatter = jax.jit(lambda w, c: jax.vjp(lambda w: _sum_rows(w, token_ids), w)[1](c)[0])
+    out = {"num_features": num_features, "labels": len(labels), "tokens": int(token_ids.shape[0]),
+           "nonzeros": int(design.indices.shape[0]), "repeats": repeats,
+           "forward_backward_seconds": _median_seconds(forward_backward, rows, repeats=repeats),
+           "weight_gradient_seconds": _median_seconds(weight_gradient, design, cotangent, repeats=repeats),
+           "scatter_add_weight_gradient_seconds": _median_seconds(scatter, weights, token_cotangent, repeats=repeats)}
+    out["weight_gradient_over_forward_backward"] = out["weight_gradient_seconds"] / out["forward_backward_seconds"]
+    return out
+
+
 def run(quick: bool = False, iterations: int = 100, c1: float = 0.1, c2: float = 0.1, log=print):
     """Returns a result record (or `{"skipped": reason}` without corpus or CRFsuite)."""
     try:
@@ -105,6 +162,12 @@ def run(quick: bool = False, iterations: int = 100, c1: float = 0.1, c2: float =
     if quick:
         train, test, iterations = train[:300], test[:200], 5
     extractor = preset("crfsuite_ner")
+    gradient_at_scale = emission_gradient(train, extractor, 2 ** 14 if quick else 2 ** 20, 3 if quick else 7)
+    log(f"  K = {gradient_at_scale['num_features']:,} hashed features: weight gradient "
+        f"{gradient_at_scale['weight_gradient_seconds'] * 1e3:.1f} ms, forward-backward "
+        f"{gradient_at_scale['forward_backward_seconds'] * 1e3:.1f} ms (ratio "
+        f"{gradient_at_scale['weight_gradient_over_forward_backward']:.2f}); scatter-add path "
+        f"{gradient_at_scale['scatter_add_weight_gradient_seconds'] * 1e3:.1f} ms")
     log(f"training benchmark: {len(train)} sentences, c1 = {c1}, c2 = {c2}, {iterations} iterations")
 
     crfsuite = _crfsuite(train, test, extractor, c1, c2, iterations)
@@ -135,4 +198,5 @@ def run(quick: bool = False, iterations: int = 100, c1: float = 0.1, c2: float =
               "f1_lossfns_minus_crfsuite": lossfns["test_f1"] - crfsuite["test_f1"]}
     log("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     return {"task": "CoNLL-2002 Spanish NER, crfsuite_ner features", "sentences": len(train), "c1": c1, "c2": c2,
-            "max_iterations": iterations, "crfsuite": crfsuite, "lossfns": lossfns, "ratios": ratios}
+            "max_iterations": iterations, "crfsuite": crfsuite, "lossfns": lossfns, "ratios": ratios,
+            "emission_gradient_at_scale": gradient_at_scale}

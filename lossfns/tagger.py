@@ -24,10 +24,13 @@ feature vocabulary, shapes) followed by the weights written with
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
+import re
 import struct
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import equinox as eqx
 import jax
@@ -35,14 +38,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import metrics, semirings
+from . import checkpoint, metrics, semirings
 from .corpora import Sentence
+from .features.design import bucket_design
 from .features.index import FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, pack
 from .features.presets import PRESETS, Preset, preset
 from .features.templates import Templates, parse_templates
 from .lattices import chain
 from .losses.sequence import sequence_log_loss
 from .models.linear_chain import LinearChainModel
+from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar
 from .optimizers.owlqn import elastic_net_penalty, owlqn
 
 MAGIC = b"LOSSFNS-TAGGER\n"
@@ -69,6 +74,71 @@ def _extractor(features):
         return features
     raise TypeError("features must be a preset name, template text, a features.Preset or features.Templates, "
                     f"got {type(features).__name__}")
+
+
+def _checked_extractor(features):
+    """`_extractor(features)`, with a string that is neither a preset nor valid
+    template text reported as a bad `features` argument."""
+    try:
+        return _extractor(features)
+    except ValueError as error:
+        if isinstance(features, str) and re.fullmatch(r"[A-Za-z_][\w.-]*", features.strip()):
+            raise ValueError(f"features: unknown feature preset {features!r}; expected one of "
+                             f"{sorted(PRESETS)} or CRF++/Wapiti template text") from error
+        raise ValueError(f"features: not a preset name and not valid template text: {error}") from error
+
+
+def _check_tagger_arguments(*, loss, l1, l2, regularizer, optimizer, max_iterations, tol, period, memory_size,
+                            min_count, hash_size, num_buckets, dtype) -> None:
+    """`Tagger.__init__`'s argument checks (static Python values only)."""
+    check_scalar("l1", l1, 0)
+    check_scalar("l2", l2, 0)
+    if loss is not None:
+        check_callable("loss", loss)
+    if regularizer is not None:
+        check_callable("regularizer", regularizer)
+    if optimizer is not None:
+        check_optimizer(optimizer)
+        if l1 > 0:
+            raise ValueError("l1 > 0 needs optimizer=None (OWL-QN); a custom optimizer only sees the smooth objective")
+    check_int("max_iterations", max_iterations)
+    check_scalar("tol", tol, 0)
+    check_int("period", period)
+    check_int("memory_size", memory_size)
+    check_int("min_count", min_count)
+    if hash_size is not None:
+        check_int("hash_size", hash_size)
+    check_int("num_buckets", num_buckets)
+    try:
+        given = jnp.dtype(dtype)
+    except TypeError:
+        given = None
+    if given is None or not jnp.issubdtype(given, jnp.floating):
+        raise TypeError("dtype must be a floating-point dtype (jnp.float32 or jnp.float64), "
+                        f"got {given.name if given is not None else repr(dtype)}")
+
+
+def _check_sentences(sentences, labelled: bool = True) -> None:
+    """Reject a corpus that is not a list/tuple of `corpora.Sentence` (token rows,
+    and one label per token when `labelled`), naming the first bad sentence.
+
+    `Tagger.predict` calls it with `labelled=False`; `Tagger.fit` should call
+    it at its top with `labelled=True`."""
+    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
+        raise TypeError(f"sentences must be a list or tuple of corpora.Sentence, got {type(sentences).__name__}")
+    if labelled and len(sentences) == 0:
+        raise ValueError("sentences must hold at least one sentence, got 0")
+    for i, sentence in enumerate(sentences):
+        if not hasattr(sentence, "tokens") or (labelled and not hasattr(sentence, "labels")):
+            raise TypeError(f"sentences[{i}] must be a corpora.Sentence(tokens, labels), "
+                            f"got {type(sentence).__name__} {sentence!r:.60}")
+        for t, row in enumerate(sentence.tokens):
+            if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) == 0:
+                raise TypeError(f"sentences[{i}].tokens[{t}] must be a row of columns (a tuple of strings, word "
+                                f"first), got {type(row).__name__} {row!r:.60}")
+        if labelled and len(sentence.labels) != len(sentence.tokens):
+            raise ValueError(f"sentences[{i}] must have one label per token, got {len(sentence.tokens)} tokens "
+                             f"and {len(sentence.labels)} labels")
 
 
 def _extractor_spec(extractor) -> dict:
@@ -119,13 +189,10 @@ class Tagger:
                  tol: float = 1e-5, period: int = 10, memory_size: int = 6, min_count: int = 1,
                  hash_size: Optional[int] = None, observed_pairs_only: bool = True, num_buckets: int = 6,
                  dtype=jnp.float32, progress: Optional[bool] = None, iob_constraints: Optional[bool] = None):
-        if l1 < 0 or l2 < 0:
-            raise ValueError(f"l1 and l2 must be >= 0, got l1={l1}, l2={l2}")
-        if optimizer is not None and l1 > 0:
-            raise ValueError("l1 > 0 needs optimizer=None (OWL-QN); a custom optimizer only sees the smooth objective")
-        if not isinstance(max_iterations, int) or max_iterations < 1:
-            raise ValueError(f"max_iterations must be a positive int, got {max_iterations!r}")
-        self.extractor = _extractor(features)
+        _check_tagger_arguments(loss=loss, l1=l1, l2=l2, regularizer=regularizer, optimizer=optimizer,
+                                max_iterations=max_iterations, tol=tol, period=period, memory_size=memory_size,
+                                min_count=min_count, hash_size=hash_size, num_buckets=num_buckets, dtype=dtype)
+        self.extractor = _checked_extractor(features)
         self.loss = loss if loss is not None else functools.partial(sequence_log_loss, semiring=semirings.Real)
         self.l1, self.l2, self.regularizer, self.optimizer = float(l1), float(l2), regularizer, optimizer
         self.max_iterations, self.tol, self.period, self.memory_size = max_iterations, tol, period, memory_size
@@ -144,9 +211,8 @@ class Tagger:
         """Featurise and pack unlabelled sentences for decoding."""
         return pack([self.index.encode(self.extractor(s.tokens)) for s in sentences], None, self.num_buckets)
 
-    @staticmethod
-    def _device_data(packed: PackedCorpus, with_labels: bool):
-        data = {"unigram_ids": packed.unigram_ids, "pair_ids": packed.pair_ids,
+    def _device_data(self, packed: PackedCorpus, with_labels: bool):
+        data = {"design": bucket_design(packed, self.index.num_unigram), "pair_ids": packed.pair_ids,
                 "positions": packed.positions, "lengths": packed.lengths}
         if with_labels:
             data["labels"] = packed.labels
@@ -158,16 +224,16 @@ class Tagger:
         """Smooth objective `(params, data) -> scalar` (the loss summed over
         sentences, plus the penalties the optimizer does not handle).
 
-        The emission mask travels in `data`, not in a closure: a closed-over
-        `[K, L]` array would be a compile-time constant, and XLA's constant
-        folding of it took minutes for the POS feature set."""
+        `params` are `_Weights` (`_weights_of`). The emission pairs travel in
+        `data`, not in a closure: closed-over arrays would be compile-time
+        constants, and XLA's constant folding of a `[K, L]` mask took minutes
+        for the POS feature set."""
         # OWL-QN handles the whole elastic net itself; other optimizers see the L2 term here.
         smooth_l2 = 0.0 if self._uses_owlqn() else self.l2
 
         def objective(params, data):
-            model = LinearChainModel(params.emission, params.transitions, params.start, params.pair_emission,
-                                     data["emission_mask"])
-            buckets = model.packed_potentials(data["unigram_ids"], data["pair_ids"], data["positions"])
+            model = self._model_of(params, data["emission_pairs"])
+            buckets = model.packed_potentials(data["design"], data["pair_ids"], data["positions"])
             total = sum(jnp.sum(self.loss(p, labels, lengths))
                         for p, labels, lengths in zip(buckets, data["labels"], data["lengths"]))
             if smooth_l2:
@@ -188,10 +254,18 @@ class Tagger:
             return owlqn(self.l1, self.l2, memory_size=self.memory_size)
         return optax.lbfgs(memory_size=self.memory_size)
 
-    def fit(self, sentences: Sequence[Sentence]) -> "Tagger":
-        """Index features, build a zero model and train it on `sentences`."""
-        if not sentences:
-            raise ValueError("sentences must hold at least one sentence")
+    def fit(self, sentences: Sequence[Sentence], *, checkpoint_dir=None, checkpoint_every: int = 10) -> "Tagger":
+        """Index features, build a zero model and train it on `sentences`.
+
+        With `checkpoint_dir`, the parameters, optimizer state and objective
+        trace are saved there atomically (`lossfns.checkpoint`) every
+        `checkpoint_every` iterations and at the end; a later `fit` with the
+        same directory, corpus and settings resumes from the newest
+        checkpoint and ends bit-identical to an uninterrupted run. A
+        checkpoint written for another corpus or other settings is refused.
+        """
+        _check_sentences(sentences)
+        check_int("checkpoint_every", checkpoint_every)
         self.labels = tuple(sorted({label for s in sentences for label in s.labels}))
         extracted = [self.extractor(s.tokens) for s in sentences]
         if self.hash_size is not None:
@@ -207,12 +281,27 @@ class Tagger:
             mask = observed_label_pairs(_unpacked_batches(packed), self.index.num_unigram, len(self.labels))
         self.model = LinearChainModel.zeros(self.index.num_unigram, len(self.labels), self.index.num_pair,
                                             emission_mask=mask, dtype=self.dtype)
-        self._train(self._device_data(packed, True))
+        self._train(self._training_data(packed), checkpoint_dir, checkpoint_every, _fingerprint(self, sentences))
         return self
 
-    def _train(self, data):
-        params, _ = self.model.trainable()
-        data = dict(data, emission_mask=self.model.emission_mask)
+    def _training_data(self, packed: PackedCorpus):
+        """The device data of the objective: the packed corpus with labels and
+        the `(rows [P], cols [P])` of the emission weights that exist (None: all)."""
+        mask = self.model.emission_mask
+        pairs = None if mask is None else tuple(jnp.asarray(i, jnp.int32) for i in np.nonzero(np.asarray(mask)))
+        return dict(self._device_data(packed, True), emission_pairs=pairs)
+
+    def _model_of(self, weights: "_Weights", emission_pairs) -> LinearChainModel:
+        """The model of optimisation variables `weights`: the emission table
+        `[K, L]` is zero except at the `emission_pairs`, which hold `weights.emission`."""
+        emission = weights.emission
+        if emission_pairs is not None:
+            emission = jnp.zeros(self.model.emission.shape, emission.dtype).at[emission_pairs].set(emission)
+        return LinearChainModel(emission, weights.transitions, weights.start, weights.pair_emission,
+                                self.model.emission_mask)
+
+    def _train(self, data, checkpoint_dir, checkpoint_every: int, fingerprint: np.ndarray):
+        params = _weights_of(self.model)
         objective = self._objective()
         optimizer = self._make_optimizer()
         stores_value = optax.tree.get(optimizer.init(params), "value") is not None
@@ -230,24 +319,31 @@ class Tagger:
             return optax.apply_updates(params, updates), state, value + optimizer_penalty(params)
 
         state = optimizer.init(params)
+        # The objective before each iteration; NaN past the iterations done.
+        trace = np.full(self.max_iterations, np.nan)
+        if checkpoint_dir is not None:
+            params, state, trace = _resume(checkpoint_dir, fingerprint, params, state, trace)
+        self.history = [float(value) for value in trace[~np.isnan(trace)]]
         show = self.progress if self.progress is not None else self.max_iterations > 20
         bar = _progress_bar(self.max_iterations) if show else None
-        self.history = []
+        if bar is not None:
+            bar.update(len(self.history))
         start = time.perf_counter()
-        for _ in range(self.max_iterations):
+        while len(self.history) < self.max_iterations and not _converged(self.history, self.tol, self.period):
             params, state, value = step(params, state, data)
             # `value` is the objective at the point the step started from.
             self.history.append(float(value))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(objective=self.history[-1])
-            if _converged(self.history, self.tol, self.period):
-                break
+            if checkpoint_dir is not None and len(self.history) % checkpoint_every == 0:
+                _save_checkpoint(checkpoint_dir, fingerprint, params, state, self.history, trace)
+        if checkpoint_dir is not None:
+            _save_checkpoint(checkpoint_dir, fingerprint, params, state, self.history, trace)
         self.training_seconds = time.perf_counter() - start
         if bar is not None:
             bar.close()
-        self.model = LinearChainModel(params.emission, params.transitions, params.start, params.pair_emission,
-                                      self.model.emission_mask)
+        self.model = self._model_of(params, data["emission_pairs"])
 
     # -- inference ----------------------------------------------------------
 
@@ -257,6 +353,7 @@ class Tagger:
 
     def predict(self, sentences: Sequence[Sentence]) -> list[tuple[str, ...]]:
         """Viterbi label sequences, one tuple of label strings per sentence."""
+        _check_sentences(sentences, labelled=False)
         self._require_model()
         if not sentences:
             return []
@@ -324,6 +421,28 @@ class Tagger:
         return tagger
 
 
+class _Weights(NamedTuple):
+    """The Tagger's optimisation variables. emission: `[P]`, the weights of the
+    P (feature, label) pairs of the emission mask (row-major order), or the
+    whole `[K, L]` table without a mask; transitions `[L, L]`; start `[L]`;
+    pair_emission `[K2, L, L]`.
+
+    Optimising only the weights that exist (CRFsuite's parameter set, 3% of
+    `[K, L]` for the POS features) makes every optimizer step and the L1
+    penalty proportional to P rather than K L; the objective is the same."""
+
+    emission: jax.Array
+    transitions: jax.Array
+    start: jax.Array
+    pair_emission: jax.Array
+
+
+def _weights_of(model: LinearChainModel) -> _Weights:
+    """The optimisation variables of a model (see `_Weights`)."""
+    emission = model.emission if model.emission_mask is None else model.emission[np.asarray(model.emission_mask)]
+    return _Weights(emission, model.transitions, model.start, model.pair_emission)
+
+
 def _unpacked_batches(packed: PackedCorpus):
     """Per-bucket `FeatureBatch` views of a packed corpus, for `observed_label_pairs`."""
     # Position -1 (padding) reads the appended last row, whose ids are all -1.
@@ -357,10 +476,67 @@ def _constrain(potentials, allowed):
 
 @jax.jit
 def _decode(model, data, allowed):
-    buckets = model.packed_potentials(data["unigram_ids"], data["pair_ids"], data["positions"])
+    buckets = model.packed_potentials(data["design"], data["pair_ids"], data["positions"])
     if allowed is not None:
         buckets = tuple(_constrain(p, allowed) for p in buckets)
     return tuple(chain.viterbi(p, lengths)[1] for p, lengths in zip(buckets, data["lengths"]))
+
+
+def _fingerprint(tagger: Tagger, sentences: Sequence[Sentence]) -> np.ndarray:
+    """SHA-256 `[32]` uint8 of what a checkpoint must match: the corpus, the
+    features, the labels and the training settings (callables by name)."""
+    digest = hashlib.sha256()
+    settings = [tagger.labels, _extractor_spec(tagger.extractor), tagger.index.num_unigram, tagger.index.num_pair,
+                tagger.l1, tagger.l2, tagger.max_iterations, tagger.tol, tagger.period, tagger.memory_size,
+                tagger.min_count, tagger.hash_size, tagger.observed_pairs_only, tagger.num_buckets,
+                str(jnp.dtype(tagger.dtype)), _describe(tagger.loss), _describe(tagger.optimizer),
+                _describe(tagger.regularizer)]
+    digest.update(json.dumps(settings, default=str).encode("utf-8"))
+    for sentence in sentences:
+        digest.update(json.dumps([sentence.tokens, sentence.labels]).encode("utf-8"))
+    return np.frombuffer(digest.digest(), dtype=np.uint8).copy()
+
+
+def _describe(value):
+    """A description of a setting that is the same in every process: callables
+    by name (a closure's captured values are not seen), never by address."""
+    if isinstance(value, functools.partial):
+        return [_describe(value.func), [_describe(a) for a in value.args],
+                {k: _describe(v) for k, v in sorted(value.keywords.items())}]
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    text = repr(value)
+    return type(value).__qualname__ if " at 0x" in text else text
+
+
+def _save_checkpoint(directory, fingerprint, params, state, history, trace) -> None:
+    """Atomically write the training state after `len(history)` iterations;
+    keep only the newest checkpoint."""
+    trace = trace.copy()
+    trace[: len(history)] = history
+    tree = {"fingerprint": fingerprint, "params": params, "state": state, "trace": trace}
+    checkpoint.save(checkpoint.checkpoint_path(directory, len(history)), tree)
+    checkpoint.prune_checkpoints(directory, 1)
+
+
+def _resume(directory, fingerprint, params, state, trace):
+    """`(params, state, trace)` from the newest checkpoint in `directory`, or
+    the given ones when there is none."""
+    os.makedirs(directory, exist_ok=True)
+    latest = checkpoint.latest_checkpoint(directory)
+    if latest is None:
+        return params, state, trace
+    like = {"fingerprint": fingerprint, "params": params, "state": state, "trace": trace}
+    refusal = (f"checkpoint_dir {directory}: {latest.name} was written for another corpus or other training "
+               "settings; use a new directory (or delete this one) to start afresh")
+    try:
+        # `latest_checkpoint` skipped damaged files, so a failure here is a structure mismatch.
+        restored = checkpoint.load(latest, like)
+    except checkpoint.CheckpointError as error:
+        raise checkpoint.CheckpointError(f"{refusal} ({error})") from None
+    if not np.array_equal(np.asarray(restored["fingerprint"]), fingerprint):
+        raise checkpoint.CheckpointError(refusal)
+    return restored["params"], restored["state"], np.asarray(restored["trace"])
 
 
 def _converged(history: list, tol: float, period: int) -> bool:

@@ -17,11 +17,15 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from lossfns import checkpoint, corpora, debug, losses, semirings
+from lossfns import checkpoint, corpora, debug, losses, optimizers, semirings
+from lossfns.corpora import Sentence
 from lossfns.features import templates
 from lossfns.lattices import chain, dag
 from lossfns.lattices.chain import FactoredPotentials
+from lossfns.optimizers import reranking
+from lossfns.tagger import Tagger
 
 T, L = 3, 2
 
@@ -60,6 +64,38 @@ def _conll_file(tmp_path, text):
     path.write_text(text)
     return corpora.read_conll(str(path))
 
+
+def _squares(params, batch=None):
+    return jnp.sum(params ** 2) if batch is None else jnp.sum((params - batch) ** 2)
+
+
+_EXAMPLES = jnp.zeros((4, 2))  # a 4-example data set for the stochastic optimizers
+
+
+def _bcd_data(lengths=(3,)):
+    return optimizers.bcd_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), np.asarray(lengths), 2)
+
+
+def _sequence_data():
+    return optimizers.SequenceData(jnp.zeros((2, T, L)), jnp.zeros((2, T), jnp.int32), jnp.array([T, T]))
+
+
+def _unary_model(theta, inputs):
+    return FactoredPotentials(inputs + theta[:L], theta[L:].reshape(L, L), None)
+
+
+def _reranking_data(features=None, reference=(0, 1), valid=None):
+    return reranking.reranking_data(jnp.zeros((2, 3, 4)) if features is None else features,
+                                    jnp.array(reference), valid)
+
+
+def _not_a_tagger(tmp_path):
+    path = tmp_path / "bad.tagger"
+    path.write_text("El DA O\n")
+    return Tagger.load(path)
+
+
+_SENTENCE = Sentence((("El", "DA"), ("rey", "NC")), ("O", "O"))
 
 GOOD = _potentials
 NAN = float("nan")
@@ -184,6 +220,139 @@ CASES = [
     # --- lossfns.checkpoint ---
     ("checkpoint-truncated", "a truncated checkpoint file", _truncated_checkpoint,
      checkpoint.CheckpointError, ["state.ckpt", "truncated"]),
+    # --- lossfns.optimizers: OWL-QN and SGD-L1 ---
+    ("owlqn-l1", "a negative l1 for OWL-QN", lambda _: optimizers.owlqn(-0.1),
+     ValueError, ["l1", ">= 0", "-0.1"]),
+    ("owlqn-memory-size", "memory_size = 0 for OWL-QN", lambda _: optimizers.owlqn(0.1, memory_size=0),
+     ValueError, ["memory_size", ">= 1", "got 0"]),
+    ("owlqn-shrink", "a line-search shrink factor >= 1", lambda _: optimizers.owlqn(0.1, shrink=1.5),
+     ValueError, ["shrink", "(0, 1)", "1.5"]),
+    ("owlqn-decrease-factor", "an Armijo decrease_factor of 0",
+     lambda _: optimizers.owlqn(0.1, decrease_factor=0.0), ValueError, ["decrease_factor", "(0, 1)", "0.0"]),
+    ("owlqn-linesearch-steps", "max_linesearch_steps = 0",
+     lambda _: optimizers.owlqn(0.1, max_linesearch_steps=0), ValueError, ["max_linesearch_steps", ">= 1", "0"]),
+    ("sgd-learning-rate", "a learning rate of 0 for SGD-L1", lambda _: optimizers.sgd_l1(0.0, 0.1),
+     ValueError, ["learning_rate", "> 0", "0.0"]),
+    ("sgd-learning-rate-string", "a string as learning rate", lambda _: optimizers.sgd_l1("fast", 0.1),
+     TypeError, ["learning_rate", "a number > 0", "'fast'"]),
+    ("sgd-l2", "a negative l2 for SGD-L1", lambda _: optimizers.sgd_l1(0.1, 0.1, l2=-1.0),
+     ValueError, ["l2", ">= 0", "-1.0"]),
+    ("calibrate-candidates", "no candidate learning rates to calibrate",
+     lambda _: optimizers.calibrate_learning_rate(_squares, jnp.zeros(2), _EXAMPLES, 0.1, key=jax.random.key(0),
+                                                  candidates=()), ValueError, ["candidates", "at least one", "()"]),
+    ("calibrate-sample-size", "a calibration sample of 0 examples",
+     lambda _: optimizers.calibrate_learning_rate(_squares, jnp.zeros(2), _EXAMPLES, 0.1, key=jax.random.key(0),
+                                                  sample_size=0), ValueError, ["sample_size", ">= 1", "0"]),
+    ("decay-steps", "steps_per_epoch = 0 for the decaying schedule", lambda _: optimizers.decaying_schedule(0.1, 0),
+     ValueError, ["steps_per_epoch", ">= 1", "0"]),
+    ("decay-rate", "a decay factor above 1", lambda _: optimizers.decaying_schedule(0.1, 10, 1.5),
+     ValueError, ["decay_per_epoch", "(0, 1]", "1.5"]),
+    # --- minimize, minimize_stochastic, drive, finetune ---
+    ("minimize-max-steps", "max_steps = 0", lambda _: optimizers.minimize(_squares, jnp.ones(2), optax.sgd(0.1),
+                                                                          max_steps=0),
+     ValueError, ["max_steps", ">= 1", "0"]),
+    ("minimize-optimizer", "an optax constructor not called (optax.adam)",
+     lambda _: optimizers.minimize(_squares, jnp.ones(2), optax.adam, max_steps=5),
+     TypeError, ["optimizer", "GradientTransformation", "function adam"]),
+    ("minimize-tol", "a negative tolerance", lambda _: optimizers.minimize(_squares, jnp.ones(2), optax.sgd(0.1),
+                                                                           max_steps=5, tol=-1e-3),
+     ValueError, ["tol", ">= 0", "-0.001"]),
+    ("stochastic-batch-size", "batch_size = 0",
+     lambda _: optimizers.minimize_stochastic(_squares, jnp.ones(2), optax.sgd(0.1), _EXAMPLES, key=jax.random.key(0),
+                                              batch_size=0, num_epochs=1),
+     ValueError, ["batch_size", "[1, 4]", "0"]),
+    ("stochastic-batch-size-float", "a float batch_size",
+     lambda _: optimizers.minimize_stochastic(_squares, jnp.ones(2), optax.sgd(0.1), _EXAMPLES, key=jax.random.key(0),
+                                              batch_size=2.5, num_epochs=1),
+     TypeError, ["batch_size", "int", "float 2.5"]),
+    ("stochastic-num-epochs", "num_epochs = 0",
+     lambda _: optimizers.minimize_stochastic(_squares, jnp.ones(2), optax.sgd(0.1), _EXAMPLES, key=jax.random.key(0),
+                                              batch_size=2, num_epochs=0),
+     ValueError, ["num_epochs", ">= 1", "0"]),
+    ("drive-keep", "keep = 0 checkpoints",
+     lambda tmp: optimizers.drive(lambda inner, step: (inner, 0.0), optimizers.init_loop(0.0, 2),
+                                  stop_fn=optimizers.relative_change_below(0.0), checkpoint_dir=tmp, keep=0),
+     ValueError, ["keep", ">= 1", "0"]),
+    ("finetune-l2", "a negative l2 for fine-tuning", lambda _: optimizers.finetune(_squares, jnp.ones(2), l2=-1.0),
+     ValueError, ["l2", ">= 0", "-1.0"]),
+    # --- block coordinate descent, perceptron, sequence boosting ---
+    ("bcd-num-sweeps", "num_sweeps = 0 for BCD",
+     lambda _: optimizers.bcd(_bcd_data(), optimizers.bcd_init(2, L), 0.1, num_sweeps=0),
+     ValueError, ["num_sweeps", ">= 1", "0"]),
+    ("bcd-lengths", "a BCD length above T", lambda _: _bcd_data(lengths=(5,)),
+     ValueError, ["lengths", "[0, 3]", "got 5"]),
+    ("bcd-num-labels", "bcd_init with 0 labels", lambda _: optimizers.bcd_init(2, 0),
+     ValueError, ["num_labels", ">= 1", "0"]),
+    ("perceptron-num-epochs", "num_epochs = 0 for the perceptron",
+     lambda _: optimizers.perceptron(_unary_model, jnp.zeros(L + L * L), _sequence_data(), num_epochs=0),
+     ValueError, ["num_epochs", ">= 1", "0"]),
+    ("perceptron-data", "a plain tuple instead of SequenceData",
+     lambda _: optimizers.perceptron(_unary_model, jnp.zeros(L + L * L), tuple(_sequence_data()), num_epochs=1),
+     TypeError, ["data", "SequenceData", "tuple"]),
+    ("boosting-num-rounds", "num_rounds = 0 for sequence boosting",
+     lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, num_rounds=0),
+     ValueError, ["num_rounds", ">= 1", "0"]),
+    ("boosting-step", "an unknown boosting step rule",
+     lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, num_rounds=2, step="newton"),
+     ValueError, ["step", "line_search", "'newton'"]),
+    # --- reranking: boosting with shrinkage, FSLR, BLasso ---
+    ("rerank-shrinkage", "shrinkage = 0", lambda _: optimizers.boosting_with_shrinkage_step_fn(_reranking_data(), 0.0),
+     ValueError, ["shrinkage", "(0, 1]", "0.0"]),
+    ("fslr-epsilon", "a negative FSLR step epsilon", lambda _: optimizers.fslr_step_fn(_reranking_data(), -0.1),
+     ValueError, ["epsilon", "> 0", "-0.1"]),
+    ("blasso-epsilon", "BLasso step epsilon = 0", lambda _: optimizers.blasso_step_fn(_reranking_data(), 0.0),
+     ValueError, ["epsilon", "> 0", "0.0"]),
+    ("blasso-tolerance", "a negative BLasso tolerance",
+     lambda _: optimizers.blasso_step_fn(_reranking_data(), 0.1, tolerance=-1.0),
+     ValueError, ["tolerance", ">= 0", "-1.0"]),
+    ("rerank-num-steps", "num_steps = 0 for a reranker",
+     lambda _: optimizers.run_reranker(optimizers.fslr_step_fn(_reranking_data(), 0.1), _reranking_data(),
+                                       num_steps=0), ValueError, ["num_steps", ">= 1", "0"]),
+    ("rerank-data", "raw features instead of RerankingData",
+     lambda _: optimizers.run_reranker(optimizers.fslr_step_fn(_reranking_data(), 0.1), jnp.zeros((2, 3, 4)),
+                                       num_steps=5), TypeError, ["data", "RerankingData", "got "]),
+    ("rerank-reference", "a reranking reference >= C", lambda _: _reranking_data(reference=(0, 3)),
+     ValueError, ["reference", "[0, 3)", "got 3 at index 1"]),
+    ("rerank-reference-absent", "a reranking reference that valid marks absent",
+     lambda _: _reranking_data(valid=jnp.array([[1, 1, 1], [1, 0, 1]])), ValueError, ["reference", "valid", "got 1"]),
+    ("rerank-features-nan", "NaN in reranking features",
+     lambda _: _reranking_data(features=jnp.zeros((2, 3, 4)).at[1, 2, 0].set(NAN)),
+     ValueError, ["features", "finite", "nan", "(1, 2, 0)"]),
+    ("rerank-weights", "weights that do not match the features",
+     lambda _: optimizers.lasso_loss(_reranking_data(), jnp.zeros(5), 0.1), ValueError, ["weights", "(4,)", "(5,)"]),
+    # --- lossfns.tagger.Tagger ---
+    ("tagger-preset", "an unknown feature preset name", lambda _: Tagger("crfsuite_nerr"),
+     ValueError, ["features", "'crfsuite_nerr'", "crfsuite_ner'"]),
+    ("tagger-num-buckets", "num_buckets = 0", lambda _: Tagger(num_buckets=0),
+     ValueError, ["num_buckets", ">= 1", "0"]),
+    ("tagger-min-count", "min_count = 0", lambda _: Tagger(min_count=0), ValueError, ["min_count", ">= 1", "0"]),
+    ("tagger-hash-size", "hash_size = 0", lambda _: Tagger(hash_size=0), ValueError, ["hash_size", ">= 1", "0"]),
+    ("tagger-memory-size", "memory_size = 0 for the tagger", lambda _: Tagger(memory_size=0),
+     ValueError, ["memory_size", ">= 1", "0"]),
+    ("tagger-period", "a stopping period of 0", lambda _: Tagger(period=0), ValueError, ["period", ">= 1", "0"]),
+    ("tagger-tol", "a negative tagger tol", lambda _: Tagger(tol=-1.0), ValueError, ["tol", ">= 0", "-1.0"]),
+    ("tagger-l1-string", "a string as l1", lambda _: Tagger(l1="0.1"), TypeError, ["l1", "number", "'0.1'"]),
+    ("tagger-dtype", "an integer weight dtype", lambda _: Tagger(dtype=jnp.int32),
+     TypeError, ["dtype", "floating", "int32"]),
+    ("tagger-optimizer", "an optimizer that is not an optax transformation", lambda _: Tagger(optimizer="adam"),
+     TypeError, ["optimizer", "GradientTransformation", "str"]),
+    ("tagger-predict-unfitted", "predict before fit", lambda _: Tagger().predict([_SENTENCE]),
+     ValueError, ["no model", "fit()"]),
+    ("tagger-predict-element", "a string instead of a Sentence in predict", lambda _: Tagger().predict(["El rey"]),
+     TypeError, ["sentences[0]", "corpora.Sentence", "str"]),
+    ("tagger-predict-tokens", "token rows given as plain strings",
+     lambda _: Tagger().predict([Sentence(("El", "rey"), ("O", "O"))]),
+     TypeError, ["sentences[0].tokens[0]", "tuple of strings", "'El'"]),
+    ("tagger-fit-empty", "fit on an empty corpus", lambda _: Tagger().fit([]),
+     ValueError, ["sentences", "at least one", "got 0"]),
+    ("tagger-fit-lengths", "a sentence with fewer labels than tokens",
+     lambda _: Tagger().fit([Sentence(_SENTENCE.tokens, ("O",))]), ValueError, ["[0]", "2 tokens", "1 label"]),
+    ("tagger-fit-element", "a non-Sentence element passed to fit", lambda _: Tagger().fit([_SENTENCE, ("El", "DA")]),
+     TypeError, ["sentences[1]", "corpora.Sentence", "tuple"]),
+    ("tagger-fit-corpus", "a string instead of a corpus in fit", lambda _: Tagger().fit("El DA O"),
+     TypeError, ["sentences", "list or tuple", "str"]),
+    ("tagger-load", "Tagger.load of a file that is not a tagger", _not_a_tagger,
+     ValueError, ["bad.tagger", "not a lossfns tagger file"]),
 ]
 
 
@@ -201,7 +370,7 @@ def test_bad_input_raises_a_named_error(tmp_path, case_id, description, call, er
 
 
 def test_the_table_is_large_enough():
-    assert len(CASES) >= 30
+    assert len(CASES) >= 100
 
 
 # ---------------------------------------------------------------------------

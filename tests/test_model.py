@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lossfns import semirings, testing
+from lossfns.features.design import bucket_design
 from lossfns.features.index import pack, pad_batch
 from lossfns.lattices import chain
 from lossfns.lattices.chain import FactoredPotentials
@@ -131,8 +132,8 @@ def test_packed_potentials_equal_padded_batches():
     encoded = [([[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)],
                 [[int(x) for x in rng.integers(0, K2, size=rng.integers(0, 2))] for _ in range(n)]) for n in lengths]
     packed = pack(encoded, num_buckets=2)
-    buckets = model.packed_potentials(jnp.asarray(packed.unigram_ids), jnp.asarray(packed.pair_ids),
-                                      tuple(jnp.asarray(p) for p in packed.positions))
+    design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, K))
+    buckets = model.packed_potentials(design, jnp.asarray(packed.pair_ids), tuple(jnp.asarray(p) for p in packed.positions))
     for potentials, members in zip(buckets, packed.members):
         padded = pad_batch([encoded[i] for i in members], max_length=potentials.shape[-3])
         # Padding reads no features in either layout, so even the positions

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from ..lattices import chain
 from ..validation import concrete
-from .minimize import init_loop, relative_change_below, run_loop
+from .minimize import check_int, init_loop, relative_change_below, run_loop
 from .owlqn import check_penalties
 
 
@@ -49,6 +49,7 @@ class BcdData(NamedTuple):
 
 def bcd_data(active, labels, lengths, num_observations: int) -> BcdData:
     """Validate the arrays and precompute each test's padded occurrence list (needs concrete `active`)."""
+    check_int("num_observations", num_observations)
     active_value = concrete(active)
     if active_value is None:
         raise ValueError("active must be concrete (not traced): the occurrence lists are built in numpy")
@@ -60,6 +61,11 @@ def bcd_data(active, labels, lengths, num_observations: int) -> BcdData:
     if labels.shape != active_value.shape[:2] or lengths.shape != active_value.shape[:1]:
         raise ValueError(f"labels must have shape [N, T] = {active_value.shape[:2]} and lengths [N] = "
                          f"{active_value.shape[:1]}, got {labels.shape} and {lengths.shape}")
+    length_value = np.asarray(lengths)
+    outside = (length_value < 0) | (length_value > active_value.shape[1])
+    if outside.any():
+        raise ValueError(f"lengths must lie in [0, {active_value.shape[1]}] (the number of positions T of active), "
+                         f"got {int(length_value[outside][0])} at index {int(np.argmax(outside))}")
     inside = np.arange(active_value.shape[1])[None, :, None] < np.asarray(lengths)[:, None, None]
     present = np.zeros((num_observations, active_value.shape[0]), bool)
     sequence, _, _ = np.nonzero(inside & (active_value >= 0))
@@ -74,6 +80,8 @@ def bcd_data(active, labels, lengths, num_observations: int) -> BcdData:
 
 def bcd_init(num_observations: int, num_labels: int, dtype=jnp.float64):
     """Zero parameters `{"emission": [X, L], "pairs": [X, L, L]}`."""
+    check_int("num_observations", num_observations)
+    check_int("num_labels", num_labels)
     return {"emission": jnp.zeros((num_observations, num_labels), dtype),
             "pairs": jnp.zeros((num_observations, num_labels, num_labels), dtype)}
 
@@ -148,8 +156,15 @@ def block_update(params, data: BcdData, x, l1, l2, max_backtracking: int = 20):
     return _with_block(params, x, new_block)
 
 
+def _check_bcd_data(data) -> None:
+    if not isinstance(data, BcdData):
+        raise TypeError(f"data must be a BcdData (from bcd_data(active, labels, lengths, num_observations)), "
+                        f"got {type(data).__name__}")
+
+
 def bcd_sweep_fn(data: BcdData, l1, l2=0.0):
     """The `step_fn` of one sweep over all blocks; objective: the full penalised loss."""
+    _check_bcd_data(data)
     check_penalties(l1, l2)
     num_observations = data.occurrences.shape[0]
 
@@ -164,5 +179,7 @@ def bcd_sweep_fn(data: BcdData, l1, l2=0.0):
 def bcd(data: BcdData, params, l1, l2=0.0, *, num_sweeps: int, tol: float = 1e-10):
     """Run up to `num_sweeps` sweeps from `params`; returns the final `LoopState`
     (`.inner` the parameters, `.trace` the objective per sweep). Jit-able."""
+    _check_bcd_data(data)
+    check_int("num_sweeps", num_sweeps)
     loop = init_loop(params, num_sweeps, params["emission"].dtype)
     return run_loop(bcd_sweep_fn(data, l1, l2), loop, num_sweeps, relative_change_below(tol))

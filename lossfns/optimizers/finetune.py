@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .minimize import MinimizeResult, minimize
+from .minimize import MinimizeResult, check_int, check_scalar, minimize
 
 
 def active_mask(params):
@@ -28,6 +28,8 @@ def finetune(fun: Callable, params, *, l2: float = 1e-5, max_steps: int = 200, t
     inactive coordinates get zero gradients and L-BFGS never moves them.
     Returns `minimize`'s result; `trace` holds the restricted objective.
     """
+    check_scalar("l2", l2, 0)
+    check_int("memory_size", memory_size)
     mask = active_mask(params)
 
     def restricted(p):

@@ -23,6 +23,7 @@ those with a line search that take `value=`, `grad=`, `value_fn=`
 from __future__ import annotations
 
 import functools
+import numbers
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -31,6 +32,61 @@ import jax.numpy as jnp
 import optax
 
 from .. import checkpoint
+from ..validation import concrete
+
+
+# ---------------------------------------------------------------------------
+# Argument checks shared by the optimizers (static values only: Python
+# scalars and concrete arrays; traced values pass unchecked)
+# ---------------------------------------------------------------------------
+
+def check_int(name: str, value, minimum: int = 1) -> int:
+    """`value` as an int `>= minimum`, else a `TypeError`/`ValueError` naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _interval(low, high, low_open, high_open) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False) -> None:
+    """Reject a concrete `value` that is not a real scalar inside the interval
+    (NaN included); a traced value (under `jit`/`vmap`) is left unchecked."""
+    expected = f"a number {_interval(low, high, low_open, high_open)}"
+    array = concrete(value)
+    if array is None:
+        return
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+    if array.ndim != 0:
+        raise ValueError(f"{name} must be {expected} (a scalar), got an array of shape {array.shape}")
+    number = array.item()
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and (number >= high if high_open else number > high)
+    if number != number or below or above:
+        raise ValueError(f"{name} must be {expected}, got {number!r}")
+
+
+def check_optimizer(optimizer, name: str = "optimizer") -> None:
+    """Reject anything but an optax transformation (e.g. `optax.adam` not called)."""
+    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        given = getattr(optimizer, "__name__", None)
+        hint = f" (call the constructor: {given}(...), not {given})" if callable(optimizer) and given else ""
+        raise TypeError(f"{name} must be an optax GradientTransformation (with .init and .update){hint}, "
+                        f"got {type(optimizer).__name__}{' ' + given if given else ''}")
+
+
+def check_callable(name: str, value) -> None:
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
 
 
 class LoopState(NamedTuple):
@@ -52,8 +108,7 @@ class LoopState(NamedTuple):
 
 def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
     """A fresh `LoopState` around the optimizer state `inner`."""
-    if not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+    max_steps = check_int("max_steps", max_steps)
     if dtype is None:
         dtype = jnp.result_type(float)
     return LoopState(inner, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf, dtype),
@@ -65,8 +120,7 @@ def relative_change_below(tol: float) -> Callable:
     """Stopping test `|previous - value| <= tol * max(|value|, 1)`; `tol = 0` never stops.
 
     Cached, so equal tolerances give the same function and jitted loops are re-used."""
-    if tol < 0:
-        raise ValueError(f"tol must be >= 0, got {tol}")
+    check_scalar("tol", tol, 0)
 
     def stop(previous, value):
         return (tol > 0) & (jnp.abs(previous - value) <= tol * jnp.maximum(jnp.abs(value), 1.0))
@@ -148,6 +202,10 @@ def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, 
     Returns:
       `MinimizeResult(params, state, trace [max_steps], num_steps)`.
     """
+    check_callable("fun", fun)
+    check_optimizer(optimizer)
+    check_int("max_steps", max_steps)
+    relative_change_below(tol)
     step_fn = gradient_step_fn(fun, optimizer, penalty)
     loop = init_loop((params, optimizer.init(params)), max_steps, _float_dtype(params))
     loop = run_loop(step_fn, loop, max_steps, relative_change_below(tol))
@@ -182,6 +240,9 @@ def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, 
     `fun(params, data) + penalty(params)` on the whole data after the epoch.
     """
     total = num_examples(data)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise TypeError(f"batch_size must be an int in [1, {total}] (the number of examples), "
+                        f"got {type(batch_size).__name__} {batch_size!r}")
     if not 1 <= batch_size <= total:
         raise ValueError(f"batch_size must lie in [1, {total}] (the number of examples), got {batch_size}")
     steps_per_epoch = total // batch_size
@@ -218,6 +279,10 @@ def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransfor
     trace holds the full objective after each epoch; `tol > 0` stops when
     its relative change falls below `tol`. Jit-able.
     """
+    check_callable("fun", fun)
+    check_optimizer(optimizer)
+    check_int("num_epochs", num_epochs)
+    relative_change_below(tol)
     step_fn = epoch_step_fn(fun, optimizer, data, batch_size=batch_size, penalty=penalty)
     loop = init_loop((params, optimizer.init(params), key), num_epochs, _float_dtype(params))
     loop = run_loop(step_fn, loop, num_epochs, relative_change_below(tol))
@@ -241,8 +306,10 @@ def drive(step_fn: Callable, loop: LoopState, *, stop_fn: Callable, chunk_steps:
     steps in total (a time-boxed run, resumed later). `progress` shows a tqdm bar with
     the current objective when tqdm is installed.
     """
-    if chunk_steps < 1:
-        raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
+    check_int("chunk_steps", chunk_steps)
+    check_int("keep", keep)
+    if until is not None:
+        check_int("until", until, 0)
     if checkpoint_dir is not None:
         checkpoint_dir = Path(checkpoint_dir)
         checkpoint_dir.mkdir(parents=True, exist_ok=True)

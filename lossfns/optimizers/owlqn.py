@@ -28,7 +28,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from .. import losses
-from ..validation import concrete
+from .minimize import check_int, check_scalar
 
 
 class OwlqnState(NamedTuple):
@@ -114,10 +114,8 @@ def push_pair(params_diffs, grad_diffs, s, y):
 
 def check_penalties(l1, l2) -> None:
     """Reject negative penalty weights when they are concrete (they may be traced)."""
-    for name, value in (("l1", l1), ("l2", l2)):
-        value = concrete(value)
-        if value is not None and (value.ndim != 0 or value < 0):
-            raise ValueError(f"{name} must be a scalar >= 0, got {value}")
+    check_scalar("l1", l1, 0)
+    check_scalar("l2", l2, 0)
 
 
 def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
@@ -141,8 +139,10 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
     updates move `params` to the accepted point.
     """
     check_penalties(l1, l2)
-    if memory_size < 1:
-        raise ValueError(f"memory_size must be >= 1, got {memory_size}")
+    check_int("memory_size", memory_size)
+    check_int("max_linesearch_steps", max_linesearch_steps)
+    check_scalar("decrease_factor", decrease_factor, 0, 1, low_open=True, high_open=True)
+    check_scalar("shrink", shrink, 0, 1, low_open=True, high_open=True)
 
     def init(params):
         flat, _ = ravel_pytree(params)

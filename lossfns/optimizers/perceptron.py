@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import losses
-from .minimize import LoopState, init_loop, num_examples, run_loop
+from .minimize import LoopState, check_callable, check_int, init_loop, num_examples, run_loop
 
 
 class PerceptronState(NamedTuple):
@@ -65,8 +65,21 @@ def perceptron_update(potentials_fn: Callable, params, inputs, labels, length):
     return jax.tree_util.tree_map(jnp.subtract, params, gradient), loss > 0
 
 
+def check_sequence_data(data) -> None:
+    """Reject anything but a `SequenceData` whose labels are `[N, T]` and lengths `[N]`."""
+    if not isinstance(data, SequenceData):
+        raise TypeError(f"data must be a SequenceData(inputs, labels [N, T], lengths [N]), got {type(data).__name__}")
+    total = num_examples(data)
+    labels_shape, lengths_shape = jnp.shape(data.labels), jnp.shape(data.lengths)
+    if len(labels_shape) != 2 or lengths_shape != (total,):
+        raise ValueError(f"data.labels must have shape [N, T] and data.lengths [N] with N = {total}, "
+                         f"got {labels_shape} and {lengths_shape}")
+
+
 def perceptron_epoch_fn(potentials_fn: Callable, data: SequenceData) -> Callable:
     """The `step_fn` of one epoch over `data` in order; objective: mistakes made."""
+    check_callable("potentials_fn", potentials_fn)
+    check_sequence_data(data)
     total = num_examples(data)
 
     def step_fn(state: PerceptronState, step):
@@ -99,6 +112,9 @@ def perceptron(potentials_fn: Callable, params, data: SequenceData, *, num_epoch
     Returns `(params, loop)`: the averaged (or last) parameters and the final
     `LoopState` (its trace holds the mistakes per epoch).
     """
+    check_int("num_epochs", num_epochs)
+    check_callable("potentials_fn", potentials_fn)
+    check_sequence_data(data)
     loop: LoopState = init_loop(perceptron_init(params), num_epochs)
     loop = run_loop(perceptron_epoch_fn(potentials_fn, data), loop, num_epochs, no_mistakes)
     return (averaged_params(loop.inner) if average else loop.inner.params), loop

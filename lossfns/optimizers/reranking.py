@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 import jax
 import jax.numpy as jnp
 
-from ..validation import as_float_array
-from .minimize import init_loop, relative_change_below, run_loop
+from ..validation import as_float_array, concrete
+from .minimize import check_int, check_scalar, init_loop, relative_change_below, run_loop
 from .scalar_newton import newton_minimize
 
 
@@ -54,8 +56,42 @@ def reranking_data(features, reference, valid=None) -> RerankingData:
     valid = jnp.ones(features.shape[:2], features.dtype) if valid is None else jnp.asarray(valid, features.dtype)
     if valid.shape != features.shape[:2]:
         raise ValueError(f"valid must have shape [N, C] = {features.shape[:2]}, got {valid.shape}")
+    _check_finite("features", features)
+    _check_references(reference, valid, features.shape[1])
     best = jnp.take_along_axis(features, reference[:, None, None], axis=1)
     return RerankingData((best - features) * valid[..., None], valid)
+
+
+def _check_finite(name: str, x) -> None:
+    """Reject NaN and +-inf when the values are concrete (a candidate's features must be finite)."""
+    value = concrete(x)
+    if value is not None and not np.isfinite(value).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
+        raise ValueError(f"{name} must be finite, got {value[where]} at index {where}")
+
+
+def _check_references(reference, valid, num_candidates: int) -> None:
+    """Each reference must index an existing (valid) candidate, when concrete."""
+    reference, valid = concrete(reference), concrete(valid)
+    if reference is None:
+        return
+    outside = (reference < 0) | (reference >= num_candidates)
+    if outside.any():
+        row = int(np.argmax(outside))
+        raise ValueError(f"reference must lie in [0, {num_candidates}) (the candidate axis C), "
+                         f"got {int(reference[row])} at index {row}")
+    if valid is not None:
+        absent = valid[np.arange(reference.shape[0]), reference] == 0
+        if absent.any():
+            row = int(np.argmax(absent))
+            raise ValueError(f"reference must be a valid candidate, got {int(reference[row])} at index {row}, "
+                             "which valid marks as absent")
+
+
+def _check_data(data) -> None:
+    if not isinstance(data, RerankingData):
+        raise TypeError(f"data must be a RerankingData (from reranking_data(features, reference, valid)), "
+                        f"got {type(data).__name__}")
 
 
 def exp_loss(data: RerankingData, margins) -> jax.Array:
@@ -65,6 +101,11 @@ def exp_loss(data: RerankingData, margins) -> jax.Array:
 
 def lasso_loss(data: RerankingData, weights, alpha) -> jax.Array:
     """`ExpLoss + alpha ||lambda_{1:}||_1` (the baseline weight is not penalised)."""
+    _check_data(data)
+    size = data.differences.shape[-1:]
+    if jnp.shape(weights) != size:
+        raise ValueError(f"weights must have shape [K] = {size} (the features of data), got {jnp.shape(weights)}")
+    check_scalar("alpha", alpha, 0)
     return exp_loss(data, data.differences @ weights) + alpha * jnp.sum(jnp.abs(weights[1:]))
 
 
@@ -95,6 +136,7 @@ def _move(data, state: RerankingState, feature, step, alpha=None) -> RerankingSt
 
 def reranking_init(data: RerankingData) -> RerankingState:
     """All weights 0 except `lambda_0`, set to minimise ExpLoss."""
+    _check_data(data)
     size = data.differences.shape[-1]
     zero = RerankingState(jnp.zeros((size,), data.differences.dtype), jnp.zeros(data.valid.shape, data.differences.dtype),
                           jnp.asarray(jnp.inf, data.differences.dtype))
@@ -116,6 +158,8 @@ def _best_update(data, state):
 
 def boosting_with_shrinkage_step_fn(data: RerankingData, shrinkage: float) -> Callable:
     """Collins & Koo's boosting with shrinkage: `lambda_k += shrinkage * delta_k*`."""
+    _check_data(data)
+    check_scalar("shrinkage", shrinkage, 0, 1, low_open=True)
     def step_fn(state, step):
         feature, delta = _best_update(data, state)
         state = _move(data, state, feature, shrinkage * delta)
@@ -126,6 +170,8 @@ def boosting_with_shrinkage_step_fn(data: RerankingData, shrinkage: float) -> Ca
 
 def fslr_step_fn(data: RerankingData, epsilon: float) -> Callable:
     """Forward stagewise linear regression: `lambda_k += epsilon * sign(delta_k*)`."""
+    _check_data(data)
+    check_scalar("epsilon", epsilon, 0, low_open=True)
     def step_fn(state, step):
         feature, delta = _best_update(data, state)
         state = _move(data, state, feature, epsilon * jnp.sign(delta))
@@ -162,6 +208,9 @@ def blasso_step_fn(data: RerankingData, epsilon: float, *, backward: bool = True
     put, so the path ends at a fixed point.
     The objective recorded is ExpLoss; `state.alpha` is the current alpha.
     """
+    _check_data(data)
+    check_scalar("epsilon", epsilon, 0, low_open=True)
+    check_scalar("tolerance", tolerance, 0)
     def forward(state):
         before = exp_loss(data, state.margins)
         moved = _forward_step(data, state, epsilon)
@@ -196,5 +245,7 @@ def run_reranker(step_fn: Callable, data: RerankingData, *, num_steps: int, tol:
     """Run a reranking `step_fn` from `reranking_init` for up to `num_steps`
     steps (stopping when ExpLoss changes by less than `tol`, relatively);
     returns the final `LoopState` (`.inner` is the `RerankingState`). Jit-able."""
+    _check_data(data)
+    check_int("num_steps", num_steps)
     loop = init_loop(reranking_init(data), num_steps, data.differences.dtype)
     return run_loop(step_fn, loop, num_steps, relative_change_below(tol))

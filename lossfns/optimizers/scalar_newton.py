@@ -11,6 +11,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from .minimize import check_int, check_scalar
+
 
 def newton_minimize(derivatives: Callable, shape, dtype, *, num_steps: int = 40,
                     max_step: float = 10.0) -> jax.Array:
@@ -18,6 +20,8 @@ def newton_minimize(derivatives: Callable, shape, dtype, *, num_steps: int = 40,
 
     derivatives: `delta [*shape] -> (first [*shape], second [*shape])`.
     """
+    check_int("num_steps", num_steps, 0)
+    check_scalar("max_step", max_step, 0, low_open=True)
     def body(_, delta):
         first, second = derivatives(delta)
         move = jnp.where(second > 0, -first / jnp.where(second > 0, second, 1.0), -jnp.sign(first))

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from .. import losses
 from ..lattices import chain
-from .minimize import init_loop, relative_change_below, run_loop
-from .perceptron import SequenceData
+from .minimize import check_callable, check_int, init_loop, relative_change_below, run_loop
+from .perceptron import SequenceData, check_sequence_data
 from .scalar_newton import newton_minimize
 
 STEPS = ("line_search", "closed_form")
@@ -61,6 +61,7 @@ def _instance(data: SequenceData, index):
 
 def boosting_statistics(potentials_fn: Callable, data: SequenceData, num_features: int, dtype) -> BoostingStatistics:
     """`S(x_i, y_i)` and the range of `u_ik` for every sequence and feature."""
+    check_int("num_features", num_features)
     basis = jnp.eye(num_features, dtype=dtype)
 
     def one(inputs, labels, length):
@@ -131,11 +132,15 @@ def round_bounds(log_losses, excess, statistics: BoostingStatistics, step: str):
     return delta, bound(delta)
 
 
+def _check_step(step) -> None:
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+
+
 def sequence_boosting_step_fn(potentials_fn: Callable, data: SequenceData, statistics: BoostingStatistics,
                               step: str = "line_search") -> Callable:
     """The `step_fn` of one boosting round; objective: the exp-loss after it."""
-    if step not in STEPS:
-        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    _check_step(step)
 
     def step_fn(state: BoostingState, index):
         log_losses, excess = _log_losses(potentials_fn, state.theta, data)
@@ -155,6 +160,12 @@ def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features:
     Returns `(theta [K], loop)`; `loop.trace` is the exp-loss after each round
     and `jnp.sum(theta != 0)` the number of features used.
     """
+    check_callable("potentials_fn", potentials_fn)
+    check_sequence_data(data)
+    check_int("num_features", num_features)
+    check_int("num_rounds", num_rounds)
+    _check_step(step)
+    relative_change_below(tol)
     statistics = boosting_statistics(potentials_fn, data, num_features, dtype)
     state = BoostingState(jnp.zeros((num_features,), dtype), jnp.ones((), dtype), -jnp.ones((), jnp.int32))
     loop = run_loop(sequence_boosting_step_fn(potentials_fn, data, statistics, step),

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from .minimize import epoch_step_fn, num_examples
+from ..validation import concrete
+from .minimize import check_int, check_scalar, epoch_step_fn, num_examples
 from .owlqn import check_penalties, elastic_net_penalty, penalised_vector
 
 
@@ -61,6 +62,8 @@ def sgd_l1(learning_rate, l1: float, l2: float = 0.0, *,
       mask: which coordinates are penalised (True), as in `owlqn`; `None`: all.
     """
     check_penalties(l1, l2)
+    if not callable(learning_rate):
+        check_scalar("learning_rate", learning_rate, 0, low_open=True)
     schedule = learning_rate if callable(learning_rate) else optax.constant_schedule(learning_rate)
 
     def init(params):
@@ -98,6 +101,10 @@ def calibrate_learning_rate(fun: Callable, params, data, l1: float, *, key, l2: 
     fun: `(params, batch) -> summed loss over the batch`; data: pytree with a
     leading example axis `N`. Returns `[]`, the chosen rate.
     """
+    check_penalties(l1, l2)
+    check_int("batch_size", batch_size)
+    check_int("sample_size", sample_size)
+    _check_candidates(candidates)
     total = num_examples(data)
     size = min(sample_size, total)
     sample_key, epoch_key = jax.random.split(key)
@@ -116,6 +123,23 @@ def calibrate_learning_rate(fun: Callable, params, data, l1: float, *, key, l2: 
     return rates[jnp.argmin(values)]
 
 
+def _check_candidates(candidates) -> None:
+    """The candidate learning rates: a non-empty 1-D list of numbers > 0 (when concrete)."""
+    values = concrete(candidates)
+    if values is None:
+        return
+    if values.dtype.kind not in "iuf":
+        raise TypeError(f"candidates must be a sequence of learning rates > 0, got {candidates!r}")
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"candidates must be a non-empty sequence of learning rates > 0 (at least one), "
+                         f"got {candidates!r}")
+    if not (values > 0).all():
+        raise ValueError(f"candidates must all be learning rates > 0, got {float(values[~(values > 0)][0])!r}")
+
+
 def decaying_schedule(initial_rate, steps_per_epoch: int, decay_per_epoch: float = 0.85):
     """Tsuruoka et al.'s exponential decay `eta_0 * decay ** (step / steps_per_epoch)`."""
+    check_scalar("initial_rate", initial_rate, 0, low_open=True)
+    check_int("steps_per_epoch", steps_per_epoch)
+    check_scalar("decay_per_epoch", decay_per_epoch, 0, 1, low_open=True)
     return optax.exponential_decay(initial_rate, transition_steps=steps_per_epoch, decay_rate=decay_per_epoch)
