@@ -3,8 +3,8 @@ matrix `A [rows, K]` (counts of feature k at row r), multiplied with weight
 tables.
 
 Emission scores of every token are `A @ W` for `W [K, L]`, computed by
-XLA's native CSR sparse-dense kernel on CPU (cuSPARSE on GPU) through
-`jax.experimental.sparse.BCSR`. The equivalent sum of row gathers is
+`jax.experimental.sparse.BCSR`'s product, which on CPU is a native CSR
+sparse-dense kernel (other backends lower it their own way). The equivalent sum of row gathers is
 several times slower inside a training objective: XLA materialises one
 gather per feature column when their sum feeds more than one consumer
 (CoNLL-2002, 265k tokens x 18 features x 9 labels: about 150 ms of
