@@ -10,4 +10,8 @@ sampled from a planted model (`experiments.synthetic`).
 
 EXPERIMENTS = {
     "altun2003": "experiments.altun2003",
+    "altun2002": "experiments.altun2002",
+    "gao2006": "experiments.gao2006",
+    "lavergne2010": "experiments.lavergne2010",
+    "smith_eisner2005": "experiments.smith_eisner2005",
 }

@@ -1,0 +1,238 @@
+"""The altun2002 and gao2006 experiments: their quick CLI runs on the real
+corpora (skipped locally without them, failing in CI), and the sparse
+re-implementations they run against the library's dense originals:
+sequence boosting (`lossfns.optimizers.sequence_boosting`), the rerankers
+(`lossfns.optimizers.reranking`) and the k-best Viterbi (`chain.kbest`).
+"""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from conftest import corpus_or_fail
+from lossfns.lattices import chain
+from lossfns.models.linear_chain import LinearChainModel
+from lossfns.optimizers import SequenceData
+from lossfns.optimizers import reranking
+from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
+
+from experiments import altun2002, gao2006
+
+# The package re-exports a function named like the module.
+sequence_boosting = importlib.import_module("lossfns.optimizers.sequence_boosting")
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _quick(name: str, tasks: str, out) -> None:
+    command = [sys.executable, "-m", "experiments", name, "--quick", "--tasks", tasks, "--no-progress",
+               "--out", str(out)]
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------
+# altun2002
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # about 40 s of CPU, mostly compiling the L-BFGS loops and the boosting round
+def test_altun2002_quick_run_writes_table_json_plot(tmp_path):
+    corpus_or_fail(("corpora", "conll2002"))
+    _quick("altun2002", "S2", tmp_path)
+    table = (tmp_path / "results.md").read_text()
+    assert "66.11" in table and "69.75" in table  # the paper's S2 boosting and log-loss F1 beside ours
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["result"]["source"].startswith("CoNLL-2002")
+    rows = {row["method"]: row for row in summary["result"]["rows"]}
+    assert set(rows) == set(altun2002.LBFGS_ROWS) | {"boosting"}
+    for row in rows.values():
+        assert 0.0 <= row["f1"] <= 100.0 and 0.0 <= row["token_error"] <= 100.0
+    boost = rows["boosting"]
+    assert 0 < boost["features_used"] <= boost["rounds"] < rows["sequential log"]["features_used"]
+    assert boost["log_exp_loss"][-1] < boost["log_exp_loss"][0]  # boosting lowers the exp-loss
+    assert all(0.0 < bound <= 1.0 + 1e-6 for bound in boost["bound"])  # each round shrinks the loss bound
+    assert (tmp_path / "boosting_rounds.png").read_bytes()[:8] == PNG
+    assert "-m experiments altun2002 --quick" in (tmp_path / "COMMAND.txt").read_text()
+
+
+def test_split_into_pieces_keeps_every_token_in_order():
+    ids = np.arange(2 * 11 * 2, dtype=np.int32).reshape(2, 11, 2)
+    labels = np.arange(22, dtype=np.int32).reshape(2, 11)
+    bucket = altun2002.tagging.Bucket(ids, labels, np.array([11, 3], np.int32))
+    pieces = altun2002.split_into_pieces([bucket], 4)
+    assert pieces.lengths.tolist() == [4, 4, 3, 3]
+    assert pieces.ids.shape == (4, 4, 2)
+    kept = np.concatenate([pieces.labels[i, :n] for i, n in enumerate(pieces.lengths)])
+    np.testing.assert_array_equal(kept, np.concatenate([labels[0], labels[1, :3]]))
+    assert np.all(pieces.labels[2, 3:] == -1) and np.all(pieces.ids[2, 3:] == -1)
+
+
+def _random_pieces(seed, N=7, T=5, F=3, K_obs=6, L=3):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(-1, K_obs, (N, T, F)).astype(np.int32)
+    lengths = rng.integers(1, T + 1, N).astype(np.int32)
+    labels = rng.integers(0, L, (N, T)).astype(np.int32)
+    for i in range(N):
+        labels[i, lengths[i]:] = -1
+        ids[i, lengths[i]:] = -1
+    return altun2002.Pieces(ids, labels, lengths)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_sequence_boosting_equals_the_library(seed):
+    """Round by round, the sparse round picks the feature, step and bound
+    of `sequence_boosting_step_fn` (line search, ranges from Viterbi runs),
+    also when padded with inert entries."""
+    K_obs, L = 6, 3
+    pieces = _random_pieces(seed, K_obs=K_obs, L=L)
+    arrays = altun2002.boosting_arrays(pieces, K_obs, L)
+    padded = {key: value + 3 for key, value in arrays["sizes"].items()}
+    data = altun2002.sparse_boosting_data(arrays, padded, dtype=jnp.float64)
+    theta, unravel = LinearChainModel.zeros(K_obs, L, dtype=jnp.float64).flat()
+    potentials_fn = lambda weights, inputs: unravel(weights)(inputs)
+    dense = SequenceData(jnp.asarray(pieces.ids), jnp.asarray(pieces.labels), jnp.asarray(pieces.lengths))
+    statistics = sequence_boosting.boosting_statistics(potentials_fn, dense, theta.shape[0], jnp.float64)
+    step_fn = jax.jit(sequence_boosting.sequence_boosting_step_fn(potentials_fn, dense, statistics, "line_search"))
+    state = sequence_boosting.BoostingState(theta, jnp.ones(()), -jnp.ones((), jnp.int32))
+    sparse_round = jax.jit(altun2002.boosting_round, static_argnums=2)
+    for _ in range(15):
+        state, exp_loss = step_fn(state, 0)
+        theta, feature, delta, bound, log_exp_loss = sparse_round(theta, data, unravel)
+        assert int(feature) == int(state.feature)
+        np.testing.assert_allclose(bound, state.bound, rtol=1e-10)
+        np.testing.assert_allclose(theta, state.theta, atol=1e-10)
+    np.testing.assert_allclose(np.exp(altun2002.boosting_round(theta, data, unravel)[4]), exp_loss, rtol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# gao2006
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # about 50 s of CPU: the baseline tagger, its k-best lists, four reranker loops
+def test_gao2006_quick_run_writes_table_json_figures(tmp_path):
+    corpus_or_fail(("corpora", "brown"))
+    corpus_or_fail(("corpora", "conll2000"))
+    corpus_or_fail(("taggers", "universal_tagset"))
+    _quick("gao2006", "news", tmp_path)
+    table = (tmp_path / "results.md").read_text()
+    assert "| news (60) |" in table and "3.13" in table  # the paper's Y (800) boosting CER beside ours
+    summary = json.loads((tmp_path / "results.json").read_text())
+    baseline = summary["baselines"]["news"]["test"]
+    assert 0.0 <= baseline["oracle_error"] < baseline["baseline_error"] < 100.0
+    rows = summary["settings"]["news-60"]
+    assert set(rows) == {"boosting", "fslr", "blasso", "fboosting"}
+    for row in rows.values():
+        curve = row["curve"]
+        assert curve["step"][0] == 0 and curve["step"][-1] == summary["config"]["num_steps"]
+        assert curve["exp_loss"][-1] < curve["exp_loss"][0]
+        # At step 0 only lambda_0 f_0 scores: the baseline's own ranking.
+        assert curve["test_error"][0] == pytest.approx(baseline["baseline_error"], abs=1e-3)
+        assert baseline["oracle_error"] - 1e-6 <= row["test_error"]
+    for name in ("figure3_l1_vs_loss.png", "figure4_test_error.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+
+
+def _dense_reranking_problem(seed, N=12, C=6, K=9):
+    rng = np.random.default_rng(seed)
+    features = rng.integers(0, 3, (N, C, K)).astype(np.float64) * (rng.random((N, C, K)) < 0.4)
+    features[:, :, 0] = -rng.exponential(2.0, (N, C))
+    valid = rng.random((N, C)) < 0.85
+    valid[:, 0] = True
+    reference = np.array([rng.choice(np.flatnonzero(row)) for row in valid])
+    dense = reranking.reranking_data(jnp.asarray(features), jnp.asarray(reference), jnp.asarray(valid))
+    differences = np.asarray(dense.differences)
+    example, candidate, feature = np.nonzero(differences[:, :, 1:] != 0)
+    entries = (example, candidate, feature + 1, differences[example, candidate, feature + 1])
+    return dense, gao2006.sparse_reranking_data(differences[:, :, 0], entries, valid, dtype=jnp.float64), K
+
+
+def test_sparse_rerankers_equal_the_library():
+    """All four methods, step for step; on this problem BLasso takes backward
+    steps (its path differs from F-Boosting's)."""
+    dense, sparse, K = _dense_reranking_problem(1)
+    library = {"boosting": reranking.boosting_with_shrinkage_step_fn(dense, 0.5),
+               "fslr": reranking.fslr_step_fn(dense, 0.5), "blasso": reranking.blasso_step_fn(dense, 0.5),
+               "fboosting": reranking.blasso_step_fn(dense, 0.5, backward=False)}
+    finals = {}
+    for method, step_fn in library.items():
+        want = run_loop(step_fn, init_loop(reranking.reranking_init(dense), 60, jnp.float64), 60,
+                        relative_change_below(0.0))
+        got = run_loop(gao2006.step_function(method, sparse, paper=False),
+                       init_loop(gao2006.reranking_init(sparse, K), 60, jnp.float64), 60, relative_change_below(0.0))
+        np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
+        np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
+        np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9)
+        finals[method] = np.asarray(got.inner.weights)
+    assert not np.allclose(finals["blasso"], finals["fboosting"])
+
+
+def test_capped_fslr_never_raises_exp_loss():
+    """Gao et al.'s FSLR (the optimal step when shorter than epsilon) descends
+    monotonically; the library's plain FSLR overshoots on this problem."""
+    _, sparse, K = _dense_reranking_problem(1)
+    traces = {}
+    for paper in (True, False):
+        loop = run_loop(gao2006.step_function("fslr", sparse, paper=paper),
+                        init_loop(gao2006.reranking_init(sparse, K), 60, jnp.float64), 60, relative_change_below(0.0))
+        traces[paper] = np.asarray(loop.trace)
+    assert np.all(np.diff(traces[True]) <= 1e-12)
+    assert np.any(np.diff(traces[False]) > 0)
+
+
+def test_kbest_viterbi_equals_chain_kbest():
+    L, T, B, k = 4, 6, 9, 20
+    keys = jax.random.split(jax.random.key(3), 3)
+    unary = jax.random.normal(keys[0], (B, T, L), jnp.float64)
+    transitions = jax.random.normal(keys[1], (L, L), jnp.float64)
+    start = jax.random.normal(keys[2], (L,), jnp.float64)
+    lengths = jnp.array([1, 2, 6, 5, 3, 6, 4, 2, 6])
+    want_scores, want_labels = chain.kbest(chain.FactoredPotentials(unary, transitions, start), lengths, k)
+    got_scores, got_labels = jax.vmap(gao2006._kbest_viterbi_instance, in_axes=(0, None, None, 0, None))(
+        unary, transitions, start, lengths, k)
+    np.testing.assert_allclose(got_scores, want_scores, rtol=1e-12)  # -inf where fewer than k sequences exist
+    np.testing.assert_array_equal(got_labels, want_labels)
+    assert not np.isfinite(np.asarray(got_scores)[0, L:]).any()  # a 1-token chain has L sequences
+
+
+def test_oracle_features_and_differences():
+    """The reference is the candidate with the fewest errors (best-ranked on
+    ties); the sparse differences are reference minus candidate counts."""
+    log_probability = np.array([[-0.1, -1.0, -2.0, -np.inf]])
+    candidates = gao2006.Candidates([np.array([[0, 1], [0, 0], [1, 0], [-1, -1]])], log_probability,
+                                    np.array([[1, 0, 0, 0]]), np.array([2]))
+    reference = gao2006.oracle(candidates)
+    assert reference.tolist() == [1]
+    sentence = gao2006.Sentence((("The",), ("dog",)), ("A", "A"))
+    counts = gao2006.featurize([sentence], candidates, 2, {})
+    assert len(counts[0]) == 3 and all(sum(c.values()) == 3 + 3 + 2 for c in counts[0])  # bigrams, trigrams, pairs
+    index = gao2006.build_index(counts * 2, np.array([1, 1]))  # two identical examples: every key seen twice
+    baseline, entries, valid = gao2006.reranking_arrays(counts, log_probability[:, :3], reference, index)
+    np.testing.assert_allclose(baseline, [[-1.0 + 0.1, 0.0, 1.0]])
+    example, candidate, feature, value = entries
+    assert set(candidate.tolist()) == {0, 2}  # the reference differs from nothing
+    inverse = {i: key for key, i in index.items()}
+    for c, f, v in zip(candidate, feature, value):
+        key = inverse[int(f)]
+        assert v == counts[0][1].get(key, 0) - counts[0][c].get(key, 0) != 0
+
+
+def test_brown_universal_tags():
+    corpus_or_fail(("corpora", "brown"))
+    corpus_or_fail(("taggers", "universal_tagset"))
+    sentences = gao2006.brown_universal(["humor"])
+    tags = {tag for sentence in sentences for tag in sentence.labels}
+    assert tags <= {"NOUN", "VERB", "ADJ", "ADV", "PRON", "DET", "ADP", "NUM", "CONJ", "PRT", ".", "X"}
+    assert len(sentences) > 1000 and sentences[0].words[0] == "It"
+    share_x = np.mean([tag == "X" for sentence in sentences for tag in sentence.labels])
+    assert share_x < 0.01

@@ -1,0 +1,133 @@
+"""The lavergne2010 experiment: its quick CLI run (table, JSON, plot and
+command, with the expected rows), the joint POS+chunk and coarse POS label
+sets, and the BCD cost estimate.
+
+The quick run uses the corpora when NLTK_DATA has them (CI), else the planted
+synthetic data; the corpus checks fail, not skip, in CI without the corpus.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import corpus_or_fail
+from lossfns import corpora
+from lossfns.models.linear_chain import LinearChainModel
+
+from experiments import lavergne2010
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The full quick mode also runs `joint` (the rows of `pos` on another label
+# set) and `pairs` (OWL-QN with and without pair features; its model is
+# checked below): each adds 20-40 s of compilation.
+QUICK_TASKS = ("pos", "blocks", "sparse")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """`python -m experiments lavergne2010 --quick` on QUICK_TASKS, once."""
+    out = tmp_path_factory.mktemp("lavergne2010-quick")
+    command = [sys.executable, "-m", "experiments", "lavergne2010", "--quick", "--tasks", ",".join(QUICK_TASKS),
+               "--no-progress", "--out", str(out)]
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow  # about a minute of CPU, mostly compiling the optimisation loops
+def test_quick_run_writes_tables_json_plot_and_command(quick_run):
+    table = (quick_run / "results.md").read_text()
+    for optimizer in ("OWL-QN", "SGD-L1", "BCD"):
+        assert f"| {optimizer} |" in table and f"| {optimizer} + fine-tuning |" in table
+    assert "7.89%" in table and "about 1 hour" in table  # the paper's numbers beside ours
+    assert "speed-up" in table and "16 min" in table  # Table 2, ours and the paper's
+    summary = json.loads((quick_run / "results.json").read_text())
+    tasks = summary["tasks"]
+    assert set(tasks) == set(QUICK_TASKS)
+    expected = {"pos": {"OWL-QN", "OWL-QN + fine-tuning", "SGD-L1", "SGD-L1 + fine-tuning"},
+                "blocks": {f"{o}{s}" for o in lavergne2010.OPTIMIZERS for s in ("", " + fine-tuning")}}
+    for task, optimizers in expected.items():
+        rows = tasks[task]["rows"]
+        assert {row["optimizer"] for row in rows} == optimizers
+        for row in rows:
+            assert 0.0 <= row["error"] <= 100.0 and math.isfinite(row["train_seconds"])
+            assert 0 < row["nonzero"] <= tasks[task]["num_parameters"] and row["iterations"] >= 1
+            if "curve" in row:
+                objectives = [point["objective"] for point in row["curve"]]
+                assert all(map(math.isfinite, objectives))
+    # Fine-tuning keeps the support: never more active features than before.
+    by_name = {row["optimizer"]: row for row in tasks["blocks"]["rows"]}
+    for optimizer in lavergne2010.OPTIMIZERS:
+        assert by_name[f"{optimizer} + fine-tuning"]["nonzero"] <= by_name[optimizer]["nonzero"]
+    records = tasks["sparse"]["records"]
+    assert records and all(r["log_z_relative_error"] < 1e-4 and r["median_s"]["sparse"] > 0 for r in records)
+    assert set(summary["conclusions"]) == {"pos", "blocks"}
+    assert (quick_run / "error_and_sparsity_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "-m experiments lavergne2010 --quick" in (quick_run / "COMMAND.txt").read_text()
+
+
+def test_joint_labels_join_pos_and_chunk():
+    sentence = corpora.Sentence((("He", "PRP"), ("ran", "VBD")), ("B-NP", "B-VP"))
+    joined = lavergne2010.joint_labels(sentence)
+    assert joined.tokens == (("He",), ("ran",)) and joined.labels == ("PRP|B-NP", "VBD|B-VP")
+
+
+def test_conll2000_joint_label_set():
+    corpus_or_fail(("corpora", "conll2000", "train.txt"))
+    data = lavergne2010.load_joint(None, 50)
+    assert not data.source.startswith("synthetic")
+    assert 300 <= len(data.labels) <= 340  # 319 joint labels in train.txt
+    assert all(len(label.split("|")) == 2 for label in data.labels)
+    assert len(data.test) == 50 and all(len(row) == 1 for s in data.test for row in s.tokens)
+
+
+def test_conll2000_coarse_pos_has_twelve_classes():
+    corpus_or_fail(("corpora", "conll2000", "train.txt"))
+    data = lavergne2010.load_coarse(None, 10)
+    assert set(data.labels) == set(lavergne2010.COARSE_POS.values()) | {"."}
+
+
+def test_synthetic_fallback_without_corpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+    data = lavergne2010.load_joint(30, 10)
+    assert data.source.startswith("synthetic") and len(data.train) == 30 and len(data.test) == 10
+    for sentence in data.train:
+        tags = [label.split("|") for label in sentence.labels]
+        assert tags[0][1] == "B"
+        for (previous, _), (tag, part) in zip(tags, tags[1:]):
+            assert part == ("I" if tag == previous else "B")
+
+
+def test_bcd_cost_counts_blocks_and_padding():
+    data = lavergne2010.load_coarse(8, 4)
+    encoded = lavergne2010.encode(data, lavergne2010.Extractor(lavergne2010.BLOCK_TEMPLATES), 1)
+    cost = lavergne2010.bcd_cost(encoded, num_labels=3)
+    assert cost["blocks"] == encoded.num_unigram
+    assert cost["longest_occurrence_list"] == 8  # the bias test occurs in every sentence
+    assert cost["multiply_adds_per_sweep"] == pytest.approx(
+        cost["blocks"] * (3 + 9) * 8 * cost["padded_length"] * 9)
+    assert cost["padded_length"] == max(len(s.labels) for s in data.train)
+    assert np.isfinite(cost["bytes_per_block_intermediate"])
+
+
+def test_pair_features_enter_the_model_and_the_loss():
+    """With `B01:%x[0,0]` every token gets one label-pair-observation id (its
+    word), the model gets `[K2, L, L]` pair weights, and at zero weights both
+    models give the loss of the uniform distribution, `log L` per token."""
+    data = lavergne2010.load_coarse(6, 3, max_length=12)
+    with_pairs = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1", lavergne2010.PAIR_TEMPLATES), 1)
+    without = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1"), 1)
+    assert without.num_pair == 0 and with_pairs.num_pair == with_pairs.num_unigram  # one word: one test
+    (batch,) = with_pairs.train
+    inside = np.arange(batch.labels.shape[1])[None, :] < np.asarray(batch.lengths)[:, None]
+    assert np.all((np.asarray(batch.pair_ids)[..., 0] >= 0) == inside)
+    tokens = sum(len(s.labels) for s in data.train)
+    L = len(data.labels)
+    for encoded in (with_pairs, without):
+        model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
+        assert float(lavergne2010.corpus_loss(model, encoded.train)) == pytest.approx(tokens * np.log(L), rel=1e-5)
