@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 import numpy as np
 
+from benchmarks.lattice_benchmark import median_seconds
 from lossfns import corpora, metrics, semirings
 from lossfns.features import preset
 from lossfns.features.design import bucket_design, bucket_slices, design_matmul
@@ -98,16 +99,6 @@ def _one_gradient(tagger, train, c1, c2, repeats):
             "tokens": int(sum(len(s.tokens) for s in train))}
 
 
-def _median_seconds(fn, *args, repeats):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: int = 7):
     """The emission-weight gradient at K = `num_features` hashed features
     against the chain forward-backward it follows (issue 5: not slower).
@@ -142,9 +133,9 @@ def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: in
     scatter = jax.jit(lambda w, c: jax.vjp(lambda w: _sum_rows(w, token_ids), w)[1](c)[0])
     out = {"num_features": num_features, "labels": len(labels), "tokens": int(token_ids.shape[0]),
            "nonzeros": int(design.indices.shape[0]), "repeats": repeats,
-           "forward_backward_seconds": _median_seconds(forward_backward, rows, repeats=repeats),
-           "weight_gradient_seconds": _median_seconds(weight_gradient, design, cotangent, repeats=repeats),
-           "scatter_add_weight_gradient_seconds": _median_seconds(scatter, weights, token_cotangent, repeats=repeats)}
+           "forward_backward_seconds": median_seconds(forward_backward, rows, repeats=repeats),
+           "weight_gradient_seconds": median_seconds(weight_gradient, design, cotangent, repeats=repeats),
+           "scatter_add_weight_gradient_seconds": median_seconds(scatter, weights, token_cotangent, repeats=repeats)}
     out["weight_gradient_over_forward_backward"] = out["weight_gradient_seconds"] / out["forward_backward_seconds"]
     return out
 
