@@ -21,6 +21,7 @@ from lossfns import corpora, hmm
 from lossfns.lattices import dag, neighbourhoods, tagging
 
 from experiments import smith_eisner2005 as se
+from experiments import synthetic
 from tests.conftest import corpus_or_fail
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,6 +117,18 @@ def test_conll2000_corpus_dictionary_and_coarse_tags():
     assert 1.3 < stats["tags_per_token"] < 2.0 and 0.25 < stats["ambiguous_tokens"] / stats["tokens"] < 0.5
     coarse = se.load_corpus("coarse", 3000, 500)
     assert len(coarse.tags) == 17 and set(coarse.tags) == set(se.COARSE_TAGS.values())
+
+
+def test_synthetic_fallback_without_corpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+    corpus = se.load_corpus("fine", 500, 100, max_length=10)
+    assert corpus.synthetic and len(corpus.tags) == synthetic.NUM_POS_TAGS
+    assert sum(len(s.labels) for s in corpus.train) >= 500 and sum(len(s.labels) for s in corpus.dev) >= 100
+    assert max(len(s.labels) for s in corpus.train + corpus.dev) <= 10
+    vocabulary = se.vocabulary_of(corpus.train + corpus.dev)
+    stats = se.dictionary_statistics(corpus.train, vocabulary,
+                                     se.tag_dictionary(corpus.dictionary_text, vocabulary, corpus.tags))
+    assert stats["ambiguous_tokens"] > 0  # the planted lexicons share words across tags
 
 
 @pytest.fixture(scope="module")
