@@ -27,22 +27,19 @@ NLTK_DATA holds, the same shape with POS tagging:
   the paper's character error rate; early stopping on a held-out set (the
   paper: "the number of iterations ... optimized on held-out data").
 
-Why not `lossfns.optimizers.reranking`'s step functions directly: they hold
-the differences densely as `[N, C, K]` and rescan them about 40 times a step
-(0.26 s a step at only N = 200, C = 20, K = 500 on this machine).
-`SparseRerankingData` keeps the non-zero differences only, and groups them by
-(feature, value) into slots, so that a step costs one pass over the
-non-zeros; the steps below are the library's, line for line, on it
-(`tests/test_experiments_altun2002_gao2006.py` checks all four against
-`lossfns.optimizers.reranking` on a small dense problem), with two
-choices of the paper the library leaves open: FSLR takes the optimal step
-when it is shorter than epsilon (Gao et al. use this for all methods; the
-library's plain FSLR overshoots and raises ExpLoss), and BLasso's
-backward-step tolerance is relative (1e-10 of the initial ExpLoss; the
-reranker runs in float64) instead of the library's absolute 1e-12, which
-lies below the rounding error of an ExpLoss summed over 10^4 terms: in a
-first float32 run with it, BLasso undid each forward step by a backward
-step that only rounding made look profitable, and stalled.
+The rerankers are `lossfns.optimizers.reranking`'s step functions on its
+sparse layout (`sparse_reranking_data`: only the non-zero differences,
+grouped by (feature, value) into slots, so that a step costs one pass over
+the non-zeros; the dense `[N, C, K]` layout rescans its zeros about 40 times
+a step, 0.26 s a step at only N = 200, C = 20, K = 500 on this machine), with
+two choices of the paper the library leaves open: FSLR takes the optimal
+step when it is shorter than epsilon (`fslr_step_fn(cap=True)`; Gao et al.
+use this for all methods; plain FSLR overshoots and raises ExpLoss), and
+BLasso's backward-step tolerance is relative (1e-10 of the initial ExpLoss;
+the reranker runs in float64) instead of the library's absolute default
+1e-12, which lies below the rounding error of an ExpLoss summed over 10^4
+terms: in a first float32 run with it, BLasso undid each forward step by a
+backward step that only rounding made look profitable, and stalled.
 
 Sizes (2 shared CPU cores; the full run took about 35 minutes on the shared
 machine, 25 of them in the reranker loops): FULL trains the baseline on
@@ -77,8 +74,8 @@ from lossfns.corpora import Sentence
 from lossfns.features import index as feature_index
 from lossfns.lattices import chain
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
-from lossfns.optimizers.reranking import RerankingState, exp_loss
-from lossfns.optimizers.scalar_newton import newton_minimize
+from lossfns.optimizers.reranking import (SparseRerankingData, blasso_step_fn, boosting_with_shrinkage_step_fn,
+                                          exp_loss, fslr_step_fn, reranking_init, sparse_reranking_data)
 from lossfns.tagger import Tagger
 
 from . import synthetic
@@ -352,45 +349,6 @@ def build_index(train_counts: list, reference: np.ndarray) -> dict:
     return {key: i + 1 for i, key in enumerate(kept)}
 
 
-class SparseRerankingData(NamedTuple):
-    """Reranking data with only the non-zero differences `d = f(reference) -
-    f(candidate)` (the `RerankingData` of `lossfns.optimizers.reranking`
-    without its `[N, C, K]` zeros). N examples, C candidates, K features
-    (0 = f_0), E non-zero entries of features 1..K-1, S slots.
-
-    baseline: `[N, C]` d_0 (0 for invalid candidates); valid: `[N, C]` float;
-    entry_example, entry_candidate, entry_feature: `[E]` int32; entry_value: `[E]` d;
-    entry_slot: `[E]` int32 the slot of (feature, d);
-    slot_feature: `[S]` int32 sorted; slot_value: `[S]` d.
-    """
-
-    baseline: jax.Array
-    valid: jax.Array
-    entry_example: jax.Array
-    entry_candidate: jax.Array
-    entry_feature: jax.Array
-    entry_value: jax.Array
-    entry_slot: jax.Array
-    slot_feature: jax.Array
-    slot_value: jax.Array
-
-
-def sparse_reranking_data(baseline, entries, valid, dtype=jnp.float32) -> SparseRerankingData:
-    """From `baseline [N, C]` f_0 differences, `entries` `(example, candidate,
-    feature >= 1, value)` arrays of the non-zero differences and `valid [N, C]`."""
-    example, candidate, feature, value = (np.asarray(a) for a in entries)
-    span = 2 * int(np.abs(value).max(initial=0)) + 1
-    # Values are integer count differences: a (feature, value) key is exact.
-    keys = feature.astype(np.int64) * span + np.rint(value).astype(np.int64) + span // 2
-    unique, slot = np.unique(keys, return_inverse=True)
-    valid = np.asarray(valid, np.float64)
-    return SparseRerankingData(
-        jnp.asarray(np.where(valid > 0, baseline, 0.0), dtype), jnp.asarray(valid, dtype),
-        jnp.asarray(example, jnp.int32), jnp.asarray(candidate, jnp.int32), jnp.asarray(feature, jnp.int32),
-        jnp.asarray(value, dtype), jnp.asarray(slot, jnp.int32), jnp.asarray(unique // span, jnp.int32),
-        jnp.asarray(unique % span - span // 2, dtype))
-
-
 def reranking_arrays(counts: list, log_probability: np.ndarray, reference: np.ndarray, index: dict):
     """`(baseline [N, C], entries, valid [N, C])` for `sparse_reranking_data`."""
     N, C = log_probability.shape
@@ -421,147 +379,15 @@ def feature_matrix(counts: list, index: dict, dtype=jnp.float32) -> tuple:
 
 
 # ---------------------------------------------------------------------------
-# The three methods on sparse data (lossfns.optimizers.reranking, step for step)
+# The methods: lossfns.optimizers.reranking's, on its sparse layout
 # ---------------------------------------------------------------------------
 
 
-def _masses(data: SparseRerankingData, margins):
-    """`(cached [N, C], mass [S])`: `valid exp(-M)` and its sum over each slot's entries."""
-    cached = data.valid * jnp.exp(-margins)
-    mass = jax.ops.segment_sum(cached[data.entry_example, data.entry_candidate], data.entry_slot,
-                               num_segments=data.slot_feature.shape[0])
-    return cached, mass
-
-
-def _per_feature(data, terms, size):
-    return jax.ops.segment_sum(terms, data.slot_feature, num_segments=size, indices_are_sorted=True)
-
-
-def update_losses(data: SparseRerankingData, masses, steps) -> jax.Array:
-    """ExpLoss after moving each `lambda_k` by `steps [K]` alone, `[K]`
-    (`reranking.update_losses`; entry 0, f_0, reads as unmoved)."""
-    cached, mass = masses
-    moved = mass * jnp.expm1(-steps[data.slot_feature] * data.slot_value)
-    return jnp.sum(cached) + _per_feature(data, moved, steps.shape[0])
-
-
-def optimal_steps(data: SparseRerankingData, masses, size: int, max_step: float = 10.0) -> jax.Array:
-    """`argmin_delta ExpLoss(lambda_k + delta)` per feature, `[K]` (`reranking.optimal_steps`)."""
-    _, mass = masses
-
-    def derivatives(delta):
-        weighted = mass * jnp.exp(-delta[data.slot_feature] * data.slot_value)
-        return (-_per_feature(data, weighted * data.slot_value, size),
-                _per_feature(data, weighted * data.slot_value ** 2, size))
-
-    return newton_minimize(derivatives, (size,), mass.dtype, max_step=max_step)
-
-
-def _move(data: SparseRerankingData, state: RerankingState, feature, step, alpha=None) -> RerankingState:
-    column = jnp.zeros(state.margins.shape, state.margins.dtype).at[data.entry_example, data.entry_candidate].add(
-        jnp.where(data.entry_feature == feature, data.entry_value, 0.0))
-    return RerankingState(state.weights.at[feature].add(step), state.margins + step * column,
-                          state.alpha if alpha is None else alpha)
-
-
-def reranking_init(data: SparseRerankingData, size: int) -> RerankingState:
-    """All weights 0 except `lambda_0`, set to minimise ExpLoss (`reranking.reranking_init`)."""
-    def derivatives(delta):
-        weighted = data.valid * jnp.exp(-delta[0] * data.baseline)
-        return -jnp.sum(weighted * data.baseline)[None], jnp.sum(weighted * data.baseline ** 2)[None]
-
-    lambda_0 = newton_minimize(derivatives, (1,), data.valid.dtype, max_step=10.0)[0]
-    weights = jnp.zeros((size,), data.valid.dtype).at[0].set(lambda_0)
-    return RerankingState(weights, lambda_0 * data.baseline, jnp.asarray(jnp.inf, data.valid.dtype))
-
-
-def _penalised(size):
-    return jnp.arange(size) > 0
-
-
-def _best_update(data, state):
-    size = state.weights.shape[0]
-    masses = _masses(data, state.margins)
-    steps = optimal_steps(data, masses, size)
-    losses = jnp.where(_penalised(size), update_losses(data, masses, steps), jnp.inf)
-    feature = jnp.argmin(losses)
-    return feature, steps[feature]
-
-
-def boosting_with_shrinkage_step_fn(data: SparseRerankingData, shrinkage: float):
-    def step_fn(state, step):
-        feature, delta = _best_update(data, state)
-        state = _move(data, state, feature, shrinkage * delta)
-        return state, exp_loss(data, state.margins)
-
-    return step_fn
-
-
-def fslr_step_fn(data: SparseRerankingData, epsilon: float, *, cap: bool = False):
-    """`reranking.fslr_step_fn` (`lambda_k += epsilon sign(delta_k*)`); with `cap`,
-    the optimal step when it is smaller than epsilon, as Gao et al. implement
-    it ("both changes (also used in our implementations of boosting and
-    FSLR) were crucial"): without it a step longer than twice the optimal
-    one raises ExpLoss."""
-    def step_fn(state, step):
-        feature, delta = _best_update(data, state)
-        move = epsilon * jnp.sign(delta)
-        if cap:
-            move = jnp.where(jnp.abs(delta) < epsilon, delta, move)
-        state = _move(data, state, feature, move)
-        return state, exp_loss(data, state.margins)
-
-    return step_fn
-
-
-def _forward_step(data, state, epsilon):
-    size = state.weights.shape[0]
-    masses = _masses(data, state.margins)
-    signed = jnp.stack([jnp.full((size,), epsilon), jnp.full((size,), -epsilon)])
-    losses = jax.vmap(lambda s: update_losses(data, masses, s))(signed)
-    losses = jnp.where(_penalised(size)[None], losses, jnp.inf)
-    direction, feature = jnp.unravel_index(jnp.argmin(losses), losses.shape)
-    step = signed[direction, feature]
-    optimal = optimal_steps(data, masses, size)[feature]
-    step = jnp.where((jnp.sign(optimal) == jnp.sign(step)) & (jnp.abs(optimal) < epsilon), optimal, step)
-    return _move(data, state, feature, step)
-
-
-def blasso_step_fn(data: SparseRerankingData, epsilon: float, *, backward: bool = True, tolerance: float = 1e-12):
-    """`reranking.blasso_step_fn` on sparse data (`backward=False`: F-Boosting)."""
-    def forward(state):
-        before = exp_loss(data, state.margins)
-        moved = _forward_step(data, state, epsilon)
-        decrease = (before - exp_loss(data, moved.margins)) / epsilon
-        moved = moved._replace(alpha=jnp.minimum(state.alpha, decrease))
-        return jax.tree_util.tree_map(lambda new, old: jnp.where(decrease > 0, new, old), moved, state)
-
-    def try_backward(state):
-        weights = state.weights
-        toward_zero = -jnp.sign(weights) * jnp.minimum(epsilon, jnp.abs(weights))
-        losses = update_losses(data, _masses(data, state.margins), toward_zero)
-        losses = jnp.where(_penalised(weights.shape[0]) & (weights != 0), losses, jnp.inf)
-        feature = jnp.argmin(losses)
-        moved = _move(data, state, feature, toward_zero[feature])
-        penalty = lambda w: state.alpha * jnp.sum(jnp.abs(w[1:]))
-        gain = (exp_loss(data, state.margins) + penalty(weights)) - (losses[feature] + penalty(moved.weights))
-        take = jnp.isfinite(losses[feature]) & (gain > tolerance)
-        return jax.lax.cond(take, lambda: moved, lambda: forward(state))
-
-    def step_fn(state, step):
-        if backward:
-            state = jax.lax.cond(jnp.isinf(state.alpha), forward, try_backward, state)
-        else:
-            state = forward(state)
-        return state, exp_loss(data, state.margins)
-
-    return step_fn
-
-
 def step_function(method: str, data: SparseRerankingData, *, paper: bool = True, tolerance: float = 1e-12):
-    """The step of `method` ("boosting", "fslr", "blasso", "fboosting").
-    `paper`: FSLR with Gao et al.'s cap (`fslr_step_fn(cap=True)`); else the
-    library's plain FSLR. `tolerance`: BLasso's backward-step threshold."""
+    """The library's step of `method` ("boosting", "fslr", "blasso",
+    "fboosting") with this experiment's constants. `paper`: FSLR with Gao et
+    al.'s cap (`fslr_step_fn(cap=True)`); else the plain FSLR.
+    `tolerance`: BLasso's backward-step threshold."""
     if method == "boosting":
         return boosting_with_shrinkage_step_fn(data, SHRINKAGE)
     if method == "fslr":
@@ -607,12 +433,12 @@ def _run_chunk(loop, until, data, dev, test, tolerance, method):
 _run_chunk_jit = jax.jit(_run_chunk, static_argnums=(6,))
 
 
-def train_reranker(data: SparseRerankingData, num_features: int, dev: EvalSet, test: EvalSet, method: str,
-                   num_steps: int, eval_every: int) -> dict:
+def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, method: str, num_steps: int,
+                   eval_every: int) -> dict:
     """Run `method` for `num_steps` steps from `reranking_init`, scoring the
     held-out and test sets every `eval_every` steps; early stopping picks the
     scored step with the lowest held-out error."""
-    state = reranking_init(data, num_features)
+    state = reranking_init(data)
     loop = init_loop(state, num_steps, data.valid.dtype)
     # BLasso takes a backward step only if it lowers LassoLoss by more than
     # the tolerance. Right after a forward step, stepping back changes it by
@@ -693,7 +519,7 @@ class _Context:
             reference = oracle(candidates)
             index = build_index(counts[:size], reference)
             baseline, entries, valid = reranking_arrays(counts[:size], candidates.log_probability, reference, index)
-            data = sparse_reranking_data(baseline, entries, valid, jnp.float64)
+            data = sparse_reranking_data(baseline, entries, valid, num_features=len(index) + 1, dtype=jnp.float64)
             evaluations = {}
             for part in ("dev", "test"):
                 _, part_candidates, part_counts = parts[part]
@@ -733,8 +559,7 @@ def _method_unit(context: _Context, name: str, size: int, method: str) -> dict:
         # float64: BLasso compares LassoLoss values that differ by 1e-7 of ExpLoss.
         with jax.enable_x64(True):
             data, num_features, dev, test = context.setting(name, size)
-            result = train_reranker(data, num_features, dev, test, method, context.config["num_steps"],
-                                    context.config["eval_every"])
+            result = train_reranker(data, dev, test, method, context.config["num_steps"], context.config["eval_every"])
         result["curve"]["alpha"] = [None if not np.isfinite(v) else v for v in result["curve"]["alpha"]]
         result.update(domain=name, size=size, num_features=num_features,
                       nonzero_differences=int(data.entry_value.shape[0]))

@@ -2,6 +2,7 @@
 float32 tests build float32 arrays explicitly."""
 
 import os
+import signal
 
 import jax
 import pytest
@@ -23,3 +24,18 @@ def corpus_or_fail(path_parts):
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"corpus {'/'.join(path_parts)} not found under NLTK_DATA in CI")
     pytest.skip(f"corpus {'/'.join(path_parts)} not found under NLTK_DATA")
+
+
+def sigkill_after(process, wait_until_due) -> bool:
+    """Call `wait_until_due()` (it returns when the kill is due), SIGKILL
+    `process` and reap it, whatever happens; True if the kill ended it (not
+    an earlier exit)."""
+    try:
+        wait_until_due()
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return process.returncode == -signal.SIGKILL

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -291,20 +290,19 @@ def test_latest_checkpoint_ignores_temporaries_and_skips_damaged_files(tmp_path)
 
 def _kill_at(directory, out, seed, kill_step):
     """Start a run and SIGKILL it right after it reports `kill_step`."""
+    from tests.conftest import sigkill_after  # not at the top: this file also runs as the training script
+
     process = subprocess.Popen(training_command(directory, out, seed), env=_environment(),
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
+
+    def wait_until_due():
         for line in process.stdout:
             if line.startswith("step ") and int(line.split()[1]) >= kill_step:
-                break
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stdout.close()
-    assert process.returncode == -signal.SIGKILL, "the training run finished before it could be killed"
+                return
+
+    killed = sigkill_after(process, wait_until_due)
+    process.stdout.close()
+    assert killed, "the training run finished before it could be killed"
 
 
 @pytest.mark.slow

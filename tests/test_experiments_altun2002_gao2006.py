@@ -1,8 +1,9 @@
 """The altun2002 and gao2006 experiments: their quick CLI runs on the real
-corpora (skipped locally without them, failing in CI), and the sparse
+corpora (skipped locally without them, failing in CI), the sparse
 re-implementations they run against the library's dense originals:
-sequence boosting (`lossfns.optimizers.sequence_boosting`), the rerankers
-(`lossfns.optimizers.reranking`) and the k-best Viterbi (`chain.kbest`).
+sequence boosting (`lossfns.optimizers.sequence_boosting`) and the k-best
+Viterbi (`chain.kbest`), and gao2006's methods (the library's rerankers on
+their sparse layout) against the dense ones.
 """
 
 import importlib
@@ -154,22 +155,26 @@ def _dense_reranking_problem(seed, N=12, C=6, K=9):
     differences = np.asarray(dense.differences)
     example, candidate, feature = np.nonzero(differences[:, :, 1:] != 0)
     entries = (example, candidate, feature + 1, differences[example, candidate, feature + 1])
-    return dense, gao2006.sparse_reranking_data(differences[:, :, 0], entries, valid, dtype=jnp.float64), K
+    return dense, reranking.sparse_reranking_data(differences[:, :, 0], entries, valid, dtype=jnp.float64)
+
+
+def _run(step_fn, data, num_steps=60):
+    return run_loop(step_fn, init_loop(reranking.reranking_init(data), num_steps, jnp.float64), num_steps,
+                    relative_change_below(0.0))
 
 
 def test_sparse_rerankers_equal_the_library():
-    """All four methods, step for step; on this problem BLasso takes backward
-    steps (its path differs from F-Boosting's)."""
-    dense, sparse, K = _dense_reranking_problem(1)
-    library = {"boosting": reranking.boosting_with_shrinkage_step_fn(dense, 0.5),
-               "fslr": reranking.fslr_step_fn(dense, 0.5), "blasso": reranking.blasso_step_fn(dense, 0.5),
-               "fboosting": reranking.blasso_step_fn(dense, 0.5, backward=False)}
+    """`step_function` runs the library's methods with the experiment's
+    constants: on sparse data, step for step as on dense data; on this
+    problem BLasso takes backward steps (its path differs from F-Boosting's)."""
+    dense, sparse = _dense_reranking_problem(1)
+    library = {"boosting": reranking.boosting_with_shrinkage_step_fn(dense, gao2006.SHRINKAGE),
+               "fslr": reranking.fslr_step_fn(dense, gao2006.EPSILON),
+               "blasso": reranking.blasso_step_fn(dense, gao2006.EPSILON),
+               "fboosting": reranking.blasso_step_fn(dense, gao2006.EPSILON, backward=False)}
     finals = {}
     for method, step_fn in library.items():
-        want = run_loop(step_fn, init_loop(reranking.reranking_init(dense), 60, jnp.float64), 60,
-                        relative_change_below(0.0))
-        got = run_loop(gao2006.step_function(method, sparse, paper=False),
-                       init_loop(gao2006.reranking_init(sparse, K), 60, jnp.float64), 60, relative_change_below(0.0))
+        want, got = _run(step_fn, dense), _run(gao2006.step_function(method, sparse, paper=False), sparse)
         np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
         np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
         np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9)
@@ -179,13 +184,10 @@ def test_sparse_rerankers_equal_the_library():
 
 def test_capped_fslr_never_raises_exp_loss():
     """Gao et al.'s FSLR (the optimal step when shorter than epsilon) descends
-    monotonically; the library's plain FSLR overshoots on this problem."""
-    _, sparse, K = _dense_reranking_problem(1)
-    traces = {}
-    for paper in (True, False):
-        loop = run_loop(gao2006.step_function("fslr", sparse, paper=paper),
-                        init_loop(gao2006.reranking_init(sparse, K), 60, jnp.float64), 60, relative_change_below(0.0))
-        traces[paper] = np.asarray(loop.trace)
+    monotonically; plain FSLR overshoots on this problem."""
+    _, sparse = _dense_reranking_problem(1)
+    traces = {paper: np.asarray(_run(gao2006.step_function("fslr", sparse, paper=paper), sparse).trace)
+              for paper in (True, False)}
     assert np.all(np.diff(traces[True]) <= 1e-12)
     assert np.any(np.diff(traces[False]) > 0)
 

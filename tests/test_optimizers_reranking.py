@@ -1,7 +1,8 @@
 """Reranking optimizers (Gao, Suzuki & Yu 2006): vectorised candidate
 updates against re-scoring, BLasso against the exact lasso minimum (OWL-QN)
 at the alphas it visits, F-Boosting's larger L1 norm, boosting with
-shrinkage's monotone decrease, jit and resume."""
+shrinkage's monotone decrease, jit and resume; the sparse layout against
+the dense one, step for step."""
 
 from __future__ import annotations
 
@@ -42,14 +43,19 @@ def _build_data():
     return reranking.reranking_data(jnp.asarray(features), jnp.asarray(reference))
 
 
+def _step_fns(data, epsilon=EPSILON, tolerance=1e-12):
+    return {"blasso": reranking.blasso_step_fn(data, epsilon, tolerance=tolerance),
+            "fboosting": reranking.blasso_step_fn(data, epsilon, backward=False, tolerance=tolerance),
+            "shrinkage": reranking.boosting_with_shrinkage_step_fn(data, 0.5),
+            "fslr": reranking.fslr_step_fn(data, epsilon),
+            "capped_fslr": reranking.fslr_step_fn(data, epsilon, cap=True)}
+
+
 @functools.lru_cache(maxsize=None)
 def _path(kind):
     """States after every step of one run, `[NUM_STEPS]`-stacked `LoopState`s."""
     data = _data()
-    step_fn = {"blasso": reranking.blasso_step_fn(data, EPSILON),
-               "fboosting": reranking.blasso_step_fn(data, EPSILON, backward=False),
-               "shrinkage": reranking.boosting_with_shrinkage_step_fn(data, 0.5),
-               "fslr": reranking.fslr_step_fn(data, EPSILON)}[kind]
+    step_fn = _step_fns(data)[kind]
     stop = relative_change_below(0.0)
     one_step = lambda loop, _: (run_loop_jit(step_fn, loop, loop.step + 1, stop),) * 2
     run = jax.jit(lambda loop: jax.lax.scan(one_step, loop, None, length=NUM_STEPS)[1])
@@ -118,12 +124,13 @@ def test_forward_only_blasso_has_larger_l1_norm_at_equal_loss():
     assert gaps.max() > 0.2  # clearly larger where the lasso path shrinks feature 3
 
 
-@pytest.mark.parametrize("kind", ["shrinkage", "fslr", "fboosting"])
+@pytest.mark.parametrize("kind", ["shrinkage", "fslr", "capped_fslr", "fboosting"])
 def test_exp_loss_decreases(kind):
     path = _path(kind)
     losses = np.asarray(path.value)
     if kind == "fslr":
         # Fixed steps of epsilon overshoot once the optimal step is smaller: check the descent phase.
+        assert np.any(np.diff(losses) > 0)
         losses = losses[:150]
     assert np.all(np.diff(losses) <= 1e-12 * losses[1:])
     assert losses[-1] < 0.5 * float(reranking.exp_loss(_data(), reranking.reranking_init(_data()).margins))
@@ -145,3 +152,96 @@ def test_rejects_bad_shapes():
         reranking.reranking_data(jnp.zeros((3, 4, 2)), jnp.zeros(4, jnp.int32))
     with pytest.raises(ValueError, match="valid"):
         reranking.reranking_data(jnp.zeros((3, 4, 2)), jnp.zeros(3, jnp.int32), jnp.ones((3, 5)))
+
+
+# ---------------------------------------------------------------------------
+# The sparse layout against the dense one
+# ---------------------------------------------------------------------------
+
+
+def _random_problem(seed, counts, N=12, C=6, K=9):
+    """Dense data with ragged lists and sparse features, integer counts or real values."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 3, (N, C, K)).astype(np.float64) if counts else rng.normal(size=(N, C, K))
+    features = values * (rng.random((N, C, K)) < 0.4)
+    features[:, :, 0] = -rng.exponential(2.0, (N, C))
+    valid = rng.random((N, C)) < 0.85
+    valid[:, 0] = True
+    reference = np.array([rng.choice(np.flatnonzero(row)) for row in valid])
+    return reranking.reranking_data(jnp.asarray(features), jnp.asarray(reference), jnp.asarray(valid))
+
+
+def _sparse_of(dense):
+    """The same differences in the sparse layout (entries of the invalid
+    candidates, zero in the dense layout, are dropped by the constructor too)."""
+    differences = np.asarray(dense.differences)
+    example, candidate, feature = np.nonzero(differences[:, :, 1:])
+    entries = (example, candidate, feature + 1, differences[example, candidate, feature + 1])
+    return reranking.sparse_reranking_data(differences[:, :, 0], entries, np.asarray(dense.valid),
+                                           num_features=differences.shape[-1], dtype=jnp.float64)
+
+
+@pytest.mark.parametrize("counts", [True, False])
+def test_sparse_layout_scores_like_the_dense_one(counts):
+    dense = _random_problem(3, counts)
+    sparse = _sparse_of(dense)
+    assert sparse.entry_value.shape[0] == np.count_nonzero(np.asarray(dense.differences)[:, :, 1:])
+    assert sparse.slot_value.shape[0] < sparse.entry_value.shape[0]  # equal (feature, value) entries share a slot
+    rng = np.random.default_rng(4)
+    weights, steps = jnp.asarray(rng.normal(size=9) * 0.3), jnp.asarray(rng.normal(size=9))
+    margins = dense.differences @ weights
+    np.testing.assert_allclose(reranking.lasso_loss(sparse, weights, 0.7), reranking.lasso_loss(dense, weights, 0.7),
+                               rtol=1e-12)
+    np.testing.assert_allclose(reranking.update_losses(sparse, margins, steps),
+                               reranking.update_losses(dense, margins, steps), rtol=1e-12)
+    np.testing.assert_allclose(reranking.optimal_steps(sparse, margins), reranking.optimal_steps(dense, margins),
+                               rtol=1e-9, atol=1e-12)
+    for want, got in zip(reranking.reranking_init(dense), reranking.reranking_init(sparse)):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("counts", [True, False])
+@pytest.mark.parametrize("kind", ["shrinkage", "fslr", "capped_fslr", "blasso", "fboosting"])
+def test_sparse_layout_takes_the_dense_steps(kind, counts):
+    """Every method, step for step (the sparse data passed through jit as an
+    argument, as research code runs it)."""
+    dense = _random_problem(1, counts)
+    sparse = _sparse_of(dense)
+    run = lambda data: reranking.run_reranker(_step_fns(data, 0.5)[kind], data, num_steps=60)
+    want, got = run(dense), jax.jit(run)(sparse)
+    np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
+    np.testing.assert_allclose(got.inner.margins, want.inner.margins, atol=1e-11)
+    np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
+    np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9)
+    if kind == "blasso" and counts:  # backward steps taken on this one: not F-Boosting's path
+        forward_only = reranking.run_reranker(_step_fns(sparse, 0.5)["fboosting"], sparse, num_steps=60)
+        assert not np.allclose(got.trace, forward_only.trace)
+
+
+def test_sparse_data_rejects_bad_inputs():
+    entries = (np.array([0, 1]), np.array([1, 2]), np.array([1, 3]), np.array([1.0, -2.0]))
+    good = dict(baseline=np.zeros((2, 3)), entries=entries, valid=np.ones((2, 3)))
+    assert reranking.num_features(reranking.sparse_reranking_data(**good)) == 4
+    assert reranking.num_features(reranking.sparse_reranking_data(**good, num_features=6)) == 6
+
+    def rejects(match, **changes):
+        with pytest.raises(ValueError, match=match):
+            reranking.sparse_reranking_data(**{**good, **changes})
+
+    rejects(r"baseline must have shape \[N, C\]", baseline=np.zeros((2, 3, 1)))
+    rejects(r"valid must have shape \[N, C\] = \(2, 3\)", valid=np.ones((3, 2)))
+    rejects("entries must be a tuple of 4 arrays", entries=entries[:3])
+    rejects(r"entries' value must have shape \[E\]", entries=entries[:3] + (np.ones(3),))
+    rejects("entries' feature must be an int array", entries=entries[:2] + (np.array([1.0, 3.0]), entries[3]))
+    rejects(r"entries' feature must lie in \[1, 4\), got 0 at index 1",
+            entries=entries[:2] + (np.array([1, 0]), entries[3]), num_features=4)
+    rejects(r"entries' feature must lie in \[1, 3\), got 3", num_features=3)
+    rejects(r"entries' example must lie in \[0, 2\), got 2", entries=(np.array([0, 2]),) + entries[1:])
+    rejects(r"entries' candidate must lie in \[0, 3\), got -1", entries=(entries[0], np.array([1, -1])) + entries[2:])
+    rejects(r"entries' value must be finite, got nan at index \(1,\)", entries=entries[:3] + (np.array([1.0, np.nan]),))
+    rejects("baseline must be finite", baseline=np.array([[0.0, np.inf, 0.0], [0.0, 0.0, 0.0]]))
+    rejects("at most one value per", entries=(np.array([0, 0]), np.array([1, 1]), np.array([2, 2]), entries[3]))
+    with pytest.raises(TypeError, match="baseline must be a floating-point array"):
+        reranking.sparse_reranking_data(**{**good, "baseline": np.zeros((2, 3), np.int32)})
+    with pytest.raises(TypeError, match="data must be a RerankingData .* or a SparseRerankingData"):
+        reranking.fslr_step_fn(entries, 0.1)

@@ -5,7 +5,6 @@ another corpus is refused. Run as a script, this file is the subprocess."""
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -51,24 +50,22 @@ def _weights(tagger):
 
 @pytest.mark.slow
 def test_killed_fit_resumes_bit_identical(tmp_path):
+    from tests.conftest import sigkill_after  # not at the top: this file also runs as the training script
+
     directory = tmp_path / "checkpoints"
     kill_after = random.Random().randrange(2, 10)  # a different point every run; reported on failure
     process = subprocess.Popen([sys.executable, str(SCRIPT), str(directory)], env=_environment(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+
+    def wait_until_due():
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and process.poll() is None:
             latest = checkpoint.latest_checkpoint(directory) if directory.exists() else None
             if latest is not None and int(latest.stem.split("-")[1]) >= kill_after:
-                break
+                return
             time.sleep(0.02)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == -signal.SIGKILL, f"the run ended before the kill: {process.stderr.read()[-2000:]}"
+
+    assert sigkill_after(process, wait_until_due), f"the run ended before the kill: {process.stderr.read()[-2000:]}"
     process.stderr.close()
     done = int(checkpoint.latest_checkpoint(directory).stem.split("-")[1])
     assert kill_after <= done < ITERATIONS, f"killed after iteration {done} (aimed at {kill_after})"

@@ -17,8 +17,9 @@ from .minimize import (LoopState, MinimizeResult, drive, epoch_step_fn, gradient
 from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
 from .perceptron import (PerceptronState, SequenceData, averaged_params, perceptron, perceptron_epoch_fn,
                          perceptron_init, perceptron_update)
-from .reranking import (RerankingData, RerankingState, blasso_step_fn, boosting_with_shrinkage_step_fn,
-                        exp_loss, fslr_step_fn, lasso_loss, reranking_data, reranking_init, run_reranker)
+from .reranking import (RerankingData, RerankingState, SparseRerankingData, blasso_step_fn,
+                        boosting_with_shrinkage_step_fn, exp_loss, fslr_step_fn, lasso_loss, reranking_data,
+                        reranking_init, run_reranker, sparse_reranking_data)
 from .sequence_boosting import (BoostingState, boosting_statistics, sequence_boosting,
                                 sequence_boosting_step_fn, sequence_exp_loss)
 from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
@@ -31,8 +32,9 @@ __all__ = [
     "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
     "PerceptronState", "SequenceData", "averaged_params", "perceptron", "perceptron_epoch_fn", "perceptron_init",
     "perceptron_update",
-    "RerankingData", "RerankingState", "blasso_step_fn", "boosting_with_shrinkage_step_fn", "exp_loss",
-    "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
+    "RerankingData", "RerankingState", "SparseRerankingData", "blasso_step_fn", "boosting_with_shrinkage_step_fn",
+    "exp_loss", "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
+    "sparse_reranking_data",
     "BoostingState", "boosting_statistics", "sequence_boosting", "sequence_boosting_step_fn", "sequence_exp_loss",
     "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "sgd_l1",
 ]

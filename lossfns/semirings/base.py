@@ -149,3 +149,27 @@ class Semiring:
 
     def __hash__(self):
         return hash((type(self), tuple(sorted(vars(self).items()))))
+
+
+class LogDomainSemiring(Semiring):
+    """Values are log-scores: `times = +`, zero `-inf`, one `0`, normalised by
+    the finite maximum. Subclasses define only `sum` (`logaddexp`, `max`, ...)."""
+
+    def convert(self, scores):
+        return scores
+
+    def unconvert(self, value, log_scale):
+        return value + log_scale
+
+    def zero(self, shape, dtype):
+        return jnp.full(shape, -jnp.inf, dtype)
+
+    def one(self, shape, dtype):
+        return jnp.zeros(shape, dtype)
+
+    def times(self, a, b):
+        return a + b
+
+    def normalize(self, a, axis):
+        shift = finite_max(a, axis)
+        return a - jnp.expand_dims(shift, axis), shift

@@ -2,10 +2,10 @@
 
 import jax.numpy as jnp
 
-from .base import Semiring, finite_max
+from .base import LogDomainSemiring
 
 
-class MaxSemiring(Semiring):
+class MaxSemiring(LogDomainSemiring):
     """`plus = max`, `times = +`, zero `-inf`, one `0`: the best-path score.
 
     The derivative of `max` splits evenly among exact ties, so best paths are
@@ -15,24 +15,5 @@ class MaxSemiring(Semiring):
 
     name = "max"
 
-    def convert(self, scores):
-        return scores
-
-    def unconvert(self, value, log_scale):
-        return value + log_scale
-
-    def zero(self, shape, dtype):
-        return jnp.full(shape, -jnp.inf, dtype)
-
-    def one(self, shape, dtype):
-        return jnp.zeros(shape, dtype)
-
-    def times(self, a, b):
-        return a + b
-
     def sum(self, a, axis):
         return jnp.max(a, axis=axis)
-
-    def normalize(self, a, axis):
-        shift = finite_max(a, axis)
-        return a - jnp.expand_dims(shift, axis), shift
