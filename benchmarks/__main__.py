@@ -1,9 +1,10 @@
 """Run the benchmarks side by side in one process, print tables, write JSON
 and a markdown summary to `benchmarks/results/`.
 
-    python -m benchmarks                     # chain + sparse (+ training when its model exists)
+    python -m benchmarks                     # chain, sparse, training (NER, POS) and perceptron vs CRFsuite
     python -m benchmarks --quick             # a smoke run: small shapes, few repeats
-    python -m benchmarks --only chain        # one part: chain, sparse or training
+    python -m benchmarks --only chain        # one part: chain, sparse, training or perceptron
+    python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
 
 Peers (torch==2.13.0 with torch-struct 0.5, python-crfsuite) are installed
 with pip into the running interpreter when missing (`--no-install` to skip
@@ -123,7 +124,22 @@ def markdown(report) -> str:
                          f"{r['log_z_relative_error']:.1e} | {r['marginal_max_abs_error']:.1e} |")
         lines.append("")
     if "training" in report:
-        lines += ["## Training step vs CRFsuite", "", "```", json.dumps(report["training"], indent=2), "```", ""]
+        for task, result in report["training"].items():
+            lines += [f"## Training vs CRFsuite: {task}", "", "```", json.dumps(result, indent=2), "```", ""]
+    if "perceptron" in report:
+        lines += ["## Averaged perceptron epoch vs CRFsuite (conll2000, joint POS|chunk labels)", ""]
+        result = report["perceptron"]
+        if "ratios" in result:
+            crf, ours = result["crfsuite"], result["lossfns"]
+            lines += ["| | epoch s (median) | compile s | test token accuracy |", "|---|---:|---:|---|",
+                      f"| CRFsuite ap | {crf['median_epoch_seconds']:.2f} (train() wall "
+                      f"{crf['median_train_wall_seconds']:.2f}) | - | "
+                      + ", ".join(f"{e} ep: {a:.4f}" for e, a in crf["test_token_accuracy"].items()) + " |",
+                      f"| lossfns sparse_perceptron_epoch | {ours['median_epoch_seconds']:.3f} | "
+                      f"{ours['compile_seconds']:.1f} | "
+                      + ", ".join(f"{e} ep: {a:.4f}" for e, a in ours["test_token_accuracy"].items()) + " |", "",
+                      f"CRFsuite epoch / lossfns epoch: {result['ratios']['crfsuite_epoch_over_lossfns_epoch']:.1f}x", ""]
+        lines += ["```", json.dumps(result, indent=2), "```", ""]
     return "\n".join(lines)
 
 
@@ -138,7 +154,7 @@ def write(report, stem):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("chain", "sparse", "training"), action="append")
+    parser.add_argument("--only", choices=("chain", "sparse", "training", "perceptron"), action="append")
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
@@ -146,8 +162,10 @@ def main(argv=None):
     parser.add_argument("--tag", default="cpu", help="suffix of the result files, e.g. the device")
     parser.add_argument("--shapes", help="chain shapes BxTxL, comma-separated (default: the five of issue 8)")
     parser.add_argument("--iterations", type=int, default=100, help="training iterations of each trainer")
+    parser.add_argument("--training-tasks", default="ner,pos", help="training: ner (CoNLL-2002), pos (conll2000)")
+    parser.add_argument("--epochs", default="1,5", help="perceptron: test accuracy after these epochs")
     args = parser.parse_args(argv)
-    parts = args.only or ["chain", "sparse", "training"]
+    parts = args.only or ["chain", "sparse", "training", "perceptron"]
 
     ensure_peers(not args.no_install)
     from benchmarks import chain_benchmark
@@ -182,7 +200,17 @@ def main(argv=None):
         except ImportError as error:
             print(f"training benchmark unavailable: {error}")
         else:
-            report["training"] = training_benchmark.run(quick=args.quick, iterations=args.iterations)
+            report["training"] = {}
+            for task in args.training_tasks.split(","):
+                report["training"][task] = training_benchmark.run(quick=args.quick, iterations=args.iterations,
+                                                                  task=task)
+                write(report, stem)
+
+    if "perceptron" in parts:
+        from benchmarks import perceptron_benchmark
+
+        report["perceptron"] = perceptron_benchmark.run(
+            quick=args.quick, epochs=[int(e) for e in args.epochs.split(",")], repeats=min(repeats, 3))
 
     write(report, stem)
     print(f"wrote {stem}.json and {stem}.md")

@@ -18,6 +18,8 @@ from lossfns.lattices import chain
 from lossfns import optimizers
 from lossfns.optimizers.minimize import init_loop, relative_change_below
 from lossfns.optimizers.perceptron import SequenceData
+from lossfns.optimizers.sparse_perceptron import (sparse_averaged_params, sparse_perceptron_epoch,
+                                                  sparse_perceptron_init, sparse_sequence_data)
 from test_optimizers_problems import (NUM_LABELS, assert_resume_bit_identical, linear_potentials, make_crf_data,
                                       num_linear_parameters)
 
@@ -182,3 +184,89 @@ def test_boosting_resume_is_bit_identical(tmp_path):
 def test_boosting_rejects_unknown_step():
     with pytest.raises(ValueError, match="step"):
         optimizers.sequence_boosting_step_fn(linear_potentials, _boosting_data(), None, step="newton")
+
+
+def _reference_averaged_perceptron(sentences, labels, num_features, num_labels, epochs, emission=None,
+                                   transitions=None):
+    """The averaged perceptron (Collins 2002) as plain Python loops: dense
+    Viterbi (ties to the lowest label), `w += S(x, y) - S(x, yhat)`, and the
+    average of the weights after every example, summed explicitly."""
+    W = np.zeros((num_features, num_labels), np.int64) if emission is None else np.array(emission, np.int64)
+    A = np.zeros((num_labels, num_labels), np.int64) if transitions is None else np.array(transitions, np.int64)
+    sum_W, sum_A, seen = np.zeros_like(W), np.zeros_like(A), 0
+    for _ in range(epochs):
+        for ids, gold in zip(sentences, labels):
+            T = len(ids)
+            scores = [[sum(int(W[f, j]) for f in ids[t]) for j in range(num_labels)] for t in range(T)]
+            delta, back = [scores[0]], []
+            for t in range(1, T):
+                row, pointers = [], []
+                for j in range(num_labels):
+                    best = max(range(num_labels), key=lambda i: (delta[-1][i] + A[i, j], -i))
+                    row.append(delta[-1][best] + A[best, j] + scores[t][j])
+                    pointers.append(best)
+                delta.append(row)
+                back.append(pointers)
+            path = [max(range(num_labels), key=lambda j: (delta[-1][j], -j))]
+            for t in range(T - 2, -1, -1):
+                path.insert(0, back[t][path[0]])
+            for t in range(T):
+                for f in ids[t]:
+                    W[f, gold[t]] += 1
+                    W[f, path[t]] -= 1
+            for t in range(1, T):
+                A[gold[t - 1], gold[t]] += 1
+                A[path[t - 1], path[t]] -= 1
+            sum_W, sum_A, seen = sum_W + W, sum_A + A, seen + 1
+    return W, A, sum_W / seen, sum_A / seen
+
+
+def _random_tagging_problem(seed, num_sentences=40, num_features=15, num_labels=6, max_length=9):
+    """Sentences whose labels mostly follow a planted feature -> label map
+    (learnable, so the pruned decoders get used) with some noise."""
+    rng = np.random.default_rng(seed)
+    planted = rng.integers(0, num_labels, num_features)
+    sentences, labels = [], []
+    for _ in range(num_sentences):
+        length = int(rng.integers(1, max_length + 1))
+        ids = [sorted(set(rng.integers(0, num_features, rng.integers(1, 4)).tolist())) for _ in range(length)]
+        labels.append([int(planted[token[0]]) if rng.random() < 0.8 else int(rng.integers(0, num_labels))
+                       for token in ids])
+        sentences.append(ids)
+    return sentences, labels
+
+
+@pytest.mark.parametrize("seed, start", [(0, "zero"), (1, "zero"), (2, "random"), (3, "large")])
+def test_sparse_perceptron_epoch_equals_python_reference(seed, start):
+    """The fast epoch (pruned exact Viterbi, sparse scatter updates, lazy
+    averaging) gives exactly the weights of the plain-loop averaged perceptron,
+    epoch after epoch, and the same average."""
+    num_features, num_labels, epochs = 15, 6, 4
+    sentences, labels = _random_tagging_problem(seed, num_features=num_features, num_labels=num_labels)
+    data = sparse_sequence_data(sentences, labels, num_features)
+    emission = transitions = None
+    if start == "random":  # ties and pruning from the first sentence on
+        rng = np.random.default_rng(seed)
+        emission = rng.integers(-2, 3, (num_features, num_labels))
+        transitions = rng.integers(-2, 3, (num_labels, num_labels))
+    if start == "large":  # transition weights too large for the int16 decoder
+        rng = np.random.default_rng(seed)
+        emission = rng.integers(-3000, 3000, (num_features, num_labels))
+        transitions = rng.integers(-5000, 5000, (num_labels, num_labels))
+    state = sparse_perceptron_init(num_features, num_labels, emission=emission, transitions=transitions)
+    epoch = jax.jit(sparse_perceptron_epoch, static_argnames=("max_length", "windows", "widths"))
+    used = np.zeros(5, int)
+    for e in range(1, epochs + 1):
+        state, (mistakes, branches) = epoch(state, data, max_length=9, windows=(3, 6), widths=(1, 2, 4))
+        assert int(mistakes) >= 0
+        used += np.asarray(branches)
+        W, A, average_W, average_A = _reference_averaged_perceptron(sentences, labels, num_features, num_labels, e,
+                                                                    emission, transitions)
+        np.testing.assert_array_equal(np.asarray(state.emission), W)
+        np.testing.assert_array_equal(np.asarray(state.transitions), A)
+        averaged = sparse_averaged_params(state)
+        np.testing.assert_allclose(np.asarray(averaged[0]), average_W, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(averaged[1]), average_A, rtol=1e-6, atol=1e-5)
+        assert int(state.num_seen) == e * len(sentences)
+    assert used[:3].sum() > 0 or start == "large"  # the pruned decoders ran
+    assert used[4 if start == "large" else 3] > 0  # the dense (int32 resp. int16) decoder ran

@@ -22,6 +22,8 @@ from .reranking import (RerankingData, RerankingState, SparseRerankingData, blas
                         reranking_init, run_reranker, sparse_reranking_data)
 from .sequence_boosting import (BoostingState, boosting_statistics, sequence_boosting,
                                 sequence_boosting_step_fn, sequence_exp_loss)
+from .sparse_perceptron import (SparsePerceptronState, SparseSequenceData, sparse_averaged_params,
+                                sparse_perceptron_epoch, sparse_perceptron_init, sparse_sequence_data)
 from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "exp_loss", "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
     "sparse_reranking_data",
     "BoostingState", "boosting_statistics", "sequence_boosting", "sequence_boosting_step_fn", "sequence_exp_loss",
+    "SparsePerceptronState", "SparseSequenceData", "sparse_averaged_params", "sparse_perceptron_epoch",
+    "sparse_perceptron_init", "sparse_sequence_data",
     "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "sgd_l1",
 ]
