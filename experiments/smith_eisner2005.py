@@ -17,7 +17,7 @@ unlabelled training words; the paper's ambiguous-word counts are about half
 its training words), and the tagging dictionary is complete: here, the tags
 each word carries anywhere in conll2000 (train.txt and test.txt).
 
-Three implementation choices, each exact:
+Implementation choices, each exact:
 
 * LENGTH (all strings of the sentence's length over the training
   vocabulary) is never built as a lattice: with tag-word emission features
@@ -30,6 +30,11 @@ Three implementation choices, each exact:
   log-probabilities as arc scores; the M-step is `lossfns.hmm.m_step`.
   (`lossfns.hmm.em` runs a dense chain over (K+1)K tag pairs, 2070 states
   for 45 tags: about 40x the work per word here.)
+* A CE loss packs the sentences' and their neighbourhoods' lattices
+  together (`dag.pack`: one level layout for hundreds of lattices, a few
+  packs grouped by length, `pack_groups`), weighted -1 and +1: one scan per
+  pack, about 2.5 padded cells per arc (padded and stacked per lattice, it
+  was about 60).
 * Lattices are built once per sentence and neighbourhood and kept in
   `OUT/cache` (removed when every unit is done), so a resumed run does not
   rebuild them.
@@ -119,11 +124,11 @@ COARSE_TAGS = {
 }
 
 # Sizes run in this order (each unit is kept, so an interrupted run loses
-# little): on 2 CPU cores shared with other jobs one L-BFGS step of TRANS1 on
-# 12K words took about 15 s, so 12K words is the largest size whose core
-# comparison (TRANS1, EM, DELORTRANS1 x 3 smoothings) finishes in about 40
-# minutes; the larger sizes follow while the run is left going.
-FULL = dict(sizes=(12000, 24000, 48000, 96000), dev_words=5000, smoothing=(1.0, 10.0, 0.1), max_steps=100,
+# little): 12K, then 96K (the issue's floor and the paper's headline size),
+# then 24K and 48K; Table 3 last. With packed lattices (`dag.pack`) one
+# L-BFGS step of TRANS1 on 12K words takes about 0.15 s on one core (it was
+# about 0.56 s padded and stacked, plus per-lattice compilations while building).
+FULL = dict(sizes=(12000, 96000, 24000, 48000), dev_words=5000, smoothing=(1.0, 10.0, 0.1), max_steps=100,
             em_iterations=100, tol=1e-4, num_batches=4, share_shapes=False, max_length=None, table3_words=24000,
             dilutions=DILUTIONS, table3_models=TABLE3_MODELS)
 # Quick: sentences of at most 10 words, so that every lattice is small and
@@ -253,7 +258,7 @@ def build_lattice(words: np.ndarray, kind: str, num_tags: int, allowed: np.ndarr
     intersected with the trigram tagger under the dictionary, as numpy arrays
     (thousands of small lattices would otherwise each hold device buffers)."""
     word_lattice = dag.from_string(words) if kind == "sentence" else NEIGHBOURHOODS[kind](words)
-    tagged = tagging.intersect(word_lattice, num_tags, order=2, tag_dictionary=allowed)
+    tagged = tagging.intersect(word_lattice, num_tags, order=2, tag_dictionary=allowed, as_numpy=True)
     return jax.tree_util.tree_map(np.asarray, tagged)
 
 
@@ -290,8 +295,9 @@ def cached_lattices(directory: str, name: str, sentences: list, kind: str, num_t
 
 
 class Batch(NamedTuple):
-    """Lattices padded to one shape: `indices [B]` the sentences behind the
-    rows; `tagged` the stacked `tagging.TaggedLattice` (`[B, ...]`)."""
+    """Lattices packed into one layout: `indices [B]` the sentences behind the
+    lattices; `tagged` the packed `tagging.TaggedLattice` (`dag.PackedLattices`,
+    results `[B']`, `B' >= B`: padding rows are empty strings, log Z = 0)."""
 
     indices: np.ndarray
     tagged: tagging.TaggedLattice
@@ -299,41 +305,77 @@ class Batch(NamedTuple):
 
 class Padding(NamedTuple):
     """One static shape for every batch of a study (quick mode), so that
-    each loss compiles once for all criteria, sizes and splits: `rows`
-    lattices per batch, each padded to `sizes` (`dag.pad`'s arguments);
-    sentence lengths up to `max_length`."""
+    each loss compiles once for all criteria, sizes and splits: `sizes`,
+    `dag.pack`'s size arguments (`num_lattices` rows); sentence lengths up
+    to `max_length`."""
 
-    rows: int
     sizes: dict
     max_length: int
 
 
-def lattice_sizes(lattices: list) -> dict:
-    """The largest static sizes among `lattices` (`dag.pad`'s arguments)."""
-    shapes = np.array([(t.lattice.num_states, t.lattice.num_arcs) + t.lattice.level_arcs.shape for t in lattices])
-    return dict(zip(("num_states", "num_arcs", "num_levels", "width", "in_degree"), map(int, shapes.max(0))))
+def pack_sizes(lattice_sets: list) -> dict:
+    """The smallest `dag.pack` sizes that hold each of `lattice_sets` (lists
+    of tagged lattices) as one pack."""
+    # One block of the largest in-degree (blocks chosen per set would differ).
+    top = (max(int(np.bincount(t.lattice.dst).max(initial=1)) for lattices in lattice_sets for t in lattices),)
+    sizes = [dag.packed_sizes(dag.pack([t.lattice for t in lattices], in_degree=top)) for lattices in lattice_sets]
+    return {key: max(size[key] for size in sizes) for key in sizes[0]}
 
 
-def _empty_string(sizes: dict) -> tagging.TaggedLattice:
-    """A padding row: the lattice of the empty string alone (log Z = 0, so it
-    adds nothing to any objective)."""
-    lattice = dag.pad(dag.from_arcs([], final=[0], num_states=1), **sizes)
-    return tagging.TaggedLattice(lattice, np.zeros(0, np.int32), np.zeros((0, 2), np.int32))
+def _level_profile(lattice: dag.Lattice) -> np.ndarray:
+    """`[N]` the number of states at each level 1..N of one lattice."""
+    N, W, _ = lattice.level_arcs.shape
+    slots = np.asarray(lattice.state_slot)[1:]
+    return np.bincount(slots[slots < (N + 1) * W] // W, minlength=N + 1)[1:]
+
+
+def pack_groups(lattices: list, num_batches: int, candidates: int = 64) -> list[np.ndarray]:
+    """Split lattices (sorted by their number of levels) into at most
+    `num_batches` packs minimising the padded work `sum_g levels_g x (width_g
+    x in-degree_g + 64)` (the cells a forward pass touches, plus a per-level
+    overhead), by dynamic programming over `candidates` quantile boundaries.
+    Returns the member indices of each pack, increasing."""
+    if not lattices:
+        return []
+    levels = np.array([t.lattice.level_arcs.shape[0] for t in lattices])
+    degree = np.array([t.lattice.level_arcs.shape[2] for t in lattices])
+    order = np.argsort(levels, kind="stable")
+    longest = int(levels.max())
+    counts = np.zeros((len(lattices) + 1, longest), np.int64)
+    for k, i in enumerate(order):
+        profile = _level_profile(lattices[i].lattice)
+        counts[k + 1, :profile.size] = profile
+    counts = np.cumsum(counts, axis=0)
+    bounds = np.unique(np.linspace(0, len(lattices), candidates + 1).round().astype(int))
+
+    def cost(i, j):  # sorted positions i..j-1
+        width = max(int((counts[j] - counts[i]).max()), j - i, 1)
+        return int(levels[order[j - 1]]) * (width * int(degree[order[i:j]].max()) + 64)
+
+    n, groups = len(bounds), min(num_batches, len(bounds) - 1)
+    best = np.full((groups + 1, n), np.inf)
+    choice = np.zeros((groups + 1, n), np.int64)
+    best[0, 0] = 0
+    for g in range(1, groups + 1):
+        for b in range(1, n):
+            options = [best[g - 1, a] + cost(bounds[a], bounds[b]) for a in range(b)]
+            choice[g, b] = int(np.argmin(options))
+            best[g, b] = options[choice[g, b]]
+    g, b, members = int(np.argmin(best[:, n - 1])), n - 1, []
+    while b > 0:
+        a = choice[g, b]
+        members.append(np.sort(order[bounds[a]:bounds[b]]))
+        g, b = g - 1, a
+    return members[::-1]
 
 
 def make_batches(lattices: list, num_batches: int, padding: Padding | None = None) -> list[Batch]:
-    """Group lattices of similar padded size `levels x width x in-degree`
-    (the work of one forward pass) into at most `num_batches` batches, with
-    the boundaries that minimise the total padded work
-    (`corpora.length_buckets` on that size); with `padding`, one batch of
-    the common shape instead."""
+    """Pack lattices into at most `num_batches` packs (`pack_groups`); with
+    `padding`, one pack of the common shape instead."""
     if padding is not None:
-        padded = [t._replace(lattice=dag.pad(t.lattice, **padding.sizes)) for t in lattices]
-        padded += [_empty_string(padding.sizes)] * (padding.rows - len(lattices))
-        return [Batch(np.arange(len(lattices)), tagging.stack(padded))]
-    volume = [int(np.prod(lattice.lattice.level_arcs.shape)) for lattice in lattices]
-    groups = corpora.length_buckets(volume, num_batches, multiple=max(1, int(np.median(volume)) // 16))
-    return [Batch(members, tagging.stack([lattices[i] for i in members])) for members, _ in groups]
+        return [Batch(np.arange(len(lattices)), tagging.pack(lattices, **padding.sizes))]
+    return [Batch(members, tagging.pack([lattices[i] for i in members]))
+            for members in pack_groups(lattices, num_batches)]
 
 
 # ---------------------------------------------------------------------------
@@ -376,19 +418,28 @@ def length_log_normalisers(params: tagging.TaggerParams, sigma_allowed, spelling
     return jnp.concatenate([jnp.zeros((1,), totals.dtype), totals])
 
 
+def _log_partition(tagged: tagging.TaggedLattice, scores) -> jax.Array:
+    if isinstance(tagged.lattice, dag.PackedLattices):
+        return dag.packed_log_partition(tagged.lattice, scores, semiring=semirings.Real)
+    return dag.log_partition(tagged.lattice, scores, semiring=semirings.Real)
+
+
 def total_log_partition(batches, params: tagging.TaggerParams, spelling_ids) -> jax.Array:
-    """`sum_i log sum_{(x, y) in lattice i} u(x, y)` over stacked lattices
-    (a tuple of `TaggedLattice`); the real semiring is the fast CPU path."""
-    return sum(jnp.sum(dag.log_partition(tagged.lattice, tagging.arc_scores(tagged, params, spelling_ids),
-                                         semiring=semirings.Real)) for tagged in batches)
+    """`sum_i log sum_{(x, y) in lattice i} u(x, y)` over packed (or stacked)
+    lattices (a tuple of `TaggedLattice`); the real semiring is the fast CPU path."""
+    return sum(jnp.sum(_log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids)))
+               for tagged in batches)
 
 
 def neighbourhood_loss(params: tagging.TaggerParams, data) -> jax.Array:
     """Negative CE log-likelihood with lattice neighbourhoods, `data =
-    (numerators, denominators, spelling_ids)`: `sum_i log Z(N(x_i)) - log Z(x_i)`."""
-    numerators, denominators, spelling_ids = data
-    return total_log_partition(denominators, params, spelling_ids) - total_log_partition(numerators, params,
-                                                                                          spelling_ids)
+    (packs, signs, spelling_ids)`: `sum_i log Z(N(x_i)) - log Z(x_i)`. The
+    sentences' and their neighbourhoods' lattices share the packs (a tuple of
+    packed `TaggedLattice`, one scan each); `signs` (a tuple of `[B]`) is +1
+    for a neighbourhood, -1 for a sentence, 0 for a padding row."""
+    packs, signs, spelling_ids = data
+    return sum(jnp.sum(sign * _log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids)))
+               for tagged, sign in zip(packs, signs))
 
 
 def length_loss(params: tagging.TaggerParams, data) -> jax.Array:
@@ -479,7 +530,10 @@ def train_em(batches, allowed: np.ndarray, smoothing: float, *, iterations: int,
 
 @jax.jit
 def _viterbi_tags(tagged: tagging.TaggedLattice, params: tagging.TaggerParams, spelling_ids) -> jax.Array:
-    return dag.viterbi(tagged.lattice, tagging.arc_scores(tagged, params, spelling_ids))[2]
+    scores = tagging.arc_scores(tagged, params, spelling_ids)
+    if isinstance(tagged.lattice, dag.PackedLattices):
+        return dag.packed_viterbi(tagged.lattice, scores)[2]
+    return dag.viterbi(tagged.lattice, scores)[2]
 
 
 def decode(batches: list[Batch], params: tagging.TaggerParams, spelling_ids, lengths) -> list[np.ndarray]:
@@ -515,6 +569,13 @@ class Study:
     @property
     def num_tags(self) -> int:
         return self.allowed.shape[1]
+
+    def release(self) -> None:
+        """Drop the lattices and packs built so far (they are read back from
+        the cache when needed again): a diluted Table 3 dictionary's lattices
+        take gigabytes, and the studies of a run would otherwise add up."""
+        self._lattices.clear()
+        self._batches.clear()
 
     def lattices(self, split: str, kind: str, count: int) -> list:
         """The lattices of the first `count` sentences of `split`, built (or
@@ -558,22 +619,32 @@ class Study:
         """`(loss function, data)` of a CE criterion on the first `count`
         sentences of `split`, for a model trained on the first `train_count`
         training sentences (LENGTH's Sigma is their vocabulary)."""
-        numerators = tuple(batch.tagged for batch in self.batches(split, "sentence", count))
         spelling_ids = self.spelling_ids if spelling else None
         if criterion == "LENGTH":
+            numerators = tuple(batch.tagged for batch in self.batches(split, "sentence", count))
             return length_loss, (numerators, self.length_counts(split, count), self.sigma_allowed(train_count),
                                  spelling_ids)
-        denominators = tuple(batch.tagged for batch in self.batches(split, criterion, count))
-        return neighbourhood_loss, (numerators, denominators, spelling_ids)
+        key = (split, ("sentence", criterion), count)
+        if key not in self._batches:  # sentences and neighbourhoods packed together: half the scans
+            lattices = self.lattices(split, "sentence", count) + self.lattices(split, criterion, count)
+            self._batches[key] = make_batches(lattices, self.num_batches, self.padding)
+        batches = self._batches[key]
+        signs = tuple(jnp.asarray(np.pad(np.where(batch.indices < count, -1.0, 1.0),
+                                         (0, batch.tagged.lattice.final_slots.shape[0] - batch.indices.size)),
+                                  jnp.float32) for batch in batches)
+        return neighbourhood_loss, (tuple(batch.tagged for batch in batches), signs, spelling_ids)
 
 
 def share_shapes(studies: list, kinds) -> None:
     """Give `studies` one common `Padding` over all their lattices of `kinds`
     (both splits): quick mode, where compilation dominates."""
-    lattices = [t for study in studies for split in ("train", "dev") for kind in kinds
-                for t in study.lattices(split, kind, len(study.ids[split]))]
-    padding = Padding(max(len(study.ids[split]) for study in studies for split in ("train", "dev")),
-                      lattice_sizes(lattices),
+    sets = []
+    for study in studies:
+        for split in ("train", "dev"):
+            sentences = study.lattices(split, "sentence", len(study.ids[split]))
+            sets += [sentences] + [sentences + study.lattices(split, kind, len(study.ids[split])) for kind in kinds
+                                   if kind != "sentence"]  # a CE loss packs both (`Study.loss_data`)
+    padding = Padding(pack_sizes(sets),
                       max(len(ids) for study in studies for split in ("train", "dev") for ids in study.ids[split]))
     for study in studies:
         study.padding = padding
@@ -698,6 +769,7 @@ def run_figure2(run: RunDirectory, config: dict, progress: bool, on_size=None) -
                 row = _train_unit(run, name, study, criterion, False, smoothing, count, dev_count, config, progress)
                 if row is not None:
                     rows.append(row | {"size": key})
+        study.release()  # the next size packs its own (longer) prefix
         if on_size is not None:
             on_size(summary())
     return summary()
@@ -733,6 +805,7 @@ def run_table3(run: RunDirectory, config: dict, progress: bool) -> dict:
                                   len(corpus.dev), config, progress)
                 if row is not None:
                     rows.append(row | {"dilution": dilution})
+            study.release()  # one model's packs at a time
     selections = {f"{criterion}{'+spelling' if spelling else ''}": {
         dilution: select([r for r in rows if r["criterion"] == criterion and r["spelling"] == spelling
                           and r["dilution"] == dilution], "all_accuracy") for dilution in data}
@@ -831,7 +904,8 @@ def _plot_figure2(run: RunDirectory, result: dict) -> str:
 
 def _conclusion_text(result: dict) -> list[str]:
     lines = []
-    for key, check in result["conclusions"].items():
+    for key in sorted(result["conclusions"], key=lambda key: result["data"][key]["tokens"]):
+        check = result["conclusions"][key]
         margins = ", ".join(f"{c} {m:+.1f}" for c, m in check["margins"].items())
         if not check["complete"]:
             lines.append(f"- {key}: not all criteria finished yet (margins over EM so far: {margins or 'none'}).")
@@ -881,6 +955,26 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     return summary
 
 
+def missing_units(run: RunDirectory, config: dict, tasks) -> dict:
+    """`{group: [model-smoothing, ...]}`: the units of `tasks` with no result file yet."""
+    missing = {}
+    if "figure2" in tasks:
+        for size in config["sizes"]:
+            for criterion in CRITERIA:
+                for smoothing in config["smoothing"]:
+                    if not os.path.exists(run._unit_path(f"fig2-{_size_key(size)}-{criterion}-{smoothing:g}")):
+                        missing.setdefault(f"Figure 2, {_size_key(size)}", []).append(f"{criterion} {smoothing:g}")
+    if "table3" in tasks:
+        for dilution in config["dilutions"]:
+            slug = dilution.replace(' ', '_').replace('>=', 'ge')
+            for criterion, spelling in config["table3_models"]:
+                model = f"{criterion}{'+spelling' if spelling else ''}"
+                for smoothing in config["smoothing"]:
+                    if not os.path.exists(run._unit_path(f"table3-{slug}-{model}-{smoothing:g}")):
+                        missing.setdefault(f"Table 3, {dilution}", []).append(f"{model} {smoothing:g}")
+    return missing
+
+
 def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) -> dict:
     """`results.md` (tables with the paper's numbers, conclusions, floors),
     `results.json` and `figure2.png` from the finished units in `results`."""
@@ -907,7 +1001,8 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
                      f"a 35% random baseline) than ours.", "",
                      _figure2_table(result),
                      "Average tags per token here: " + ", ".join(
-                         f"{key} {stats['tags_per_token']:.2f}" for key, stats in result["data"].items()) + ".", "",
+                         f"{key} {stats['tags_per_token']:.2f}" for key, stats in
+                         sorted(result["data"].items(), key=lambda item: item[1]["tokens"])) + ".", "",
                      f"![figure 2]({os.path.basename(_plot_figure2(run, result))})", "",
                      "### Conclusion: TRANS1, DELORTRANS1, LENGTH beat EM by a wide margin; DEL1WORD, DEL1SUBSEQ "
                      "do not", ""] + _conclusion_text(result) + [""]
@@ -927,6 +1022,13 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
                      "(`COARSE_TAGS`; the paper lists only RB* -> ADV).", "",
                      _table3_table(result, config), "",
                      "Dilution (selected models):", ""] + _table3_findings(result, config) + [""]
+    missing = missing_units(run, config, tuple(results))
+    if missing:
+        document += ["## Missing units", "",
+                     f"{sum(len(names) for names in missing.values())} trained models are not finished (the run "
+                     "was stopped, or is still going; a rerun of the same command resumes and fills them in). "
+                     "Cells that depend on them are blank ('-') or use fewer smoothing trials:", ""]
+        document += [f"- {group}: {', '.join(names)}" for group, names in missing.items()] + [""]
     document.append("## Floors (issue 7; real corpus, full run only)\n")
     for name, floor in floors.items():
         status = ("met" if floor["met"] else "NOT met") if floor["applies"] else "not applicable (synthetic or quick)"
@@ -936,6 +1038,62 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
         document.append(f"- {name}: ours {ours}, floor {floor['floor']}: {status}")
     run.write_text("results.md", "\n".join(document) + "\n")
     summary = {"quick": quick, "seed": SEED, "config": config, "tasks": results, "floors": floors,
-               "wide_margin": WIDE_MARGIN}
+               "wide_margin": WIDE_MARGIN, "missing_units": missing}
     run.write_json("results.json", summary)
     return summary
+
+
+# ---------------------------------------------------------------------------
+# Profiling (not part of a run)
+# ---------------------------------------------------------------------------
+
+
+def profile_objective(criterion: str = "TRANS1", words: int = 12000, num_batches: int = FULL["num_batches"],
+                      steps: int = 3) -> dict:
+    """Time one CE objective value + gradient and a few L-BFGS steps on the
+    first `words` training words (real corpus, `FULL` settings; lattices
+    built here, not cached), and count the padded work of the packs:
+
+        NLTK_DATA=... taskset -c 1 python -c "from experiments import smith_eisner2005 as se; se.profile_objective()"
+    """
+    start = time.perf_counter()
+    corpus = load_corpus("fine", max(FULL["sizes"]), FULL["dev_words"])
+    vocabulary = vocabulary_of(corpus.train + corpus.dev)
+    allowed = tag_dictionary(corpus.dictionary_text, vocabulary, corpus.tags)
+    import tempfile
+    with tempfile.TemporaryDirectory() as directory:
+        study = Study("profile", corpus, allowed, vocabulary, directory, num_batches, False)
+        count = take_words(corpus.train, words)
+        loss, data = study.loss_data(criterion, "train", count, False, count)
+    stats = {"build_seconds": time.perf_counter() - start, "sentences": count}
+    packs = data[0]
+    stats["real_arcs"] = int(sum(np.asarray(t.lattice.arc_valid).sum() for t in packs))
+    stats["scan_cells"] = int(sum(block.size for t in packs for block in t.lattice.level_arcs))
+    stats["scan_steps"] = int(sum(t.lattice.num_levels for t in packs))
+    stats["packs"] = [dict(lattices=int(t.lattice.num_lattices), levels=t.lattice.num_levels,
+                           blocks=[tuple(block.shape[1:]) for block in t.lattice.level_arcs]) for t in packs]
+    params = tagging.init_params(len(corpus.tags), len(vocabulary), order=2)
+    weight = jnp.asarray(1.0, jnp.float32)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda p, d, w: loss(p, d) + regularisers.l2(p, w)))
+    start = time.perf_counter()
+    jax.block_until_ready(value_and_grad(params, data, weight))
+    stats["value_grad_first_call"] = time.perf_counter() - start
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(value_and_grad(params, data, weight))
+        times.append(time.perf_counter() - start)
+    stats["value_grad_seconds"] = min(times)
+    loop = optimizers.init_loop((params, optax.lbfgs().init(params)), 100, jnp.float32)
+    loop = jax.tree_util.tree_map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, loop)
+    start = time.perf_counter()
+    loop = _lbfgs_steps_jit(loop, jnp.asarray(1, jnp.int32), data, weight, loss=loss, tol=FULL["tol"])
+    jax.block_until_ready(loop.value)
+    stats["lbfgs_first_step_with_compile"] = time.perf_counter() - start
+    start = time.perf_counter()
+    loop = _lbfgs_steps_jit(loop, jnp.asarray(1 + steps, jnp.int32), data, weight, loss=loss, tol=FULL["tol"])
+    jax.block_until_ready(loop.value)
+    stats["lbfgs_seconds_per_step"] = (time.perf_counter() - start) / steps
+    for key, value in stats.items():
+        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}", flush=True)
+    return stats

@@ -299,3 +299,75 @@ def test_shared_lattice_with_batched_scores():
     assert batched.shape == (2, 3)
     for index in itertools.product(range(2), range(3)):
         np.testing.assert_allclose(batched[index], dag.log_partition(lattice, scores[index]), rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# Packed batches
+# ---------------------------------------------------------------------------
+
+PACKABLE = [semirings.Log, semirings.Real, semirings.Max, semirings.KMax(3)]
+
+
+@pytest.fixture(scope="module")
+def random_pack():
+    rng = np.random.default_rng(10)
+    cases = [random_lattice(rng) for _ in range(30)] + no_path_cases()
+    packed = dag.pack([dag.from_arcs(a, f, n) for a, f, n, _ in cases], num_lattices=len(cases) + 3)
+    scores = np.concatenate([s for *_, s in cases] + [np.zeros(0)])
+    return cases, packed, jnp.asarray(scores)
+
+
+@pytest.mark.parametrize("semiring", PACKABLE, ids=lambda s: s.name)
+def test_packed_forward_matches_enumeration(semiring, random_pack):
+    cases, packed, scores = random_pack
+    got = np.asarray(dag.packed_forward(semiring, packed, scores))
+    assert got.shape[0] == len(cases) + 3
+    for (arcs, final, _, arc_scores), value in zip(cases, got):
+        path_scores = [sum(arc_scores[list(p)]) for p in oracle_paths(arcs, final)]
+        np.testing.assert_allclose(value, oracle(semiring, path_scores), rtol=1e-9, atol=1e-9)
+    for value in got[len(cases):]:  # padding rows: the empty string, score 0
+        np.testing.assert_allclose(value, oracle(semiring, [0.0]))
+
+
+def test_packed_gradients_and_viterbi_match_stacked(random_pack):
+    cases, packed, scores = random_pack
+    offsets = np.cumsum([0] + [len(a) for a, *_ in cases])
+    for semiring in (semirings.Log, semirings.Real):
+        total = lambda s: jnp.sum(jnp.where(jnp.isfinite(v := dag.packed_log_partition(packed, s, semiring=semiring)),
+                                            v, 0.0))
+        marginals = np.asarray(jax.grad(total)(scores))
+        assert np.isfinite(marginals).all()
+        for i, (arcs, final, num_states, arc_scores) in enumerate(cases):
+            expected = dag.arc_marginals(dag.from_arcs(arcs, final, num_states), jnp.asarray(arc_scores))
+            np.testing.assert_allclose(marginals[offsets[i]:offsets[i + 1]], expected, atol=1e-9)
+    best, best_arcs, best_symbols = dag.packed_viterbi(packed, scores)
+    for i, (arcs, final, num_states, arc_scores) in enumerate(cases):
+        score, path, symbols = dag.viterbi(dag.from_arcs(arcs, final, num_states), jnp.asarray(arc_scores))
+        np.testing.assert_allclose(best[i], score)
+        chosen = [int(a) - offsets[i] for a in best_arcs[i] if a >= 0]
+        assert chosen == [int(a) for a in path if a >= 0]
+        assert [int(s) for s in best_symbols[i] if s >= 0] == [int(s) for s in symbols if s >= 0]
+
+
+def test_pack_sizes_blocks_and_errors(random_pack):
+    cases, packed, scores = random_pack
+    lattices = [dag.from_arcs(a, f, n) for a, f, n, _ in cases]
+    sizes = dag.packed_sizes(packed)
+    bigger = dict(sizes, num_arcs=sizes["num_arcs"] + 5, num_levels=sizes["num_levels"] + 2,
+                  width=tuple(w + 1 for w in sizes["width"]), num_finals=sizes["num_finals"] + 1)
+    wide = dag.pack(lattices, **bigger)
+    padded_scores = jnp.concatenate([scores, jnp.zeros(5)])
+    one_block = dag.pack(lattices, in_degree=(max(sizes["in_degree"]),))
+    for semiring in PACKABLE:
+        expected = dag.packed_forward(semiring, packed, scores)
+        np.testing.assert_allclose(dag.packed_forward(semiring, wide, padded_scores), expected, rtol=1e-12)
+        np.testing.assert_allclose(dag.packed_forward(semiring, one_block, scores)[:len(cases)],
+                                   expected[:len(cases)], rtol=1e-12)
+    with pytest.raises(ValueError, match="use dag.stack"):
+        dag.packed_forward(semirings.Entropy, packed, scores)
+    with pytest.raises(ValueError, match="num_lattices"):
+        dag.pack(lattices, num_lattices=2)
+    with pytest.raises(ValueError, match="in_degree"):
+        dag.pack(lattices, in_degree=(1,))
+    with pytest.raises(ValueError, match="packed arc"):
+        dag.packed_forward(semirings.Log, packed, scores[:-1])

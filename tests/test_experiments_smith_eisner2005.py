@@ -80,10 +80,11 @@ def test_padded_batches_add_nothing():
     allowed = np.ones((V, K), bool)
     lattices = [se.build_lattice(np.array(s), "TRANS1", K, allowed) for s in ([0, 1, 2], [3, 1], [2, 2, 0, 1])]
     plain = se.make_batches(lattices, 2)
-    padding = se.Padding(6, se.lattice_sizes(lattices + [se.build_lattice(np.array([0, 1, 2, 3, 0]), "DEL1SUBSEQ",
-                                                                          K, allowed)]), 5)
+    sizes = se.pack_sizes([lattices + [se.build_lattice(np.array([0, 1, 2, 3, 0]), "DEL1SUBSEQ", K, allowed)]])
+    padding = se.Padding(sizes | {"num_lattices": 6}, 5)
     padded = se.make_batches(lattices, 1, padding)
-    assert len(padded) == 1 and padded[0].tagged.lattice.src.shape[0] == 6
+    assert len(padded) == 1 and padded[0].tagged.lattice.final_slots.shape[0] == 6
+    assert padded[0].tagged.lattice.num_arcs > sum(t.lattice.num_arcs for t in lattices)  # padding arcs too
     total = lambda batches: float(se.total_log_partition(tuple(b.tagged for b in batches), params, None))
     np.testing.assert_allclose(total(padded), total(plain), rtol=1e-6)
     decoded = se.decode(padded, params, None, [3, 2, 4])

@@ -133,3 +133,20 @@ def test_bad_input():
     tagged = tagging.intersect(dag.from_string([0]), K)
     with pytest.raises(ValueError, match="order=2"):
         tagging.arc_scores(tagged, random_params(2, np.random.default_rng(0)))
+
+
+def test_packed_tagged_lattices_equal_brute_force():
+    """`tagging.pack` keeps each lattice's arcs (word, history) in order: packed
+    arc scores and per-lattice log Z equal the brute force, for both orders."""
+    rng = np.random.default_rng(11)
+    allowed = dictionary(rng)
+    for order in (1, 2):
+        params = random_params(order, rng)
+        tagged = [tagging.intersect(WORD_LATTICES[name](), K, order=order, tag_dictionary=allowed,
+                                    as_numpy=name == "trans1") for name in sorted(WORD_LATTICES)]
+        packed = tagging.pack(tagged, num_lattices=len(tagged) + 1)
+        log_z = dag.packed_log_partition(packed.lattice, tagging.arc_scores(packed, params))
+        for name, value in zip(sorted(WORD_LATTICES), log_z):
+            np.testing.assert_allclose(value, brute_force_log_z(dag.enumerate_strings(WORD_LATTICES[name]()),
+                                                                params, allowed), rtol=1e-9)
+        assert float(log_z[-1]) == 0.0  # the padding row

@@ -27,11 +27,22 @@ range: for the real semiring each state keeps its own log scale (the arc
 scores leaving it are shifted by it before `exp`, a potential that telescopes
 along every path, so paths of different lengths stay comparable); the other
 semirings renormalise all carried values at every level (`normalize`).
+
+Many small lattices of different shapes batch better with `pack` than with
+`stack`: a `PackedLattices` is one layout in which row `n` holds the level-`n`
+states of every lattice (grouped into a few blocks by in-degree), so the
+padding is a small factor of the number of arcs instead of the batch's
+largest `[levels, width, in-degree]` per lattice. `packed_forward`,
+`packed_log_partition` and `packed_viterbi` give one result per lattice; each
+state keeps its own log scale, which is exact for the semirings whose
+`convert` maps score sums to products (`PACKABLE_SEMIRINGS`: real, log, max,
+k-max); entropy and counting need `stack`.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import NamedTuple, Sequence
 
@@ -77,7 +88,19 @@ class Lattice(NamedTuple):
 
 
 def _build(src, dst, symbol, final, num_states: int) -> Lattice:
-    """Check topological order and compute the level layout of valid arcs."""
+    """Check topological order and compute the level layout of valid arcs
+    (a `Lattice` of jax arrays)."""
+    return _to_jax(_build_numpy(src, dst, symbol, final, num_states))
+
+
+def _to_jax(lattice: Lattice) -> Lattice:
+    # device_put of finished numpy arrays: no per-shape compilation (jnp.ones
+    # and friends compile one small program per new shape).
+    return Lattice(*jax.device_put(tuple(np.asarray(field) for field in lattice)))
+
+
+def _build_numpy(src, dst, symbol, final, num_states: int) -> Lattice:
+    """`_build` with numpy fields (int32 / bool), for bulk construction."""
     src, dst, symbol = (np.asarray(a, np.int64).reshape(-1) for a in (src, dst, symbol))
     final = np.asarray(final, bool).reshape(-1)
     if num_states < 1:
@@ -93,9 +116,7 @@ def _build(src, dst, symbol, final, num_states: int) -> Lattice:
         i = int(np.argmax(backward))
         raise ValueError(f"arc {i} ({src[i]} -> {dst[i]}) is not in topological order: number the states so that "
                          "every arc goes from a lower to a higher state (a cycle or self-loop cannot be numbered so)")
-    level = np.zeros(num_states, np.int64)
-    for arc in np.argsort(dst, kind="stable"):  # in-arcs of a source come before its out-arcs
-        level[dst[arc]] = max(level[dst[arc]], level[src[arc]] + 1)
+    level = _levels(src, dst, num_states)
     num_levels = int(level.max()) if level.size else 0
     width = max(int(np.bincount(level[level > 0]).max(initial=0)) if num_levels else 0, 1)
     depth = max(int(np.bincount(dst).max(initial=0)) if dst.size else 0, 1)
@@ -110,9 +131,26 @@ def _build(src, dst, symbol, final, num_states: int) -> Lattice:
     rank = np.arange(by_dst.size) - np.searchsorted(dst[by_dst], dst[by_dst])
     level_arcs = np.full((num_levels, width, depth), src.size, np.int64)
     level_arcs[level[dst[by_dst]] - 1, state_slot[dst[by_dst]] % width, rank] = by_dst
-    as32 = lambda a: jnp.asarray(a, jnp.int32)
-    return Lattice(as32(src), as32(dst), as32(symbol), jnp.ones(src.shape, bool), jnp.asarray(final),
+    as32 = lambda a: np.asarray(a, np.int32)
+    return Lattice(as32(src), as32(dst), as32(symbol), np.ones(src.shape, bool), final,
                    as32(state_slot), as32(level_arcs))
+
+
+def _levels(src, dst, num_states: int) -> np.ndarray:
+    """Longest-path level of every state (arcs go from lower to higher ids)."""
+    level = np.zeros(num_states, np.int64)
+    if not src.size:
+        return level
+    # Arcs grouped by destination in increasing order: when a destination's
+    # group is reached, every arc into its sources has been processed. The
+    # groups are vectorised: one maximum per destination state.
+    order = np.argsort(dst, kind="stable")
+    sorted_dst, sorted_src = dst[order], src[order]
+    starts = np.flatnonzero(np.r_[True, sorted_dst[1:] != sorted_dst[:-1]])
+    ends = np.r_[starts[1:], sorted_dst.size]
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        level[sorted_dst[start]] = level[sorted_src[start:end]].max() + 1
+    return level
 
 
 def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
@@ -124,6 +162,11 @@ def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
     anything else, a cycle included, raises `ValueError`.
     `num_states` defaults to one more than the largest state id used.
     """
+    return _to_jax(_from_arcs_numpy(arcs, final, num_states))
+
+
+def _from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
+    """`from_arcs` with numpy fields (bulk construction: no device arrays)."""
     arcs = np.asarray(arcs, np.int64)
     if arcs.size == 0:
         arcs = np.zeros((0, 3), np.int64)
@@ -136,7 +179,7 @@ def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
         raise ValueError(f"final must list state ids in [0, {num_states}), got {final.tolist()}")
     final_mask = np.zeros(num_states, bool)
     final_mask[final] = True
-    return _build(arcs[:, 0], arcs[:, 1], arcs[:, 2], final_mask, num_states)
+    return _build_numpy(arcs[:, 0], arcs[:, 1], arcs[:, 2], final_mask, num_states)
 
 
 def from_string(symbols: Sequence[int]) -> Lattice:
@@ -244,7 +287,7 @@ def union(*lattices: Lattice) -> Lattice:
 def pad(lattice: Lattice, num_states: int, num_arcs: int, num_levels: int, width: int, in_degree: int) -> Lattice:
     """Pad one lattice to larger static sizes (padding states are unreachable
     and not final; padding arcs are invalid), so lattices can be stacked."""
-    return jax.tree_util.tree_map(jnp.asarray, _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree))
+    return _to_jax(_pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree))
 
 
 def _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree) -> Lattice:
@@ -276,7 +319,186 @@ def stack(lattices: Sequence[Lattice]) -> Lattice:
                  width=max(l.level_arcs.shape[1] for l in lattices),
                  in_degree=max(l.level_arcs.shape[2] for l in lattices))
     padded = [_pad_numpy(lattice, **sizes) for lattice in lattices]
-    return jax.tree_util.tree_map(lambda *fields: jnp.asarray(np.stack(fields)), *padded)
+    return _to_jax(Lattice(*(np.stack(fields) for fields in zip(*padded))))
+
+
+# ---------------------------------------------------------------------------
+# Packed batches: many lattices in one level layout
+# ---------------------------------------------------------------------------
+
+
+class PackedLattices(NamedTuple):
+    """`B` lattices sharing one level layout (`pack`): far less padding than
+    `stack`, which pads every lattice to the batch's largest
+    `[levels, width, in-degree]`. Here the states of level `n` of *every*
+    lattice share row `n` of one table, and within a row the states are
+    grouped into blocks by in-degree (a block of in-degree `D_k` holds the
+    states with at most `D_k` incoming arcs), so a batch costs about its
+    number of arcs, over the longest lattice's levels.
+
+    States are numbered globally (lattice `b`'s states follow lattice
+    `b - 1`'s); slot `b` (row 0) is the start state of lattice `b`.
+    src, dst, symbol, arc_valid: `[A]` (lattice 0's arcs first; padding
+    arcs invalid); state_slot: `[S]`; level_arcs: a tuple of `[N, W_k, D_k]`
+    blocks (row width `W = sum_k W_k`; sentinel arc id `A`; sentinel slot
+    `(N + 1) W`); final_slots: `[B, F]` the slots of each lattice's final
+    states (padded with the sentinel slot). Results are per lattice, `[B]`.
+    """
+
+    src: jax.Array
+    dst: jax.Array
+    symbol: jax.Array
+    arc_valid: jax.Array
+    state_slot: jax.Array
+    level_arcs: tuple
+    final_slots: jax.Array
+
+    @property
+    def num_arcs(self) -> int:
+        return self.src.shape[-1]
+
+    @property
+    def num_lattices(self) -> int:
+        return self.final_slots.shape[-2]
+
+    @property
+    def num_levels(self) -> int:
+        return self.level_arcs[0].shape[0]
+
+    @property
+    def width(self) -> int:
+        return sum(block.shape[1] for block in self.level_arcs)
+
+
+# Semirings whose `convert` turns a score shift into a semiring product
+# (convert(s + c) = convert(s) * convert(c)): each state's scale can be folded
+# into the scores of its out-arcs, so lattices of one pack never share a scale.
+PACKABLE_SEMIRINGS = ("real", "log", "max", "kmax")
+
+
+def _degree_blocks(level, degree, num_levels, max_blocks: int = 3):
+    """In-degree bounds (ascending, the last the largest in-degree) of at most
+    `max_blocks` blocks minimising the padded cells `sum_k N W_k D_k` (plus a
+    per-block overhead)."""
+    top = max(int(degree.max(initial=0)), 1)
+    candidates = sorted({2 ** i for i in range(top.bit_length()) if 2 ** i < top} | {top})
+    best = None
+    for size in range(1, max_blocks + 1):
+        for bounds in itertools.combinations(candidates[:-1], size - 1):
+            bounds = bounds + (top,)
+            block = np.searchsorted(np.array(bounds), degree)
+            cells = 0
+            for k, bound in enumerate(bounds):
+                counts = np.bincount(level[block == k], minlength=num_levels + 1)
+                cells += num_levels * (int(counts.max(initial=0)) * bound + 256)
+            if best is None or cells < best[0]:
+                best = (cells, bounds)
+    return best[1]
+
+
+def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_arcs: int | None = None,
+         num_levels: int | None = None, width: Sequence[int] | None = None,
+         in_degree: Sequence[int] | None = None, num_finals: int | None = None) -> PackedLattices:
+    """Pack unbatched lattices into one `PackedLattices` (numpy fields).
+
+    `in_degree`: the blocks' in-degree bounds (ascending; default: chosen to
+    minimise padding, at most 3 blocks). The optional sizes pad the result
+    (more rows: empty-string lattices with log Z = 0; more arcs, levels,
+    block widths `width` (one per block), final slots: padding), so that
+    packs of different data can share one compiled program (`packed_sizes`).
+    Arc `j` of lattice `b` is arc `offset_b + j` with `offset_b` the arc
+    count of the lattices before `b`.
+    """
+    lattices = [_numpy_lattice(lattice) for lattice in lattices]
+    B = len(lattices)
+    src, dst, symbol, valid, level, finals = [], [], [], [], [], []
+    state_offset = 0
+    for lattice in lattices:
+        N, W, _ = lattice.level_arcs.shape
+        slots = lattice.state_slot.astype(np.int64)
+        own_level = np.where(slots == (N + 1) * W, -1, slots // W)  # -1: unreachable
+        own_level[0] = 0
+        level.append(own_level)
+        src.append(lattice.src.astype(np.int64) + state_offset)
+        dst.append(lattice.dst.astype(np.int64) + state_offset)
+        symbol.append(lattice.symbol)
+        valid.append(lattice.arc_valid)
+        finals.append(np.flatnonzero(lattice.final) + state_offset)
+        state_offset += lattice.num_states
+    cat = lambda parts, dtype: np.concatenate(parts + [np.zeros(0, dtype)]).astype(dtype)
+    src, dst, symbol, valid = cat(src, np.int64), cat(dst, np.int64), cat(symbol, np.int64), cat(valid, bool)
+    level = cat(level, np.int64)
+    starts = np.cumsum([0] + [lattice.num_states for lattice in lattices])[:-1].astype(np.int64)
+    is_start = np.zeros(level.size, bool)
+    is_start[starts] = True
+    rows = B if num_lattices is None else num_lattices
+    if rows < B:
+        raise ValueError(f"num_lattices={num_lattices} is less than the {B} lattices given")
+    inner = np.flatnonzero((level > 0) & ~is_start)
+    arcs_into = valid & (level[dst] > 0) & ~is_start[dst]
+    degree = np.bincount(dst[arcs_into], minlength=level.size)
+    N = int(level[inner].max()) if inner.size else 0
+    if num_levels is not None:
+        if num_levels < N:
+            raise ValueError(f"pack: num_levels={num_levels} is less than the {N} these lattices need")
+        N = num_levels
+    bounds = tuple(int(d) for d in in_degree) if in_degree is not None else \
+        _degree_blocks(level[inner], degree[inner], N)
+    if list(bounds) != sorted(set(bounds)) or bounds[0] < 1 or bounds[-1] < int(degree.max(initial=0)):
+        raise ValueError(f"pack: in_degree={bounds} must be increasing, positive and at least the largest "
+                         f"in-degree {int(degree.max(initial=0))}")
+    block = np.searchsorted(np.array(bounds), degree)
+    widths = [int(np.bincount(level[inner][block[inner] == k], minlength=N + 1)[1:].max(initial=0))
+              for k in range(len(bounds))]
+    widths[0] = max(widths[0], rows - sum(widths[1:]), 1)  # row 0 holds every start slot
+    if width is not None:
+        width = tuple(int(w) for w in width)
+        if len(width) != len(bounds) or any(w < need for w, need in zip(width, widths)):
+            raise ValueError(f"pack: width={width} must give each of the {len(bounds)} blocks at least {widths}")
+        widths = list(width)
+    W = sum(widths)
+    if W < rows:
+        raise ValueError(f"pack: the row width {W} must hold the {rows} start slots")
+    A = src.size if num_arcs is None else num_arcs
+    F = max(max((f.size for f in finals), default=0), 1)
+    for name, given, needed in (("num_arcs", num_arcs, src.size), ("num_finals", num_finals, F)):
+        if given is not None and given < needed:
+            raise ValueError(f"pack: {name}={given} is less than the {needed} these lattices need")
+    F = F if num_finals is None else num_finals
+    sentinel = (N + 1) * W
+    offsets = np.cumsum([0] + widths)[:-1]
+    state_slot = np.full(level.size, sentinel, np.int64)
+    state_slot[starts] = np.arange(B)
+    key = level[inner] * len(bounds) + block[inner]  # (level, block) groups, in state order within
+    order = inner[np.argsort(key, kind="stable")]
+    sorted_key = key[np.argsort(key, kind="stable")]
+    rank = np.arange(order.size) - np.searchsorted(sorted_key, sorted_key)
+    state_slot[order] = level[order] * W + offsets[block[order]] + rank
+    into = np.flatnonzero(arcs_into)
+    into = into[np.argsort(dst[into], kind="stable")]
+    rank = np.arange(into.size) - np.searchsorted(dst[into], dst[into])
+    level_arcs = []
+    for k, bound in enumerate(bounds):
+        arcs = np.full((N, widths[k], bound), A, np.int64)
+        mine = into[block[dst[into]] == k]
+        mine_rank = rank[block[dst[into]] == k]
+        arcs[level[dst[mine]] - 1, state_slot[dst[mine]] % W - offsets[k], mine_rank] = mine
+        level_arcs.append(arcs.astype(np.int32))
+    final_slots = np.full((rows, F), sentinel, np.int64)
+    for b, f in enumerate(finals):
+        final_slots[b, :f.size] = state_slot[f]
+    final_slots[B:, 0] = np.arange(B, rows)  # padding rows: the empty string (start slot, final)
+    grow = lambda a, value: np.concatenate([a, np.full(A - a.size, value, a.dtype)])
+    as32 = lambda a: np.asarray(a, np.int32)
+    return PackedLattices(as32(grow(src, 0)), as32(grow(dst, 0)), as32(grow(symbol, -1)), grow(valid, False),
+                          as32(state_slot), tuple(level_arcs), as32(final_slots))
+
+
+def packed_sizes(packed: PackedLattices) -> dict:
+    """`pack`'s size arguments that reproduce `packed`'s shapes."""
+    return dict(num_lattices=packed.final_slots.shape[0], num_arcs=packed.src.shape[0],
+                num_levels=packed.num_levels, width=tuple(block.shape[1] for block in packed.level_arcs),
+                in_degree=tuple(block.shape[2] for block in packed.level_arcs), num_finals=packed.final_slots.shape[1])
 
 
 def enumerate_paths(lattice: Lattice) -> list[tuple[int, ...]]:
@@ -498,3 +720,135 @@ def viterbi(lattice: Lattice, arc_scores):
     """
     lattice, arc_scores = _prepare(lattice, arc_scores)
     return _viterbi_batch(lattice, arc_scores)
+
+
+def _concat_blocks(parts):
+    """Concatenate per-block semiring values along the last axis."""
+    return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, axis=-1), *parts)
+
+
+def _packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
+    """`_forward_instance` over a pack: every start slot holds one, each
+    state keeps its own log scale (folded into the scores of its out-arcs,
+    exact for `PACKABLE_SEMIRINGS`), and each lattice sums its own finals."""
+    A, N, W = packed.num_arcs, packed.num_levels, packed.width
+    B = packed.final_slots.shape[0]
+    size, dtype = (N + 1) * W + 1, arc_scores.dtype
+    scores = jnp.concatenate([jnp.where(packed.arc_valid, arc_scores, 0.0), jnp.zeros((1,), dtype)])
+    sources = jnp.concatenate([packed.state_slot[packed.src], jnp.full((1,), (N + 1) * W, jnp.int32)])
+    values = semiring.select(jnp.arange(size) < B, semiring.one((size,), dtype), semiring.zero((size,), dtype))
+    potential = jnp.zeros((size,), dtype)
+
+    def step(carry, level):
+        values, potential = carry
+        row, blocks = level
+        news, shifts = [], []
+        for arcs in blocks:  # [W_k, D_k] each
+            arc_sources = sources[arcs]
+            shifted = jnp.where(arcs < A, scores[arcs] + potential[arc_sources], -jnp.inf)
+            weights, shift = semiring.convert_scaled(shifted, (-1,))  # one shift per state
+            news.append(semiring.sum(semiring.times(_gather(values, arc_sources), weights), -1))
+            shifts.append(shift)
+        new, norm = semiring.normalize(semiring.expand_dims(_concat_blocks(news), -1), -1)
+        new = jax.tree_util.tree_map(lambda x: x[..., 0], new)
+        potential = jax.lax.dynamic_update_slice_in_dim(potential, jnp.concatenate(shifts) + norm, row * W, 0)
+        return (_write_row(values, row * W, new), potential), None
+
+    levels = (jnp.arange(1, N + 1), tuple(packed.level_arcs))
+    (values, potential), _ = jax.lax.scan(step, (values, potential), levels)
+    final_slots = packed.final_slots
+    real_final = final_slots < (N + 1) * W
+    exits, exit_shift = semiring.convert_scaled(jnp.where(real_final, potential[final_slots], -jnp.inf), (-1,))
+    total = semiring.sum(semiring.times(_gather(values, final_slots), exits), -1)
+    return semiring.unconvert(total, exit_shift)
+
+
+def _packed_viterbi(packed: PackedLattices, arc_scores):
+    A, N, W = packed.num_arcs, packed.num_levels, packed.width
+    B = packed.final_slots.shape[0]
+    size, dtype = (N + 1) * W + 1, arc_scores.dtype
+    scores = jnp.concatenate([jnp.where(packed.arc_valid, arc_scores, -jnp.inf), jnp.full((1,), -jnp.inf, dtype)])
+    sources = jnp.concatenate([packed.state_slot[packed.src], jnp.full((1,), (N + 1) * W, jnp.int32)])
+    best = jnp.where(jnp.arange(size) < B, 0.0, -jnp.inf).astype(dtype)
+    best_arc = jnp.full((size,), -1, jnp.int32)
+
+    def step(carry, level):
+        best, best_arc = carry
+        row, blocks = level
+        values, chosen = [], []
+        for arcs in blocks:
+            candidates = jnp.where(arcs < A, best[sources[arcs]] + scores[arcs], -jnp.inf)
+            slot = jnp.argmax(candidates, axis=-1)  # lowest slot wins ties
+            value = jnp.max(candidates, axis=-1)
+            values.append(value)
+            chosen.append(jnp.where(value > -jnp.inf, jnp.take_along_axis(arcs, slot[:, None], axis=-1)[:, 0], -1))
+        best = jax.lax.dynamic_update_slice_in_dim(best, jnp.concatenate(values), row * W, 0)
+        return (best, jax.lax.dynamic_update_slice_in_dim(best_arc, jnp.concatenate(chosen), row * W, 0)), None
+
+    levels = (jnp.arange(1, N + 1), tuple(packed.level_arcs))
+    (best, best_arc), _ = jax.lax.scan(step, (best, best_arc), levels)
+    final_scores = jnp.where(packed.final_slots < (N + 1) * W, best[packed.final_slots], -jnp.inf)  # [B, F]
+    last = jnp.take_along_axis(packed.final_slots, jnp.argmax(final_scores, -1)[:, None], -1)[:, 0]
+    score = jnp.max(final_scores, -1)
+    if N == 0:
+        return score, jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.int32)
+    best_arc = jnp.concatenate([best_arc[:-1], jnp.full((1,), -1, jnp.int32)])  # the sentinel slot has none
+
+    def back(slot, _):
+        arc = best_arc[slot]
+        return jnp.where(arc >= 0, sources[jnp.maximum(arc, 0)], slot), arc
+
+    start = jnp.where(score > -jnp.inf, last, (N + 1) * W)
+    _, reversed_arcs = jax.lax.scan(back, start, None, length=N)  # [N, B]
+    reversed_arcs = reversed_arcs.T
+    count = jnp.sum(reversed_arcs >= 0, axis=-1, keepdims=True)
+    position = jnp.arange(N)
+    index = jnp.clip(count - 1 - position, 0, N - 1)
+    arcs = jnp.where(position < count, jnp.take_along_axis(reversed_arcs, index, -1), -1)
+    symbols = jnp.where(arcs >= 0, packed.symbol[jnp.maximum(arcs, 0)], -1)
+    return score, arcs.astype(jnp.int32), symbols.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _packed_forward_jit(semiring, packed, arc_scores):
+    return _packed_forward(semiring, packed, arc_scores)
+
+
+def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
+    """`forward` of each lattice of a pack, `[B]` (`[B, k]` for k-max);
+    `arc_scores [A]` in the pack's arc order. Only `PACKABLE_SEMIRINGS`
+    (the others need one shared scale per lattice: use `stack`)."""
+    if not isinstance(packed, PackedLattices):
+        raise TypeError(f"packed must be a dag.PackedLattices, got {type(packed).__name__}")
+    if semiring.name not in PACKABLE_SEMIRINGS:
+        raise ValueError(f"packed lattices support the semirings {PACKABLE_SEMIRINGS}, got {semiring!r}; "
+                         "use dag.stack for the others")
+    A = packed.num_arcs
+    arc_scores = as_float_array("arc_scores", arc_scores, 1, f"[A] with A = {A} (the pack's arcs)")
+    if arc_scores.shape != (A,):
+        raise ValueError(f"arc_scores must have shape [{A}] (one score per packed arc), got {arc_scores.shape}")
+    check_finite_or_neg_inf("arc_scores", arc_scores)
+    return _packed_forward_jit(semiring, packed, arc_scores)
+
+
+def packed_log_partition(packed: PackedLattices, arc_scores, *, semiring: Semiring = semirings.Real):
+    """`log_partition` of each lattice of a pack, `[B]` (Real or Log)."""
+    if semiring.name not in ("log", "real"):
+        raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
+    return packed_forward(semiring, packed, arc_scores)
+
+
+@jax.jit
+def _packed_viterbi_jit(packed, arc_scores):
+    return _packed_viterbi(packed, arc_scores)
+
+
+def packed_viterbi(packed: PackedLattices, arc_scores):
+    """`viterbi` of each lattice of a pack: `(score [B], arcs [B, N], symbols
+    [B, N])`, arcs as pack arc ids (ties: lowest slot wins)."""
+    if not isinstance(packed, PackedLattices):
+        raise TypeError(f"packed must be a dag.PackedLattices, got {type(packed).__name__}")
+    arc_scores = as_float_array("arc_scores", arc_scores, 1, "[A]")
+    if arc_scores.shape != (packed.num_arcs,):
+        raise ValueError(f"arc_scores must have shape [{packed.num_arcs}], got {arc_scores.shape}")
+    return _packed_viterbi_jit(packed, arc_scores)

@@ -70,7 +70,8 @@ def _check_order(order):
         raise ValueError(f"order must be 1 (tag bigrams) or 2 (tag trigrams), got {order!r}")
 
 
-def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_dictionary=None) -> TaggedLattice:
+def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_dictionary=None,
+              as_numpy: bool = False) -> TaggedLattice:
     """The (string, tag sequence) lattice of one word lattice and a tagger.
 
     Args:
@@ -78,6 +79,8 @@ def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_d
       num_tags: K.
       order: 1 (states remember the previous tag) or 2 (the previous two).
       tag_dictionary: `[V, K]` bool, the tags each word may take (None: all).
+      as_numpy: return numpy arrays (for building many lattices that are
+        stacked later) instead of jax arrays.
     Only (state, history) pairs reachable from the start are built.
     """
     _check_order(order)
@@ -119,10 +122,12 @@ def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_d
                                      to_state * base ** order + to_code]))
     number = lambda state, code: np.searchsorted(keys, state * base ** order + code)
     product_final = np.flatnonzero(final[keys // base ** order])
-    lattice = dag.from_arcs(np.stack([number(from_state, from_code), number(to_state, to_code), tag], axis=1),
-                            final=product_final, num_states=keys.size)
+    lattice = dag._from_arcs_numpy(np.stack([number(from_state, from_code), number(to_state, to_code), tag], axis=1),
+                                   final=product_final, num_states=keys.size)
     history = np.stack([from_code // base ** (order - 1 - i) % base for i in range(order)], axis=-1)
-    return TaggedLattice(lattice, jnp.asarray(word[arc], jnp.int32), jnp.asarray(history.reshape(-1, order), jnp.int32))
+    tagged = TaggedLattice(lattice, np.asarray(word[arc], np.int32), np.asarray(history.reshape(-1, order), np.int32))
+    # numpy while building, device arrays (a transfer, no compilation) once.
+    return tagged if as_numpy else TaggedLattice(dag._to_jax(lattice), *jax.device_put(tuple(tagged[1:])))
 
 
 def stack(tagged: Sequence[TaggedLattice]) -> TaggedLattice:
@@ -134,10 +139,26 @@ def stack(tagged: Sequence[TaggedLattice]) -> TaggedLattice:
                          jnp.asarray(np.stack([grow(t.history, 0) for t in tagged])))
 
 
+def pack(tagged: Sequence[TaggedLattice], **sizes) -> TaggedLattice:
+    """Tagged lattices in one `dag.PackedLattices` (`dag.pack`; `sizes` are its
+    optional padded sizes): arc `j` of lattice `b` follows the arcs of the
+    lattices before it. Far less padding than `stack`."""
+    packed = dag.pack([t.lattice for t in tagged], **sizes)
+    A = packed.num_arcs
+    cat = lambda parts, width: np.concatenate([np.asarray(p).reshape((-1,) + width) for p in parts]
+                                              + [np.zeros((0,) + width, np.int32)]).astype(np.int32)
+    word = cat([t.word for t in tagged], ())
+    history = cat([t.history for t in tagged], tuple(np.shape(tagged[0].history)[1:]) if tagged else (1,))
+    word = np.concatenate([word, np.zeros(A - word.shape[0], np.int32)])
+    history = np.concatenate([history, np.zeros((A - history.shape[0],) + history.shape[1:], np.int32)])
+    return TaggedLattice(jax.device_put(packed), *jax.device_put((word, history)))
+
+
 @jax.jit
 def arc_scores(tagged: TaggedLattice, params: TaggerParams, spelling_ids=None) -> jax.Array:
-    """Arc scores `[..., A]` of a (batch of) tagged lattice(s): a gather from
-    `params`, differentiable in them (padding arcs score 0).
+    """Arc scores `[..., A]` of a (batch of) tagged lattice(s) (stacked or
+    packed): a gather from `params`, differentiable in them (padding arcs
+    score 0).
 
     spelling_ids: `[V, F_max]` int spelling-feature ids of each word (-1
     padded, from `spelling_features`); required when `params.spelling` is set.
