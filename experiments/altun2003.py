@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 
 from . import tagging
 from .tagging import LOSSES
-from .harness import RunDirectory, markdown_table
+from .harness import RunDirectory, floors_section, markdown_table
 
 # MATH.md section 7 (Altun et al. 2003, Tables 2 and 3): NER F1 for S1, S2, S3.
 PAPER_NER_F1 = {
@@ -250,13 +250,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     document.append("Boosting (Altun et al. 2002) is not run here: `lossfns.optimizers.sequence_boosting` "
                     "finds each feature's range by one Viterbi run per feature per sequence at setup, "
                     "about K x L x N (10^9 here) runs.\n")
-    document.append("## Floors (issue 7; real corpora, full runs only)\n")
-    for name, floor in floors.items():
-        status = ("met" if floor["met"] else "NOT met") if floor["applies"] else "not applicable (synthetic or quick)"
-        if floor["ours"] is None:
-            status = "not measured yet (row missing)"
-        ours = "-" if floor["ours"] is None else f"{floor['ours']:.2f}"
-        document.append(f"- {name}: ours {ours}, floor {floor['floor']}: {status}")
+    document += floors_section(floors, "issue 7; real corpora, full runs only", "row missing")
     run.write_text("results.md", "\n".join(document) + "\n")
     summary = {"quick": quick, "l2_weight": L2_WEIGHT, "tolerance": TOLERANCE, "seed": SEED,
                "configs": configs, "tasks": results, "conclusions": conclusions, "floors": floors}

@@ -97,3 +97,17 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def floors_section(floors: dict, heading: str, missing: str) -> list[str]:
+    """Markdown lines reporting the issue's floors: `floors[name]` holds
+    `ours` (None when not measured), `floor`, `met` and `applies` (a full run
+    on the real corpus); `missing` says why a value is absent."""
+    lines = [f"## Floors ({heading})\n"]
+    for name, floor in floors.items():
+        status = ("met" if floor["met"] else "NOT met") if floor["applies"] else "not applicable (synthetic or quick)"
+        if floor["ours"] is None:
+            status = f"not measured yet ({missing})"
+        ours = "-" if floor["ours"] is None else f"{floor['ours']:.2f}"
+        lines.append(f"- {name}: ours {ours}, floor {floor['floor']}: {status}")
+    return lines

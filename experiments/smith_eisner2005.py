@@ -63,7 +63,7 @@ from lossfns.lattices import dag, neighbourhoods, tagging
 from lossfns.losses import regularisers
 
 from . import synthetic
-from .harness import RunDirectory, markdown_table
+from .harness import RunDirectory, floors_section, markdown_table
 
 # Priority order: the core comparison first, then the other neighbourhoods.
 CRITERIA = ("TRANS1", "EM", "DELORTRANS1", "LENGTH", "DEL1WORD", "DEL1SUBSEQ")
@@ -1029,13 +1029,7 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
                      "was stopped, or is still going; a rerun of the same command resumes and fills them in). "
                      "Cells that depend on them are blank ('-') or use fewer smoothing trials:", ""]
         document += [f"- {group}: {', '.join(names)}" for group, names in missing.items()] + [""]
-    document.append("## Floors (issue 7; real corpus, full run only)\n")
-    for name, floor in floors.items():
-        status = ("met" if floor["met"] else "NOT met") if floor["applies"] else "not applicable (synthetic or quick)"
-        if floor["ours"] is None:
-            status = "not measured yet (units missing)"
-        ours = "-" if floor["ours"] is None else f"{floor['ours']:.2f}"
-        document.append(f"- {name}: ours {ours}, floor {floor['floor']}: {status}")
+    document += floors_section(floors, "issue 7; real corpus, full run only", "units missing")
     run.write_text("results.md", "\n".join(document) + "\n")
     summary = {"quick": quick, "seed": SEED, "config": config, "tasks": results, "floors": floors,
                "wide_margin": WIDE_MARGIN, "missing_units": missing}
