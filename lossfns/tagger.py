@@ -10,7 +10,8 @@ penalty weights carry over; see `crfsuite_elastic_net`). Full-batch
 training: with `l1 > 0` the default optimizer is OWL-QN
 (`lossfns.optimizers.owlqn`), else `optax.lbfgs`; any optax transformation
 can be passed instead. The loop is optax's documented one
-(`optax.value_and_grad_from_state`, `update(..., value=, grad=, value_fn=)`),
+(`update(..., value=, grad=, value_fn=)` through `optimizers.optimizer_update`;
+OWL-QN evaluates the objective itself, inside its line search only),
 one jitted step per iteration with the corpus as an argument (never baked
 into the compiled program), and it stops like CRFsuite: after
 `max_iterations`, or when the objective improved by less than `tol`
@@ -47,7 +48,7 @@ from .features.templates import Templates, parse_templates
 from .lattices import chain
 from .losses.sequence import sequence_log_loss
 from .models.linear_chain import LinearChainModel
-from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar
+from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar, optimizer_update
 from .optimizers.owlqn import elastic_net_penalty, owlqn
 
 MAGIC = b"LOSSFNS-TAGGER\n"
@@ -304,22 +305,20 @@ class Tagger:
         params = _weights_of(self.model)
         objective = self._objective()
         optimizer = self._make_optimizer()
-        stores_value = optax.tree.get(optimizer.init(params), "value") is not None
         # The recorded objective includes the penalties OWL-QN applies itself.
         optimizer_penalty = elastic_net_penalty(self.l1, self.l2) if self._uses_owlqn() else (lambda params: 0.0)
 
         @jax.jit
         def step(params, state, data):
             fun = functools.partial(objective, data=data)
-            if stores_value:
-                value, grad = optax.value_and_grad_from_state(fun)(params, state=state)
-            else:
-                value, grad = jax.value_and_grad(fun)(params)
-            updates, state = optimizer.update(grad, state, params, value=value, grad=grad, value_fn=fun)
-            return optax.apply_updates(params, updates), state, value + optimizer_penalty(params)
+            updates, state = optimizer_update(optimizer, fun, params, state)
+            params = optax.apply_updates(params, updates)
+            stored = optax.tree.get(state, "value")
+            value = fun(params) if stored is None else stored
+            return params, state, value + optimizer_penalty(params)
 
         state = optimizer.init(params)
-        # The objective before each iteration; NaN past the iterations done.
+        # The objective after each iteration; NaN past the iterations done.
         trace = np.full(self.max_iterations, np.nan)
         if checkpoint_dir is not None:
             params, state, trace = _resume(checkpoint_dir, fingerprint, params, state, trace)
@@ -331,7 +330,7 @@ class Tagger:
         start = time.perf_counter()
         while len(self.history) < self.max_iterations and not _converged(self.history, self.tol, self.period):
             params, state, value = step(params, state, data)
-            # `value` is the objective at the point the step started from.
+            # `value` is the objective at the point the step reached.
             self.history.append(float(value))
             if bar is not None:
                 bar.update(1)

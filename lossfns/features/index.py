@@ -63,15 +63,18 @@ class FeatureIndex(NamedTuple):
         in order of first appearance (so ids are deterministic)."""
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
-        unigram_counts: Counter = Counter()
-        pair_counts: Counter = Counter()
-        for sentence in features:
-            for token in sentence.unigram:
-                unigram_counts.update(token)
-            for token in sentence.pair:
-                pair_counts.update(token)
-        unigram = {name: i for i, name in enumerate(n for n, c in unigram_counts.items() if c >= min_count)}
-        pair = {name: i for i, name in enumerate(n for n, c in pair_counts.items() if c >= min_count)}
+        features = list(features)
+
+        def vocabulary(names):
+            # One C-level pass over all strings (dicts and Counters keep first-seen order).
+            if min_count == 1:
+                kept = dict.fromkeys(names)
+            else:
+                kept = (name for name, count in Counter(names).items() if count >= min_count)
+            return {name: i for i, name in enumerate(kept)}
+
+        unigram = vocabulary(name for sentence in features for token in sentence.unigram for name in token)
+        pair = vocabulary(name for sentence in features for token in sentence.pair for name in token)
         return FeatureIndex(unigram, pair, len(unigram), len(pair))
 
     @staticmethod
@@ -84,7 +87,7 @@ class FeatureIndex(NamedTuple):
     def _ids(self, names: Sequence[str], table: Optional[dict], size: int) -> list[int]:
         if self.hashed:
             return sorted({_stable_hash(name, size) for name in names}) if size else []
-        return [table[name] for name in names if name in table]
+        return [i for i in map(table.get, names) if i is not None]
 
     def encode(self, features: TokenFeatures) -> tuple[list[list[int]], list[list[int]]]:
         """Ids of one sentence's known observations: `([T][...], [T][...])`.

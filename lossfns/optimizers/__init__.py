@@ -13,7 +13,8 @@ use them from this package (`lossfns.optimizers.minimize(...)`).
 from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, sparse_potentials
 from .finetune import active_mask, finetune
 from .minimize import (LoopState, MinimizeResult, drive, epoch_step_fn, gradient_step_fn, init_loop, minimize,
-                       minimize_stochastic, num_examples, relative_change_below, run_loop, run_loop_jit)
+                       minimize_stochastic, num_examples, optimizer_update, relative_change_below, run_loop,
+                       run_loop_jit)
 from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
 from .perceptron import (PerceptronState, SequenceData, averaged_params, perceptron, perceptron_epoch_fn,
                          perceptron_init, perceptron_update)
@@ -30,7 +31,7 @@ __all__ = [
     "BcdData", "bcd", "bcd_data", "bcd_init", "bcd_loss", "bcd_sweep_fn", "sparse_potentials",
     "active_mask", "finetune",
     "LoopState", "MinimizeResult", "drive", "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize",
-    "minimize_stochastic", "num_examples", "relative_change_below", "run_loop", "run_loop_jit",
+    "minimize_stochastic", "num_examples", "optimizer_update", "relative_change_below", "run_loop", "run_loop_jit",
     "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
     "PerceptronState", "SequenceData", "averaged_params", "perceptron", "perceptron_epoch_fn", "perceptron_init",
     "perceptron_update",

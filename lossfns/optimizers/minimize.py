@@ -158,6 +158,18 @@ def _value_and_grad(fun, opt_state):
     return jax.value_and_grad(fun)
 
 
+def optimizer_update(optimizer: optax.GradientTransformation, fun: Callable, params, opt_state):
+    """`optimizer.update` at `params` for the objective `fun`: `(updates, opt_state)`.
+
+    Optimizers whose state says `evaluates_objective` (`owlqn`) are given
+    only `value_fn=fun` and evaluate it themselves; others get `fun`'s value
+    and gradient (re-used from the state when it stores them)."""
+    if getattr(opt_state, "evaluates_objective", False):
+        return optimizer.update(None, opt_state, params, value_fn=fun)
+    value, grad = _value_and_grad(fun, opt_state)(params)
+    return optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
+
+
 def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
                      penalty: Optional[Callable] = None) -> Callable:
     """The `step_fn` of one optax update on `inner = (params, opt_state)`.
@@ -166,16 +178,14 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
     parameters (`penalty` is the non-smooth part the optimizer handles
     itself, e.g. `l1_penalty(...)` for `owlqn`).
     """
-    def objective(params):
-        value = fun(params)
-        return value if penalty is None else value + penalty(params)
-
     def step_fn(inner, step):
         params, opt_state = inner
-        value, grad = _value_and_grad(fun, opt_state)(params)
-        updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
+        updates, opt_state = optimizer_update(optimizer, fun, params, opt_state)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state), objective(params)
+        # Line-search optimizers store f at the new point: no extra evaluation.
+        stored = optax.tree.get(opt_state, "value")
+        value = fun(params) if stored is None else stored
+        return (params, opt_state), value if penalty is None else value + penalty(params)
 
     return step_fn
 

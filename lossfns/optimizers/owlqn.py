@@ -14,7 +14,9 @@ handled here (MATH.md section 6):
 It is an optax `GradientTransformationExtraArgs` with the same calling
 shape as `optax.lbfgs`: `update(grads, state, params, value=, grad=,
 value_fn=)`; the state stores `value` and `grad` of `f` at the accepted
-point so `optax.value_and_grad_from_state` (and `minimize`) re-use them.
+point so `optax.value_and_grad_from_state` re-uses them, or (with
+`value=None`) so `update` evaluates `f` itself, as `minimize` and the
+`Tagger` call it.
 Internally parameters are flattened to one vector (`ravel_pytree`).
 """
 
@@ -42,6 +44,24 @@ class OwlqnState(NamedTuple):
     grad_diffs: jax.Array
     value: jax.Array
     grad: optax.Params
+
+    # `update(None, state, params, value_fn=f)` evaluates f itself (see `owlqn`).
+    evaluates_objective = True
+
+
+class _Search(NamedTuple):
+    """One line search from `theta`: f's value, flat gradient and smooth
+    gradient (f plus L2) there, the full objective, the pseudo-gradient,
+    the projected direction, the orthant and the first step size."""
+
+    value: jax.Array
+    f_grad: jax.Array
+    smooth_grad: jax.Array
+    start_objective: jax.Array
+    pg: jax.Array
+    direction: jax.Array
+    orthant: jax.Array
+    step: jax.Array
 
 
 def penalised_vector(params, mask) -> jax.Array:
@@ -136,7 +156,13 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
 
     `update(grads, state, params, *, value, grad, value_fn)`: `grads` (and
     `grad`, `value`) are `f`'s at `params`; `value_fn` is `f`. The returned
-    updates move `params` to the accepted point.
+    updates move `params` to the accepted point. With `value=None` (and
+    `grads=None`) it evaluates `f` itself: at `params` it re-uses the stored
+    value and gradient of the last accepted point, and on the first call
+    the line search's loop evaluates `params` before its first trial. Every
+    evaluation then happens at one place in the compiled update, which
+    halves its compile time against `optax.value_and_grad_from_state`
+    (whose `cond` holds a second copy of `f`).
     """
     check_penalties(l1, l2)
     check_int("memory_size", memory_size)
@@ -152,49 +178,68 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
 
     def update(grads, state, params=None, *, value=None, grad=None, value_fn=None, **extra_args):
         del grad  # `grads` is the same gradient of f
-        if params is None or value is None or value_fn is None:
-            raise ValueError("owlqn.update needs params, value= and value_fn= (as optax.lbfgs does)")
+        if params is None or value_fn is None:
+            raise ValueError("owlqn.update needs params and value_fn= (and value= with grads, "
+                             "or value=None to let it evaluate f itself, as optax.lbfgs does)")
         theta, unravel = ravel_pytree(params)
-        smooth_grad, _ = ravel_pytree(grads)
         weight = penalised_vector(params, mask)
-        smooth_grad = smooth_grad + l2 * weight * theta
 
         def total(x, f_value):
             return f_value + l1 * jnp.sum(weight * jnp.abs(x)) + 0.5 * l2 * jnp.sum(weight * x ** 2)
 
-        start_objective = total(theta, value)
-        pg = pseudo_gradient(theta, smooth_grad, l1, weight)
-        direction = -_two_loop(pg, state.params_diffs, state.grad_diffs)
-        direction = jnp.where(direction * pg < 0, direction, 0.0)
-        orthant = jnp.where(theta != 0, jnp.sign(theta), -jnp.sign(pg))
-        first_step = jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.linalg.norm(pg), jnp.finfo(theta.dtype).tiny))
-        step = jnp.where(jnp.any(state.params_diffs != 0), 1.0, first_step).astype(theta.dtype)
+        def setup(f_value, f_grad):
+            """The search from `theta`, given f's value and flat gradient there."""
+            smooth_grad = f_grad + l2 * weight * theta
+            pg = pseudo_gradient(theta, smooth_grad, l1, weight)
+            direction = -_two_loop(pg, state.params_diffs, state.grad_diffs)
+            direction = jnp.where(direction * pg < 0, direction, 0.0)
+            orthant = jnp.where(theta != 0, jnp.sign(theta), -jnp.sign(pg))
+            first_step = jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.linalg.norm(pg), jnp.finfo(theta.dtype).tiny))
+            step = jnp.where(jnp.any(state.params_diffs != 0), 1.0, first_step).astype(theta.dtype)
+            return _Search(jnp.asarray(f_value, theta.dtype), f_grad, smooth_grad, total(theta, f_value), pg,
+                           direction, orthant, step)
 
-        def trial(step_size):
-            x = theta + step_size * direction
-            x = jnp.where((weight == 0) | (jnp.sign(x) == orthant), x, 0.0)
-            f_value, f_grad = jax.value_and_grad(value_fn)(unravel(x), **extra_args)
-            accept = total(x, f_value) <= start_objective + decrease_factor * jnp.dot(pg, x - theta)
-            return x, f_value, f_grad, accept
+        def trial_point(search, step_size):
+            x = theta + step_size * search.direction
+            return jnp.where((weight == 0) | (jnp.sign(x) == search.orthant), x, 0.0)
+
+        if value is None:
+            # Self-evaluating: f at `theta` is the stored value of the last
+            # accepted point, or (first call) evaluated by the search loop's
+            # first pass, so the compiled update holds one copy of f.
+            value, grads, known = state.value, state.grad, jnp.isfinite(state.value)
+        else:
+            known = jnp.ones((), bool)
+        search = setup(value, ravel_pytree(grads)[0])
+        step = jnp.where(known, search.step, 0.0)
 
         def cond(carry):
-            count, _, _, _, _, accept = carry
+            _, count, _, _, _, _, accept, _ = carry
             return (count < max_linesearch_steps) & ~accept
 
         def body(carry):
-            count, step_size, _, _, _, _ = carry
-            x, f_value, f_grad, accept = trial(step_size)
-            return count + 1, jnp.where(accept, step_size, step_size * shrink), x, f_value, f_grad, accept
+            search, count, step_size, x, _, _, _, known = carry
+            f_value, f_grad = jax.value_and_grad(value_fn)(unravel(x), **extra_args)
+            f_grad = ravel_pytree(f_grad)[0]
+            # Unknown: `x` was `theta` itself; set up the search from it.
+            search = jax.lax.cond(known, lambda: search, lambda: setup(f_value, f_grad))
+            accept = known & (total(x, f_value) <= search.start_objective
+                              + decrease_factor * jnp.dot(search.pg, x - theta))
+            next_step = jnp.where(known, step_size * shrink, search.step)
+            step_size = jnp.where(accept, step_size, next_step)
+            x = jnp.where(accept, x, trial_point(search, next_step))
+            return search, count + known.astype(jnp.int32), step_size, x, f_value, f_grad, accept, jnp.ones((), bool)
 
-        initial = (jnp.zeros((), jnp.int32), step, theta, jnp.asarray(value, theta.dtype), grads, jnp.zeros((), bool))
-        _, _, x, f_value, f_grad, accept = jax.lax.while_loop(cond, body, initial)
+        initial = (search, jnp.zeros((), jnp.int32), step, jnp.where(known, trial_point(search, step), theta),
+                   search.value, search.f_grad, jnp.zeros((), bool), known)
+        search, _, _, x, f_value, f_grad, accept, _ = jax.lax.while_loop(cond, body, initial)
         x = jnp.where(accept, x, theta)
-        f_value = jnp.where(accept, f_value, value)
-        f_grad = jax.tree_util.tree_map(lambda new, old: jnp.where(accept, new, old), f_grad, grads)
-        new_smooth_grad = ravel_pytree(f_grad)[0] + l2 * weight * x
+        f_value = jnp.where(accept, f_value, search.value)
+        f_grad = jnp.where(accept, f_grad, search.f_grad)
         params_diffs, grad_diffs = push_pair(state.params_diffs, state.grad_diffs, x - theta,
-                                             new_smooth_grad - smooth_grad)
-        new_state = OwlqnState(state.count + 1, params_diffs, grad_diffs, f_value, f_grad)
+                                             f_grad + l2 * weight * x - search.smooth_grad)
+        new_state = OwlqnState(state.count + 1, params_diffs, grad_diffs, f_value,
+                               ravel_pytree(grads)[1](f_grad))
         return unravel(x - theta), new_state
 
     return optax.GradientTransformationExtraArgs(init, update)
