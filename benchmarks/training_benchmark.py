@@ -76,9 +76,7 @@ def _one_gradient(tagger, train, c1, c2, repeats):
     # The Tagger's own objective, variables and packed data: exactly what its optimizer evaluates.
     params = _weights_of(tagger.model)
     objective = tagger._objective()
-    lookup = {label: i for i, label in enumerate(tagger.labels)}
-    packed = pack([tagger.index.encode(tagger.extractor(s.tokens)) for s in train],
-                  [[lookup[label] for label in s.labels] for s in train], tagger.num_buckets)
+    packed = tagger._pack_labelled([tagger.index.encode(tagger.extractor(s.tokens)) for s in train], train)
     data = tagger._training_data(packed)
     penalty = crfsuite_elastic_net(c1, c2)
 

@@ -42,11 +42,11 @@ import optax
 from . import checkpoint, metrics, semirings
 from .corpora import Sentence
 from .features.design import bucket_design
-from .features.index import FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, pack
+from .features.index import FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, pack, pack_rows
 from .features.presets import PRESETS, Preset, preset
 from .features.templates import Templates, parse_templates
 from .lattices import chain
-from .losses.sequence import sequence_log_loss
+from .losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .models.linear_chain import LinearChainModel
 from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar, optimizer_update
 from .optimizers.owlqn import elastic_net_penalty, owlqn
@@ -175,7 +175,8 @@ class Tagger:
         instead of indexing them (`FeatureIndex.hashed_index`).
       observed_pairs_only: give weights only to the (feature, label) pairs
         seen in training, as CRFsuite does by default.
-      num_buckets: number of padded length buckets (compiled shapes).
+      num_buckets: number of padded length buckets (compiled shapes) for decoding,
+        and for training with a custom `loss` (the default trains on packed rows).
       dtype: float dtype of the weights (float64 needs `jax_enable_x64`).
       progress: show a tqdm progress bar while training (default: when more
         than 20 iterations are asked for).
@@ -195,6 +196,10 @@ class Tagger:
                                 min_count=min_count, hash_size=hash_size, num_buckets=num_buckets, dtype=dtype)
         self.extractor = _checked_extractor(features)
         self.loss = loss if loss is not None else functools.partial(sequence_log_loss, semiring=semirings.Real)
+        # The default log-loss trains on rows of back-to-back sentences
+        # (`features.pack_rows`): one compiled scan, no padding inside rows.
+        self.row_loss = (functools.partial(row_sequence_log_loss, semiring=semirings.Real) if loss is None
+                         else None)
         self.l1, self.l2, self.regularizer, self.optimizer = float(l1), float(l2), regularizer, optimizer
         self.max_iterations, self.tol, self.period, self.memory_size = max_iterations, tol, period, memory_size
         self.min_count, self.hash_size, self.observed_pairs_only = min_count, hash_size, observed_pairs_only
@@ -217,6 +222,8 @@ class Tagger:
                 "positions": packed.positions, "lengths": packed.lengths}
         if with_labels:
             data["labels"] = packed.labels
+        if packed.starts is not None:
+            data["starts"] = packed.starts
         return jax.tree_util.tree_map(jnp.asarray, data)
 
     # -- training -----------------------------------------------------------
@@ -234,9 +241,14 @@ class Tagger:
 
         def objective(params, data):
             model = self._model_of(params, data["emission_pairs"])
-            buckets = model.packed_potentials(data["design"], data["pair_ids"], data["positions"])
-            total = sum(jnp.sum(self.loss(p, labels, lengths))
-                        for p, labels, lengths in zip(buckets, data["labels"], data["lengths"]))
+            buckets = model.packed_potentials(data["design"], data["pair_ids"], data["positions"],
+                                              data.get("starts"))
+            if "starts" in data:
+                total = sum(jnp.sum(self.row_loss(p, labels, starts, lengths)) for p, labels, starts, lengths
+                            in zip(buckets, data["labels"], data["starts"], data["lengths"]))
+            else:
+                total = sum(jnp.sum(self.loss(p, labels, lengths))
+                            for p, labels, lengths in zip(buckets, data["labels"], data["lengths"]))
             if smooth_l2:
                 total = total + 0.5 * smooth_l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params))
             if self.regularizer is not None:
@@ -274,9 +286,7 @@ class Tagger:
             self.index = FeatureIndex.hashed_index(self.hash_size, self.hash_size if has_pairs else 0)
         else:
             self.index = FeatureIndex.build(extracted, self.min_count)
-        lookup = {label: i for i, label in enumerate(self.labels)}
-        packed = pack([self.index.encode(f) for f in extracted],
-                      [[lookup[label] for label in s.labels] for s in sentences], self.num_buckets)
+        packed = self._pack_labelled([self.index.encode(f) for f in extracted], sentences)
         mask = None
         if self.observed_pairs_only:
             mask = observed_label_pairs(_unpacked_batches(packed), self.index.num_unigram, len(self.labels))
@@ -284,6 +294,15 @@ class Tagger:
                                             emission_mask=mask, dtype=self.dtype)
         self._train(self._training_data(packed), checkpoint_dir, checkpoint_every, _fingerprint(self, sentences))
         return self
+
+    def _pack_labelled(self, encoded, sentences: Sequence[Sentence]) -> PackedCorpus:
+        """Pack encoded labelled sentences as training reads them: rows of
+        back-to-back sentences for the default loss, else length buckets."""
+        lookup = {label: i for i, label in enumerate(self.labels)}
+        label_ids = [[lookup[label] for label in s.labels] for s in sentences]
+        if self.row_loss is not None:
+            return pack_rows(encoded, label_ids)
+        return pack(encoded, label_ids, self.num_buckets)
 
     def _training_data(self, packed: PackedCorpus):
         """The device data of the objective: the packed corpus with labels and

@@ -10,6 +10,7 @@ large to index; collisions share a weight). `encode` turns one sentence's
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from collections import Counter
 from typing import Iterable, NamedTuple, Optional, Sequence
@@ -150,7 +151,11 @@ class PackedCorpus(NamedTuple):
     positions: per bucket `[B_b, T_b]` int32 rows of the token stack (-1 past each length);
     lengths: per bucket `[B_b]` int32;
     labels: per bucket `[B_b, T_b]` int32 (-1 past each length), or None;
-    members: per bucket `[B_b]` the sentences' indices in the corpus.
+    members: per bucket `[B_b]` the sentences' indices in the corpus (for
+      rows of several sentences, `pack_rows`: every sentence in the bucket,
+      in packing order);
+    starts: None (one sentence per row), or per bucket `[B_b, T_b]` bool,
+      True at each sentence's first position in its row (`pack_rows`).
     """
 
     unigram_ids: np.ndarray
@@ -159,6 +164,7 @@ class PackedCorpus(NamedTuple):
     lengths: tuple
     labels: Optional[tuple]
     members: tuple
+    starts: Optional[tuple] = None
 
 
 def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
@@ -187,3 +193,55 @@ def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Opt
             label_arrays.append(bucket_labels)
     return PackedCorpus(stack.unigram_ids[0], stack.pair_ids[0], tuple(positions), tuple(lengths),
                         tuple(label_arrays) if labels is not None else None, tuple(members))
+
+
+def pack_rows(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Sequence[Sequence[int]],
+              width: Optional[int] = None, multiple: int = 8) -> PackedCorpus:
+    """Pack labelled encoded sentences back to back into rows of `width`
+    positions (default: the longest sentence, rounded up to `multiple`):
+    one bucket, `starts` marking each sentence's first position, for the
+    row losses (`losses.row_sequence_log_loss`). Rows are filled greedily,
+    each from the longest sentence left, then the longest that still fit,
+    so padding is only at row ends. Sentences of length 0 are left out
+    (they add nothing to a log-loss)."""
+    sentence_lengths = [len(unigram) for unigram, _ in encoded]
+    longest = max(sentence_lengths, default=0)
+    if width is None:
+        width = max(multiple * -(-longest // multiple), multiple)
+    if width < longest:
+        raise ValueError(f"width must be >= the longest sentence ({longest}), got {width}")
+    for i, (sequence, length) in enumerate(zip(labels, sentence_lengths)):
+        if len(sequence) != length:
+            raise ValueError(f"labels[{i}] has {len(sequence)} labels for a sentence of {length} tokens")
+    offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
+    stack = pad_batch([([token for unigram, _ in encoded for token in unigram],
+                        [token for _, pair in encoded for token in pair])])
+    pool = sorted((length, i) for i, length in enumerate(sentence_lengths) if length > 0)
+    rows = []
+    while pool:
+        length, i = pool.pop()
+        row, free = [i], width - length
+        while pool:
+            k = bisect.bisect_right(pool, (free, len(sentence_lengths))) - 1
+            if k < 0:
+                break
+            length, i = pool.pop(k)
+            row.append(i)
+            free -= length
+        rows.append(row)
+    positions = np.full((len(rows), width), PADDING_ID, dtype=np.int32)
+    row_labels = np.full((len(rows), width), -1, dtype=np.int32)
+    starts = np.zeros((len(rows), width), dtype=bool)
+    row_lengths = np.zeros(len(rows), dtype=np.int32)
+    for r, row in enumerate(rows):
+        used = 0
+        for i in row:
+            length = sentence_lengths[i]
+            positions[r, used: used + length] = offsets[i] + np.arange(length)
+            row_labels[r, used: used + length] = labels[i]
+            starts[r, used] = True
+            used += length
+        row_lengths[r] = used
+    members = np.asarray([i for row in rows for i in row], dtype=np.int64)
+    return PackedCorpus(stack.unigram_ids[0], stack.pair_ids[0], (positions,), (row_lengths,), (row_labels,),
+                        (members,), (starts,))

@@ -331,6 +331,117 @@ def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Lo
     return forward(semiring, potentials, lengths, algorithm=algorithm)
 
 
+# ---------------------------------------------------------------------------
+# Rows of back-to-back chains
+# ---------------------------------------------------------------------------
+
+
+def _as_starts(starts, shape: tuple) -> jax.Array:
+    starts = jnp.asarray(starts)
+    if starts.dtype != jnp.bool_ or starts.shape != tuple(shape):
+        raise ValueError(f"starts must be a bool array of shape {tuple(shape)} ([..., T], matching the "
+                         f"potentials), got dtype {starts.dtype} and shape {starts.shape}")
+    return starts
+
+
+def _row_starts(starts, length):
+    """Chain starts of one row `[T]`: the given ones and position 0, inside the length."""
+    positions = jnp.arange(starts.shape[0])
+    return (starts | (positions == 0)) & (positions < length)
+
+
+def _row_forward_instance(semiring, potentials, length, starts):
+    """Sum over the chains of one row of `semiring.unconvert` of each chain's
+    semiring sum (e.g. the sum of their log Z): one scan whose carry restarts
+    from the first scores wherever a chain starts."""
+    T = _num_steps(potentials)
+    dtype = _dtype(potentials)
+    if T == 0:
+        return jnp.zeros((), dtype)
+    positions = jnp.arange(T)
+    valid = positions < length
+    starts = _row_starts(starts, length)
+    potentials = _mask_padding(potentials, valid)
+    if isinstance(potentials, FactoredPotentials):
+        transitions, transition_scale = semiring.convert_scaled(potentials.transitions, (-2, -1))
+        unary, unary_scale = semiring.convert_scaled(potentials.unary, (-1,))
+        first, first_scale = semiring.convert_scaled(potentials.start + potentials.unary, (-1,))
+
+        def continued(alpha, unary_t, unary_scale_t):
+            return semiring.times(semiring.vecmat(alpha, transitions), unary_t), unary_scale_t + transition_scale
+
+        step_inputs = (_time_major(unary, -2), unary_scale)
+    else:
+        matrices, matrix_scale = semiring.convert_scaled(potentials, (-2, -1))
+        first, first_scale = semiring.convert_scaled(potentials[:, 0, :], (-1,))
+
+        def continued(alpha, matrix_t, matrix_scale_t):
+            return semiring.vecmat(alpha, matrix_t), matrix_scale_t
+
+        step_inputs = (_time_major(matrices, -3), matrix_scale)
+
+    def chain_total(alpha):
+        return semiring.unconvert(semiring.sum(alpha, -1), jnp.zeros((), dtype))
+
+    def step(alpha, inputs):
+        first_t, first_scale_t, start_t, valid_t, later_t, step_t = inputs
+        new, scale = continued(alpha, *step_t)
+        new = semiring.select(start_t, first_t, new)
+        new, norm = semiring.normalize(new, -1)
+        scale = jnp.where(start_t, first_scale_t, scale) + norm
+        # A chain ends where the next one starts: add its total.
+        ended = jnp.where(start_t & later_t, chain_total(alpha), 0.0)
+        return semiring.select(valid_t, new, alpha), jnp.where(valid_t, scale, 0.0) + ended
+
+    init = semiring.one((_dtype_source(potentials).shape[-1],), dtype)
+    inputs = (first, first_scale, starts, valid, positions > 0, step_inputs)
+    alpha, totals = jax.lax.scan(step, init, inputs)
+    return _tree_sum(totals) + jnp.where(length > 0, chain_total(alpha), 0.0)
+
+
+def row_forward(semiring: Semiring, potentials, starts, lengths=None):
+    """Rows of back-to-back chains: per row, the sum over its chains of the
+    semiring's output (log Z for `Log`/`Real`, the best score for `Max`).
+
+    A corpus packed this way has no padding inside a row and needs one
+    compiled shape, where length buckets pad every sentence and compile one
+    scan per bucket.
+
+    Args:
+      semiring: `semirings.Log`, `Real` or `Max`.
+      potentials: `[..., T, L, L]` or `FactoredPotentials` over each row's
+        positions; at a chain's first position only the start scores apply
+        (row 0 of the edge potentials, or `start + unary`).
+      starts: `[..., T]` bool, True at each chain's first position (position
+        0 always starts one).
+      lengths: `[...]` positions used in each row (default `T`).
+    Returns:
+      `[...]` per row, the sum of its chains' values.
+    """
+    if not isinstance(semiring, Semiring) or semiring.name not in ("log", "real", "max"):
+        raise ValueError(f"semiring must be semirings.Log, Real or Max for row_forward, got {semiring!r}")
+    potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
+    starts = _as_starts(starts, batch_shape + (T,))
+    return _map_batch(_instance(_row_forward_instance, semiring), potentials, lengths, starts)
+
+
+def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = semirings.Log):
+    """Per row `[...]`, the sum of `log Z` over its chains (`row_forward`);
+    `semiring` is `Log` (exact with -inf) or `Real` (fast on CPU)."""
+    if semiring.name not in ("log", "real"):
+        raise ValueError(f"semiring must be Log or Real for row_log_partition, got {semiring!r}")
+    return row_forward(semiring, potentials, starts, lengths)
+
+
+def row_score(potentials, labels, starts, lengths=None):
+    """Per row `[...]`, the sum of the scores of the label sequences
+    `labels [..., T]` of its chains (`starts` as in `row_forward`)."""
+    potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
+    labels = as_labels(labels, batch_shape + (T,), L, lengths)
+    starts = _as_starts(starts, batch_shape + (T,))
+    return _map_batch(_row_score_instance, potentials, lengths, labels, starts)
+
+
 def _expand_shared(potentials, batch_shape):
     """Give a factored form per-example transitions and start, so that their
     derivatives are per-example expected counts rather than batch sums."""
@@ -381,15 +492,20 @@ def score(potentials, labels, lengths=None):
 
 
 def _score_instance(potentials, length, labels):
+    return _row_score_instance(potentials, length, labels, jnp.zeros(labels.shape, bool))
+
+
+def _row_score_instance(potentials, length, labels, starts):
     T = labels.shape[0]
     if T == 0:
         return jnp.zeros((), _dtype(potentials))
     positions = jnp.arange(T)
     valid = positions < length
+    starts = _row_starts(starts, length)
     labels = jnp.where(valid, labels, 0)
-    previous = jnp.concatenate([jnp.zeros((1,), labels.dtype), labels[:-1]])
+    previous = jnp.where(starts, 0, jnp.concatenate([jnp.zeros((1,), labels.dtype), labels[:-1]]))
     if isinstance(potentials, FactoredPotentials):
-        edge = jnp.where(positions == 0, potentials.start[labels], potentials.transitions[previous, labels])
+        edge = jnp.where(starts, potentials.start[labels], potentials.transitions[previous, labels])
         terms = potentials.unary[positions, labels] + edge
     else:
         terms = potentials[positions, previous, labels]

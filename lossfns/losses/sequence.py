@@ -36,6 +36,16 @@ def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
     return excess_over_gold(log_z, chain.score(potentials, labels, lengths))
 
 
+def row_sequence_log_loss(potentials, labels, starts, lengths=None, *, semiring: Semiring = semirings.Log):
+    """`sequence_log_loss` summed over the chains of each row, `[...]`, for
+    rows of back-to-back chains (`lattices.chain.row_forward`): `starts
+    [..., T]` bool marks each chain's first position, `lengths [...]` the
+    positions used. A corpus packed into such rows trains with one compiled
+    scan and no padding inside rows."""
+    log_z = chain.row_log_partition(potentials, starts, lengths, semiring=semiring)
+    return excess_over_gold(log_z, chain.row_score(potentials, labels, starts, lengths))
+
+
 def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
                       algorithm: str = "sequential"):
     """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`, `[...]`.

@@ -144,12 +144,15 @@ class LinearChainModel(eqx.Module):
                              f"(from unigram_ids), got shape {pair_ids.shape}")
         return self._edges(unary, _sum_rows(self.pair_emission, pair_ids))
 
-    def packed_potentials(self, design: SparseDesign, pair_ids, positions) -> tuple:
+    def packed_potentials(self, design: SparseDesign, pair_ids, positions, starts=None) -> tuple:
         """Potentials of every bucket of a packed corpus (`features.PackedCorpus`).
 
         design: `features.design.bucket_design(packed, K)`, the unigram
         features with one row per bucket cell; pair_ids: `[N, F2]` over all
-        tokens; positions: a tuple of `[B_b, T_b]` token rows (-1 = padding).
+        tokens; positions: a tuple of `[B_b, T_b]` token rows (-1 = padding);
+        starts: None (a sentence per row), or a tuple of `[B_b, T_b]` bool
+        marking each sentence's first position in rows of several sentences
+        (`features.pack_rows`), where only the start scores apply.
         Emission scores are one sparse product (`design_matmul`) sliced into
         the buckets; pair scores are computed once over the N real tokens,
         then placed into the buckets.
@@ -160,21 +163,26 @@ class LinearChainModel(eqx.Module):
         if self.pair_emission.shape[0]:
             pair = _sum_rows(self.pair_emission, _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0]))
         out = []
-        for bucket, bucket_unary in zip(positions, unaries):
+        for b, (bucket, bucket_unary) in enumerate(zip(positions, unaries)):
             if pair is None:
                 out.append(FactoredPotentials(bucket_unary, self.transitions, self.start))
             else:
-                out.append(self._edges(bucket_unary, _sum_rows(pair, bucket[..., None])))
+                out.append(self._edges(bucket_unary, _sum_rows(pair, bucket[..., None]),
+                                       None if starts is None else starts[b]))
         return tuple(out)
 
-    def _edges(self, unary, pair):
+    def _edges(self, unary, pair, starts=None):
         """Edge potentials `[..., T, L, L]` from unary `[..., T, L]` and pair scores
-        `[..., T, L, L]`; at t = 0 only the start scores and the unary apply."""
+        `[..., T, L, L]`; at t = 0 (and where `starts [..., T]`) only the start
+        scores and the unary apply."""
         edges = self.transitions + pair + unary[..., None, :]
         if edges.shape[-3] == 0:
             return edges
         first = jnp.broadcast_to((self.start + unary[..., :1, :])[..., None, :], edges[..., :1, :, :].shape)
-        return jnp.concatenate([first, edges[..., 1:, :, :]], axis=-3)
+        edges = jnp.concatenate([first, edges[..., 1:, :, :]], axis=-3)
+        if starts is None:
+            return edges
+        return jnp.where(starts[..., None, None], (self.start + unary)[..., None, :], edges)
 
     def potentials(self, batch: FeatureBatch):
         """`self(batch.unigram_ids, batch.pair_ids)`."""
