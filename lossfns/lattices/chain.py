@@ -393,7 +393,8 @@ def _row_forward_instance(semiring, potentials, length, starts):
         ended = jnp.where(start_t & later_t, chain_total(alpha), 0.0)
         return semiring.select(valid_t, new, alpha), jnp.where(valid_t, scale, 0.0) + ended
 
-    init = semiring.one((_dtype_source(potentials).shape[-1],), dtype)
+    # Any start value: position 0 starts a chain (or the row is empty and unused).
+    init = jax.tree_util.tree_map(lambda x: x[0], first)
     inputs = (first, first_scale, starts, valid, positions > 0, step_inputs)
     alpha, totals = jax.lax.scan(step, init, inputs)
     return _tree_sum(totals) + jnp.where(length > 0, chain_total(alpha), 0.0)
