@@ -137,6 +137,33 @@ def test_jit_and_eager_update_agree(crf_problem):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
 
 
+def test_self_evaluating_update_follows_the_same_path(crf_problem):
+    """`update(None, ..., value_fn=f)` (f evaluated inside the line search,
+    the first point by the search's first pass) takes the same steps as the
+    update given f's value and gradient, and stores f and its gradient at
+    each accepted point."""
+    optimizer = owlqn(2.0, 0.5)
+    value_and_grad = crf_value_and_grad()
+    given = jax.jit(functools.partial(optimizer.update, value_fn=crf_problem))
+    evaluating = jax.jit(lambda state, params: optimizer.update(None, state, params, value_fn=crf_problem))
+    params = jax.tree_util.tree_map(lambda x: x + 0.3, crf_init())
+    given_params, given_state = params, optimizer.init(params)
+    own_params, own_state = params, optimizer.init(params)
+    for _ in range(8):
+        value, grad = value_and_grad(given_params)
+        updates, given_state = given(grad, given_state, given_params, value=value, grad=grad)
+        given_params = optax.apply_updates(given_params, updates)
+        updates, own_state = evaluating(own_state, own_params)
+        own_params = optax.apply_updates(own_params, updates)
+        for a, b in zip(jax.tree_util.tree_leaves((given_params, given_state)),
+                        jax.tree_util.tree_leaves((own_params, own_state))):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+        value, grad = value_and_grad(own_params)
+        np.testing.assert_allclose(own_state.value, value, rtol=1e-12)
+        for a, b in zip(jax.tree_util.tree_leaves(own_state.grad), jax.tree_util.tree_leaves(grad)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.fixture(scope="module")
 def owlqn_loop(crf_problem):
     """One `(step_fn, loop)` for the resume tests, so its loop compiles once."""
