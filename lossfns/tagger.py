@@ -10,7 +10,7 @@ penalty weights carry over; see `crfsuite_elastic_net`). Full-batch
 training: with `l1 > 0` the default optimizer is OWL-QN
 (`lossfns.optimizers.owlqn`), else `optax.lbfgs`; any optax transformation
 can be passed instead. The loop is optax's documented one
-(`update(..., value=, grad=, value_fn=)` through `optimizers.optimizer_update`;
+(`update(..., value=, grad=, value_fn=)` through `optimizers.update_and_value`;
 OWL-QN evaluates the objective itself, inside its line search only),
 one jitted step per iteration with the corpus as an argument (never baked
 into the compiled program), and it stops like CRFsuite: after
@@ -48,7 +48,7 @@ from .features.templates import Templates, parse_templates
 from .lattices import chain
 from .losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .models.linear_chain import LinearChainModel
-from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar, optimizer_update
+from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar, update_and_value
 from .optimizers.owlqn import elastic_net_penalty, owlqn
 
 MAGIC = b"LOSSFNS-TAGGER\n"
@@ -330,10 +330,7 @@ class Tagger:
         @jax.jit
         def step(params, state, data):
             fun = functools.partial(objective, data=data)
-            updates, state = optimizer_update(optimizer, fun, params, state)
-            params = optax.apply_updates(params, updates)
-            stored = optax.tree.get(state, "value")
-            value = fun(params) if stored is None else stored
+            params, state, value = update_and_value(optimizer, fun, params, state)
             return params, state, value + optimizer_penalty(params)
 
         state = optimizer.init(params)

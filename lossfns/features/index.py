@@ -167,14 +167,28 @@ class PackedCorpus(NamedTuple):
     starts: Optional[tuple] = None
 
 
-def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
-         num_buckets: int = 6) -> PackedCorpus:
-    """Pack encoded sentences (from `FeatureIndex.encode`) and optional label
-    ids into a `PackedCorpus` with at most `num_buckets` length buckets."""
+def _token_stack(encoded):
+    """`(sentence lengths, offsets [N + 1], FeatureBatch of all tokens as one row)`."""
     sentence_lengths = [len(unigram) for unigram, _ in encoded]
     offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
     stack = pad_batch([([token for unigram, _ in encoded for token in unigram],
                         [token for _, pair in encoded for token in pair])])
+    return sentence_lengths, offsets, stack
+
+
+def _check_label_lengths(labels, sentence_lengths) -> None:
+    for i, (sequence, length) in enumerate(zip(labels, sentence_lengths)):
+        if len(sequence) != length:
+            raise ValueError(f"labels[{i}] has {len(sequence)} labels for a sentence of {length} tokens")
+
+
+def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
+         num_buckets: int = 6) -> PackedCorpus:
+    """Pack encoded sentences (from `FeatureIndex.encode`) and optional label
+    ids into a `PackedCorpus` with at most `num_buckets` length buckets."""
+    sentence_lengths, offsets, stack = _token_stack(encoded)
+    if labels is not None:
+        _check_label_lengths(labels, sentence_lengths)
     positions, lengths, label_arrays, members = [], [], [], []
     for indices, padded_length in length_buckets(sentence_lengths, num_buckets):
         bucket_lengths = np.array([sentence_lengths[i] for i in indices], dtype=np.int32)
@@ -186,9 +200,6 @@ def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Opt
         if labels is not None:
             bucket_labels = np.full((len(indices), padded_length), -1, dtype=np.int32)
             for row, i in enumerate(indices):
-                if len(labels[i]) != sentence_lengths[i]:
-                    raise ValueError(f"labels[{i}] has {len(labels[i])} labels for a sentence of "
-                                     f"{sentence_lengths[i]} tokens")
                 bucket_labels[row, : sentence_lengths[i]] = labels[i]
             label_arrays.append(bucket_labels)
     return PackedCorpus(stack.unigram_ids[0], stack.pair_ids[0], tuple(positions), tuple(lengths),
@@ -204,18 +215,13 @@ def pack_rows(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels
     each from the longest sentence left, then the longest that still fit,
     so padding is only at row ends. Sentences of length 0 are left out
     (they add nothing to a log-loss)."""
-    sentence_lengths = [len(unigram) for unigram, _ in encoded]
+    sentence_lengths, offsets, stack = _token_stack(encoded)
+    _check_label_lengths(labels, sentence_lengths)
     longest = max(sentence_lengths, default=0)
     if width is None:
         width = max(multiple * -(-longest // multiple), multiple)
     if width < longest:
         raise ValueError(f"width must be >= the longest sentence ({longest}), got {width}")
-    for i, (sequence, length) in enumerate(zip(labels, sentence_lengths)):
-        if len(sequence) != length:
-            raise ValueError(f"labels[{i}] has {len(sequence)} labels for a sentence of {length} tokens")
-    offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
-    stack = pad_batch([([token for unigram, _ in encoded for token in unigram],
-                        [token for _, pair in encoded for token in pair])])
     pool = sorted((length, i) for i, length in enumerate(sentence_lengths) if length > 0)
     rows = []
     while pool:

@@ -14,7 +14,7 @@ from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, spars
 from .finetune import active_mask, finetune
 from .minimize import (LoopState, MinimizeResult, drive, epoch_step_fn, gradient_step_fn, init_loop, minimize,
                        minimize_stochastic, num_examples, optimizer_update, relative_change_below, run_loop,
-                       run_loop_jit)
+                       run_loop_jit, update_and_value)
 from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
 from .perceptron import (PerceptronState, SequenceData, averaged_params, perceptron, perceptron_epoch_fn,
                          perceptron_init, perceptron_update)
@@ -32,6 +32,7 @@ __all__ = [
     "active_mask", "finetune",
     "LoopState", "MinimizeResult", "drive", "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize",
     "minimize_stochastic", "num_examples", "optimizer_update", "relative_change_below", "run_loop", "run_loop_jit",
+    "update_and_value",
     "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
     "PerceptronState", "SequenceData", "averaged_params", "perceptron", "perceptron_epoch_fn", "perceptron_init",
     "perceptron_update",

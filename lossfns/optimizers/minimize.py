@@ -170,6 +170,17 @@ def optimizer_update(optimizer: optax.GradientTransformation, fun: Callable, par
     return optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
 
 
+def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, params, opt_state):
+    """One `optimizer_update`, applied: `(new params, opt_state, fun(new params))`.
+
+    Line-search optimizers store `fun` at the new point, which is re-used
+    (no extra evaluation); for others `fun` is evaluated there."""
+    updates, opt_state = optimizer_update(optimizer, fun, params, opt_state)
+    params = optax.apply_updates(params, updates)
+    stored = optax.tree.get(opt_state, "value")
+    return params, opt_state, fun(params) if stored is None else stored
+
+
 def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
                      penalty: Optional[Callable] = None) -> Callable:
     """The `step_fn` of one optax update on `inner = (params, opt_state)`.
@@ -180,11 +191,7 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
     """
     def step_fn(inner, step):
         params, opt_state = inner
-        updates, opt_state = optimizer_update(optimizer, fun, params, opt_state)
-        params = optax.apply_updates(params, updates)
-        # Line-search optimizers store f at the new point: no extra evaluation.
-        stored = optax.tree.get(opt_state, "value")
-        value = fun(params) if stored is None else stored
+        params, opt_state, value = update_and_value(optimizer, fun, params, opt_state)
         return (params, opt_state), value if penalty is None else value + penalty(params)
 
     return step_fn
