@@ -107,7 +107,12 @@ def _product(design: SparseDesign, table):
         return jnp.zeros((num_rows,) + table.shape[1:], table.dtype)
     matrix = sparse.BCSR((design.values.astype(table.dtype), design.indices, design.indptr),
                          shape=(num_rows, table.shape[0]))
-    return (matrix @ flat).reshape((num_rows,) + table.shape[1:])
+    # The CPU kernel is several times faster when the table's width is a
+    # multiple of 8 (CoNLL-2002, 3.2M non-zeros: 35 ms at 9 labels, 9 ms at
+    # 8 and 10 ms at 16), so the table gets zero columns and the product is cut back.
+    columns = flat.shape[1]
+    flat = jnp.pad(flat, ((0, 0), (0, -columns % 8)))
+    return (matrix @ flat)[:, :columns].reshape((num_rows,) + table.shape[1:])
 
 
 @jax.custom_vjp

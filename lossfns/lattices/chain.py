@@ -19,7 +19,9 @@ unbatched instance and mapped with `jax.vmap`.
 
 Marginals are derivatives of `log_partition` (autodiff, differentiable
 again); best paths use explicit back-pointers; samples use forward filtering,
-backward sampling.
+backward sampling. The real semiring on factored potentials with shared
+transitions and start runs `scaled_forward_backward`: the same values, with
+the forward-backward derivatives in closed form (several times faster on CPU).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import jax.numpy as jnp
 from .. import semirings
 from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf
+from . import scaled_forward_backward
 
 ALGORITHMS = ("sequential", "parallel")
 
@@ -146,6 +149,24 @@ def _map_batch(fn, potentials, lengths, *batched):
     return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
+def _uses_scaled_forward_backward(semiring, potentials, algorithm="sequential") -> bool:
+    """Whether the real semiring's fast path applies: a sequential scan over
+    factored potentials whose transitions and start the batch shares."""
+    return (semiring.name == "real" and algorithm == "sequential" and isinstance(potentials, FactoredPotentials)
+            and potentials.transitions.ndim == 2 and potentials.start.ndim == 1)
+
+
+@jax.jit
+def _scaled_rows(potentials: FactoredPotentials, lengths, starts):
+    """`scaled_forward_backward.row_log_partition` over the batch shape of `lengths`."""
+    batch_shape, (T, L) = lengths.shape, potentials.unary.shape[-2:]
+    size = math.prod(batch_shape)
+    out = scaled_forward_backward.row_log_partition(
+        potentials.unary.reshape(size, T, L), potentials.transitions, potentials.start,
+        starts.reshape(size, T), lengths.reshape(size))
+    return out.reshape(batch_shape)
+
+
 def _check_algorithm(algorithm):
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -181,15 +202,6 @@ def _step_scores(potentials):
 def _time_major(value, time_axis):
     """Move the logical time axis of every leaf of a semiring value to the front."""
     return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), value)
-
-
-def _tree_sum(x):
-    """Pairwise sum of a 1-D array: error grows like log T, not T (float32 drift)."""
-    while x.shape[0] > 1:
-        if x.shape[0] % 2:
-            x = jnp.concatenate([x, jnp.zeros((1,), x.dtype)])
-        x = x[0::2] + x[1::2]
-    return x[0] if x.shape[0] else jnp.zeros((), x.dtype)
 
 
 def _flat_normalize(semiring, value, ndim):
@@ -235,7 +247,7 @@ def _forward_sequential(semiring: Semiring, potentials, length):
 
         inputs = (matrices, matrix_scale, valid[1:])
     alpha, scales = jax.lax.scan(step, alpha, inputs)
-    log_scale = first_scale + first_norm + _tree_sum(scales)
+    log_scale = first_scale + first_norm + semirings.pairwise_sum(scales)
     return _finish(semiring, alpha, log_scale, length)
 
 
@@ -320,7 +332,9 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "s
     _check_algorithm(algorithm)
     if not isinstance(semiring, Semiring):
         raise TypeError(f"semiring must be a lossfns.semirings.Semiring (e.g. semirings.Log), got {semiring!r}")
-    potentials, lengths, _, _, _ = _prepare(potentials, lengths)
+    potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
+    if _uses_scaled_forward_backward(semiring, potentials, algorithm):
+        return _scaled_rows(potentials, lengths, jnp.zeros(batch_shape + (T,), bool))
     return _map_batch(_instance(_forward_instance, semiring, algorithm), potentials, lengths)
 
 
@@ -397,7 +411,7 @@ def _row_forward_instance(semiring, potentials, length, starts):
     init = jax.tree_util.tree_map(lambda x: x[0], first)
     inputs = (first, first_scale, starts, valid, positions > 0, step_inputs)
     alpha, totals = jax.lax.scan(step, init, inputs)
-    return _tree_sum(totals) + jnp.where(length > 0, chain_total(alpha), 0.0)
+    return semirings.pairwise_sum(totals) + jnp.where(length > 0, chain_total(alpha), 0.0)
 
 
 def row_forward(semiring: Semiring, potentials, starts, lengths=None):
@@ -423,6 +437,8 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
         raise ValueError(f"semiring must be semirings.Log, Real or Max for row_forward, got {semiring!r}")
     potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
     starts = _as_starts(starts, batch_shape + (T,))
+    if _uses_scaled_forward_backward(semiring, potentials):
+        return _scaled_rows(potentials, lengths, starts)
     return _map_batch(_instance(_row_forward_instance, semiring), potentials, lengths, starts)
 
 

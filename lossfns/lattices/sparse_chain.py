@@ -50,7 +50,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import semirings
-from .chain import _tree_sum
 from ..validation import as_float_array, as_lengths, check_finite_or_neg_inf, concrete
 
 
@@ -155,7 +154,7 @@ def _forward_instance(potentials: SparsePotentials, length):
 
     inputs = (unary_factors, pair_factors, dense_factors, unary_shift + pair_shift, valid[1:])
     alpha, log_norms = jax.lax.scan(step, alpha, inputs)
-    log_z = semirings.Real.unconvert(jnp.sum(alpha), first_shift + first_norm + _tree_sum(log_norms))
+    log_z = semirings.Real.unconvert(jnp.sum(alpha), first_shift + first_norm + semirings.pairwise_sum(log_norms))
     return jnp.where(length == 0, 0.0, log_z)
 
 

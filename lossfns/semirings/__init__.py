@@ -4,7 +4,7 @@ Use the instances (`Log`, `Max`, `Real`, `Entropy`, `Counting`, or
 `KMax(k)`) as the `semiring` argument of `lossfns.lattices` functions.
 """
 
-from .base import LogDomainSemiring, Semiring, finite_max, logsumexp
+from .base import LogDomainSemiring, Semiring, finite_max, logsumexp, pairwise_sum
 from .counting import CountingSemiring
 from .entropy import EntropySemiring, EntropyValue
 from .kmax import KMaxSemiring
@@ -20,7 +20,7 @@ Counting = CountingSemiring()
 KMax = KMaxSemiring
 
 __all__ = [
-    "Semiring", "LogDomainSemiring", "logsumexp", "finite_max",
+    "Semiring", "LogDomainSemiring", "logsumexp", "finite_max", "pairwise_sum",
     "LogSemiring", "MaxSemiring", "RealSemiring", "EntropySemiring", "EntropyValue",
     "KMaxSemiring", "CountingSemiring",
     "Log", "Max", "Real", "Entropy", "Counting", "KMax",

@@ -69,6 +69,16 @@ def finite_max(x: jax.Array, axis) -> jax.Array:
     return jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
 
 
+def pairwise_sum(x: jax.Array) -> jax.Array:
+    """Sum over the leading axis as a balanced tree: rounding error grows like
+    log T, not T, when summing T per-step log normalisers in float32."""
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            x = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])
+        x = x[0::2] + x[1::2]
+    return x[0] if x.shape[0] else jnp.zeros(x.shape[1:], x.dtype)
+
+
 class Semiring:
     """Base class: the operations an algorithm over a semiring may use.
 

@@ -1,0 +1,154 @@
+"""Scaled forward-backward with closed-form derivatives: the fast CPU path of
+the real semiring on factored chains.
+
+`chain.forward`, `chain.log_partition`, `chain.row_forward` and
+`chain.row_log_partition` use it for `semirings.Real` (sequential algorithm)
+when the potentials are `FactoredPotentials` whose `transitions [L, L]` and
+`start [L]` are shared by the batch: the classic CRF. Everything else goes
+through the generic semiring scan of `chain`, which is also the oracle the
+tests compare this module with.
+
+Two things make it faster than reverse-mode autodiff of the generic scan
+(CoNLL-2002 NER as 214 rows x 1,240 positions x 9 labels: about 35 ms
+against 90 ms for log Z plus its gradient, two cores):
+
+* Batch last. The scan carries `[L, B]` rather than the `[B, L]` that
+  `vmap` of one chain gives, so every step's vector operations run along
+  the batch instead of along 9 labels.
+* Derivatives in closed form (MATH.md, forward-backward): with normalised
+  forward vectors `alpha_t` and per-step normalisers `c_t`, the backward
+  vectors are `beta_t = 1` at a chain's last position and
+  `beta_t = M (u_{t+1} * beta_{t+1}) / c_{t+1}` before it (`M` the
+  exponentiated transitions, `u_t` the exponentiated unary scores). Node
+  marginals are `alpha_t * beta_t`; edge marginals summed over a row are
+  `M * sum_t alpha_{t-1} (u_t * beta_t / c_t)^T`, accumulated inside the
+  backward scan. Reverse mode through the generic scan instead adds a
+  transition-gradient outer product and the normaliser's derivative at
+  every step of a second, larger scan.
+
+The derivative is a custom JVP, not a VJP: the tangent is linear in the
+tangents of the scores, with the marginals as coefficients, so reverse mode,
+forward mode and every higher order work; the marginals come from
+differentiable scans, and second derivatives are their autodiff.
+
+A chain whose every path is forbidden has `log Z = -inf` and zero marginals
+(no NaN), as in the generic scan, with no special case: its forward vector
+is 0 from the position where the last path dies, and before that position
+the backward vector is 0 wherever the forward vector is not, since both
+recursions multiply the same exponentiated scores.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..semirings import finite_max, pairwise_sum
+
+
+def _forward(unary, transitions, start, starts, lengths):
+    """The scaled forward pass over rows of back-to-back chains, batch last.
+
+    unary: `[B, T, L]`; transitions: `[L, L]`; start: `[L]`; starts: `[B, T]`
+    bool (position 0 always starts a chain); lengths: `[B]`.
+    Returns `(log_z [B], alphas [T, L, B], norms [T, B], factors [T, L, B],
+    transition_factors [L, L], starts [T, B], valid [T, B])`: the log Z of
+    each row (the sum over its chains), the normalised forward vectors, their
+    normalisers `c_t`, the exponentiated shifted unary scores, the
+    exponentiated shifted transitions, and the chain starts and valid
+    positions inside the lengths.
+    """
+    T = unary.shape[1]
+    positions = jnp.arange(T)[:, None]
+    valid = positions < lengths
+    starts = (starts.T | (positions == 0)) & valid
+    unary = jnp.where(valid[:, None], jnp.transpose(unary, (1, 2, 0)), 0.0)
+    transition_shift = finite_max(transitions, (-2, -1))
+    transition_factors = jnp.exp(transitions - transition_shift)
+    unary_shift = finite_max(unary, 1)
+    factors = jnp.exp(unary - unary_shift[:, None])
+    # Shifted on their own (not as exp(start) * factors): the product of two
+    # separately shifted factors can underflow where their maxima differ.
+    first = start[:, None] + unary
+    first_shift = finite_max(first, 1)
+    first_factors = jnp.exp(first - first_shift[:, None])
+    transposed = transition_factors.T
+
+    def step(alpha, inputs):
+        first_t, first_shift_t, factors_t, shift_t, start_t, valid_t, later_t = inputs
+        new = jnp.where(start_t, first_t, (transposed @ alpha) * factors_t)
+        total = jnp.sum(new, 0)
+        norm = jnp.where(total > 0, total, 1.0)
+        log_norm = jnp.where(start_t, first_shift_t, shift_t + transition_shift) + jnp.log(norm)
+        # A chain ends where the next one starts; with no allowed path its log Z is -inf.
+        ended = jnp.where(start_t & later_t & (jnp.sum(alpha, 0) <= 0), -jnp.inf, 0.0)
+        alpha = jnp.where(valid_t, new / norm, alpha)
+        return alpha, (jnp.where(valid_t, log_norm, 0.0) + ended, alpha, norm)
+
+    inputs = (first_factors, first_shift, factors, unary_shift, starts, valid, positions[:, 0] > 0)
+    alpha, (log_norms, alphas, norms) = jax.lax.scan(step, first_factors[0], inputs)
+    last_dead = (lengths > 0) & (jnp.sum(alpha, 0) <= 0)
+    log_z = pairwise_sum(log_norms) + jnp.where(last_dead, -jnp.inf, 0.0)
+    return log_z, alphas, norms, factors, transition_factors, starts, valid
+
+
+def _marginals(alphas, norms, factors, transition_factors, starts, valid):
+    """The backward pass: per row, the node marginals `[B, T, L]`, the edge
+    marginals summed over positions `[L, L, B]` and the start marginals
+    `[L, B]` (the node marginals at chain starts)."""
+    T, L, B = factors.shape
+    next_starts = jnp.concatenate([starts[1:], jnp.ones((1, B), bool)])
+    next_valid = jnp.concatenate([valid[1:], jnp.zeros((1, B), bool)])
+    ends = valid & (next_starts | ~next_valid)
+    inner = valid & ~starts
+
+    def step(carry, inputs):
+        # weighted_next = u_{t+1} * beta_{t+1} / c_{t+1}, zero where t + 1 starts a chain.
+        weighted_next, edge_sums = carry
+        end_t, inner_t, valid_t, factors_t, norm_t, alpha_t = inputs
+        beta = jnp.where(end_t, 1.0, transition_factors @ weighted_next)
+        # sum_j alpha_t(j) beta_t(j) is 1 in exact arithmetic; dividing by it
+        # stops rounding from compounding over T steps (1e-5 off at T = 10,000
+        # in float32 otherwise). It is 0 where the chain has no allowed path.
+        total = jnp.sum(alpha_t * beta, 0)
+        beta = beta / jnp.where(total > 0, total, 1.0)
+        edge_sums = edge_sums + alpha_t[:, None, :] * weighted_next[None, :, :]
+        weighted = jnp.where(inner_t, factors_t * beta / norm_t, 0.0)
+        return (weighted, edge_sums), jnp.where(valid_t, alpha_t * beta, 0.0)
+
+    init = (jnp.zeros((L, B), factors.dtype), jnp.zeros((L, L, B), factors.dtype))
+    (_, edge_sums), nodes = jax.lax.scan(step, init, (ends, inner, valid, factors, norms, alphas), reverse=True)
+    start_marginals = jnp.sum(jnp.where(starts[:, None], nodes, 0.0), 0)
+    return jnp.transpose(nodes, (2, 0, 1)), transition_factors[:, :, None] * edge_sums, start_marginals
+
+
+@jax.custom_jvp
+def row_log_partition(unary, transitions, start, starts, lengths):
+    """Per row `[B]`, the sum of `log Z` over its back-to-back chains.
+
+    unary: `[B, T, L]` float; transitions: `[L, L]`; start: `[L]`; starts:
+    `[B, T]` bool, True at each chain's first position (position 0 always
+    starts one); lengths: `[B]` ints in `[0, T]`. Inputs are assumed valid
+    (`chain` checks them). Differentiable in `unary`, `transitions` and
+    `start` to any order, in forward and reverse mode.
+    """
+    if unary.shape[1] == 0:
+        return jnp.zeros(unary.shape[:1], unary.dtype)
+    return _forward(unary, transitions, start, starts, lengths)[0]
+
+
+@row_log_partition.defjvp
+def _row_log_partition_jvp(primals, tangents):
+    unary, transitions, start, starts, lengths = primals
+    unary_tangent, transitions_tangent, start_tangent = tangents[:3]
+    if unary.shape[1] == 0:
+        zeros = jnp.zeros(unary.shape[:1], unary.dtype)
+        return zeros, zeros
+    log_z, *forward = _forward(unary, transitions, start, starts, lengths)
+    nodes, edges, firsts = _marginals(*forward)
+    # Tangents where a marginal is zero (e.g. at -inf scores) may be infinite; 0 * inf must not leak in.
+    masked = lambda weights, tangent: jnp.where(weights > 0, tangent, 0.0)
+    tangent = (jnp.sum(nodes * masked(nodes, unary_tangent), (1, 2))
+               + jnp.sum(edges * masked(edges, transitions_tangent[:, :, None]), (0, 1))
+               + jnp.sum(firsts * masked(firsts, start_tangent[:, None]), 0))
+    return log_z, tangent

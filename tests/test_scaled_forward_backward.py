@@ -1,0 +1,103 @@
+"""The real semiring's fast path (`lattices.scaled_forward_backward`, closed-form
+forward-backward derivatives, batch last) against the generic log-semiring
+scan of `chain`, whose derivatives are autodiff: values, gradients under
+uneven cotangents, forward mode and second order, chains with no allowed
+path, empty rows and batching. Enumeration checks of the Real semiring
+(which now runs this path) are in test_chain.py and test_chain_rows.py."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lossfns import semirings, testing
+from lossfns.lattices import FactoredPotentials, chain
+
+B, T, L = 4, 7, 3
+
+
+def problem(seed, forbid=True):
+    """Rows of several chains with forbidden transitions; row 2 is empty,
+    row 3 one chain of length 1 followed by a chain with no allowed path."""
+    rng = np.random.default_rng(seed)
+    transitions = rng.normal(size=(L, L))
+    if forbid:
+        transitions[0, 1] = transitions[2, 2] = -np.inf
+    unary = rng.normal(size=(B, T, L))
+    unary[3, 3] = -np.inf  # every label forbidden at one position of the second chain in row 3
+    starts = np.zeros((B, T), bool)
+    starts[0, [3, 5]] = starts[1, 2] = starts[3, 1] = True
+    lengths = np.array([T, 5, 0, 4], np.int32)
+    potentials = FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions), jnp.asarray(rng.normal(size=L)))
+    return potentials, jnp.asarray(starts), jnp.asarray(lengths)
+
+
+@functools.lru_cache(maxsize=None)
+def weighted_gradient(semiring):
+    """Value and gradient of `sum_b w_b log Z_b` over the rows with a finite log Z."""
+    def total(potentials, starts, lengths, weights):
+        log_z = chain.row_log_partition(potentials, starts, lengths, semiring=semiring)
+        return jnp.sum(jnp.where(jnp.isfinite(log_z), weights * log_z, 0.0)), log_z
+    return jax.jit(jax.value_and_grad(total, has_aux=True))
+
+
+def test_values_and_uneven_cotangents_match_the_generic_scan():
+    potentials, starts, lengths = problem(0)
+    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5])
+    (_, fast), fast_grad = weighted_gradient(semirings.Real)(potentials, starts, lengths, weights)
+    (_, generic), generic_grad = weighted_gradient(semirings.Log)(potentials, starts, lengths, weights)
+    np.testing.assert_allclose(fast, generic, rtol=1e-12)
+    assert fast[2] == 0.0 and fast[3] == -np.inf
+    for got, want in zip(fast_grad, generic_grad):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, atol=1e-12)
+    # The chain with no allowed path contributes nothing; the chain before it does.
+    assert np.all(fast_grad.unary[3, 1:4] == 0) and np.any(fast_grad.unary[0] != 0)
+
+
+def test_forward_mode_and_second_order():
+    potentials, _, _ = problem(1, forbid=False)
+    unary = potentials.unary[0, :4]
+    lengths = jnp.asarray(3)
+    log_z = lambda u, a, s: chain.log_partition(FactoredPotentials(u, a, s), lengths, semiring=semirings.Real)
+    testing.check_gradients(log_z, (unary, potentials.transitions, potentials.start), order=2, modes=("fwd", "rev"))
+    hessian = lambda semiring: jax.hessian(lambda u: chain.log_partition(
+        FactoredPotentials(u, potentials.transitions, potentials.start), lengths, semiring=semiring))(unary)
+    np.testing.assert_allclose(hessian(semirings.Real), hessian(semirings.Log), atol=1e-12)
+
+
+def test_second_derivatives_of_rows_match_the_generic_scan():
+    potentials, starts, lengths = problem(2)
+    direction = jax.tree_util.tree_map(lambda x: jnp.where(jnp.isfinite(x), 0.1, 0.0), potentials)
+
+    def hessian_vector(semiring):
+        gradient = jax.grad(lambda p: jnp.sum(jnp.where(
+            jnp.isfinite(log_z := chain.row_log_partition(p, starts, lengths, semiring=semiring)), log_z, 0.0)))
+        return jax.jvp(gradient, (potentials,), (direction,))[1]
+
+    for got, want in zip(hessian_vector(semirings.Real), hessian_vector(semirings.Log)):
+        np.testing.assert_allclose(got, want, atol=1e-10)
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_batching_jit_and_loop_agree(jit):
+    potentials, starts, lengths = problem(3)
+    stacked = FactoredPotentials(jnp.stack([potentials.unary, 2 * potentials.unary]), potentials.transitions,
+                                 potentials.start)
+    run = lambda u: chain.row_log_partition(FactoredPotentials(u, potentials.transitions, potentials.start),
+                                            starts, lengths, semiring=semirings.Real)
+    run = jax.jit(run) if jit else run
+    mapped = jax.vmap(run)(stacked.unary)
+    looped = jnp.stack([run(u) for u in stacked.unary])
+    both = chain.row_log_partition(stacked, jnp.stack([starts] * 2), jnp.stack([lengths] * 2), semiring=semirings.Real)
+    np.testing.assert_allclose(mapped, looped, rtol=1e-12)
+    np.testing.assert_allclose(both, looped, rtol=1e-12)
+
+
+def test_no_positions():
+    potentials = FactoredPotentials(jnp.zeros((2, 0, L)), jnp.zeros((L, L)), jnp.zeros(L))
+    value, gradient = jax.value_and_grad(lambda u: jnp.sum(chain.log_partition(
+        potentials._replace(unary=u), semiring=semirings.Real)))(potentials.unary)
+    assert value == 0.0 and gradient.shape == (2, 0, L)
