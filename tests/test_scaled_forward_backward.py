@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lossfns import semirings, testing
-from lossfns.lattices import FactoredPotentials, chain
+from lossfns.lattices import FactoredPotentials, chain, scaled_forward_backward
 
 B, T, L = 4, 7, 3
 
@@ -68,8 +68,8 @@ def test_forward_mode_and_second_order():
     np.testing.assert_allclose(hessian(semirings.Real), hessian(semirings.Log), atol=1e-12)
 
 
-def test_second_derivatives_of_rows_match_the_generic_scan():
-    potentials, starts, lengths = problem(2)
+def assert_hessian_vector_products_match(potentials, starts, lengths):
+    """Forward over reverse mode (jvp of grad) along a direction that is zero at -inf scores."""
     direction = jax.tree_util.tree_map(lambda x: jnp.where(jnp.isfinite(x), 0.1, 0.0), potentials)
 
     def hessian_vector(semiring):
@@ -79,6 +79,10 @@ def test_second_derivatives_of_rows_match_the_generic_scan():
 
     for got, want in zip(hessian_vector(semirings.Real), hessian_vector(semirings.Log)):
         np.testing.assert_allclose(got, want, atol=1e-10)
+
+
+def test_second_derivatives_of_rows_match_the_generic_scan():
+    assert_hessian_vector_products_match(*problem(2))
 
 
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
@@ -101,3 +105,24 @@ def test_no_positions():
     value, gradient = jax.value_and_grad(lambda u: jnp.sum(chain.log_partition(
         potentials._replace(unary=u), semiring=semirings.Real)))(potentials.unary)
     assert value == 0.0 and gradient.shape == (2, 0, L)
+
+
+def test_edge_sums_after_the_scan_match_the_generic_scan():
+    """Many labels and rows: the edge marginals come from one matrix product
+    after the backward scan instead of sums inside it."""
+    rng = np.random.default_rng(4)
+    rows, labels = 90, 20
+    assert not scaled_forward_backward._edge_sums_in_scan(labels, rows)
+    transitions = rng.normal(size=(labels, labels))
+    transitions[3, :5] = -np.inf
+    potentials = FactoredPotentials(jnp.asarray(rng.normal(size=(rows, 5, labels))), jnp.asarray(transitions),
+                                    jnp.asarray(rng.normal(size=labels)))
+    starts = jnp.asarray(rng.random((rows, 5)) < 0.3)
+    lengths = jnp.asarray(rng.integers(0, 6, size=rows), jnp.int32)
+    weights = jnp.asarray(rng.normal(size=rows))
+    (_, fast), fast_grad = weighted_gradient(semirings.Real)(potentials, starts, lengths, weights)
+    (_, generic), generic_grad = weighted_gradient(semirings.Log)(potentials, starts, lengths, weights)
+    np.testing.assert_allclose(fast, generic, rtol=1e-12)
+    for got, want in zip(fast_grad, generic_grad):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+    assert_hessian_vector_products_match(potentials, starts, lengths)
