@@ -183,7 +183,8 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
     very_low = jnp.asarray(-(2 ** (8 * jnp.dtype(dtype).itemsize - 3)), dtype)
     positions = jnp.arange(window)
     valid = positions < length
-    scores = jnp.sum(emission.at[ids].get(mode="fill", fill_value=0), axis=1)  # [window, L]
+    # (dtype: with x64 enabled, jnp.sum would widen int32 to int64)
+    scores = jnp.sum(emission.at[ids].get(mode="fill", fill_value=0), axis=1, dtype=dtype)  # [window, L]
     in_max, in_min, out_max, out_min = bounds
     if widths:
         has_in = (positions > 0)[:, None]
@@ -396,4 +397,4 @@ def sparse_perceptron_epoch(state: SparsePerceptronState, data: SparseSequenceDa
 
 def sparse_scores(emission, ids):
     """Emission scores `[..., L]` of observation ids `[..., F]` (padding: out of range)."""
-    return jnp.sum(emission.at[ids].get(mode="fill", fill_value=0), axis=-2)
+    return jnp.sum(emission.at[ids].get(mode="fill", fill_value=0), axis=-2, dtype=emission.dtype)
