@@ -354,8 +354,11 @@ def test_pack_sizes_blocks_and_errors(random_pack):
     lattices = [dag.from_arcs(a, f, n) for a, f, n, _ in cases]
     sizes = dag.packed_sizes(packed)
     bigger = dict(sizes, num_arcs=sizes["num_arcs"] + 5, num_levels=sizes["num_levels"] + 2,
-                  width=tuple(w + 1 for w in sizes["width"]), num_finals=sizes["num_finals"] + 1)
+                  width=tuple(w + 1 for w in sizes["width"]), num_finals=sizes["num_finals"] + 1,
+                  num_states=sizes["num_states"] + 3)
     wide = dag.pack(lattices, **bigger)
+    # Packs of other lattices padded to the same sizes have the same shapes (one compiled program).
+    assert jax.tree_util.tree_map(np.shape, dag.pack(lattices[:-1], **bigger)) == jax.tree_util.tree_map(np.shape, wide)
     padded_scores = jnp.concatenate([scores, jnp.zeros(5)])
     one_block = dag.pack(lattices, in_degree=(max(sizes["in_degree"]),))
     for semiring in PACKABLE:
@@ -367,6 +370,8 @@ def test_pack_sizes_blocks_and_errors(random_pack):
         dag.packed_forward(semirings.Entropy, packed, scores)
     with pytest.raises(ValueError, match="num_lattices"):
         dag.pack(lattices, num_lattices=2)
+    with pytest.raises(ValueError, match="num_states"):
+        dag.pack(lattices, num_states=sizes["num_states"] - 1)
     with pytest.raises(ValueError, match="in_degree"):
         dag.pack(lattices, in_degree=(1,))
     with pytest.raises(ValueError, match="packed arc"):

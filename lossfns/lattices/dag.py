@@ -398,14 +398,15 @@ def _degree_blocks(level, degree, num_levels, max_blocks: int = 3):
 
 def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_arcs: int | None = None,
          num_levels: int | None = None, width: Sequence[int] | None = None,
-         in_degree: Sequence[int] | None = None, num_finals: int | None = None) -> PackedLattices:
+         in_degree: Sequence[int] | None = None, num_finals: int | None = None,
+         num_states: int | None = None) -> PackedLattices:
     """Pack unbatched lattices into one `PackedLattices` (numpy fields).
 
     `in_degree`: the blocks' in-degree bounds (ascending; default: chosen to
     minimise padding, at most 3 blocks). The optional sizes pad the result
     (more rows: empty-string lattices with log Z = 0; more arcs, levels,
-    block widths `width` (one per block), final slots: padding), so that
-    packs of different data can share one compiled program (`packed_sizes`).
+    block widths `width` (one per block), final slots, states: padding), so
+    that packs of different data share one compiled program (`packed_sizes`).
     Arc `j` of lattice `b` is arc `offset_b + j` with `offset_b` the arc
     count of the lattices before `b`.
     """
@@ -461,13 +462,15 @@ def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_ar
         raise ValueError(f"pack: the row width {W} must hold the {rows} start slots")
     A = src.size if num_arcs is None else num_arcs
     F = max(max((f.size for f in finals), default=0), 1)
-    for name, given, needed in (("num_arcs", num_arcs, src.size), ("num_finals", num_finals, F)):
+    for name, given, needed in (("num_arcs", num_arcs, src.size), ("num_finals", num_finals, F),
+                                ("num_states", num_states, level.size)):
         if given is not None and given < needed:
             raise ValueError(f"pack: {name}={given} is less than the {needed} these lattices need")
     F = F if num_finals is None else num_finals
     sentinel = (N + 1) * W
     offsets = np.cumsum([0] + widths)[:-1]
-    state_slot = np.full(level.size, sentinel, np.int64)
+    # (padding states sit at the sentinel slot, like unreachable ones; no arc names them)
+    state_slot = np.full(level.size if num_states is None else num_states, sentinel, np.int64)
     state_slot[starts] = np.arange(B)
     key = level[inner] * len(bounds) + block[inner]  # (level, block) groups, in state order within
     order = inner[np.argsort(key, kind="stable")]
@@ -498,7 +501,8 @@ def packed_sizes(packed: PackedLattices) -> dict:
     """`pack`'s size arguments that reproduce `packed`'s shapes."""
     return dict(num_lattices=packed.final_slots.shape[0], num_arcs=packed.src.shape[0],
                 num_levels=packed.num_levels, width=tuple(block.shape[1] for block in packed.level_arcs),
-                in_degree=tuple(block.shape[2] for block in packed.level_arcs), num_finals=packed.final_slots.shape[1])
+                in_degree=tuple(block.shape[2] for block in packed.level_arcs), num_finals=packed.final_slots.shape[1],
+                num_states=packed.state_slot.shape[0])
 
 
 def enumerate_paths(lattice: Lattice) -> list[tuple[int, ...]]:
