@@ -42,7 +42,7 @@ def reference():
 
 @pytest.mark.parametrize("form, semiring, algorithm", [
     ("factored", "real", "sequential"), ("factored", "log", "sequential"),
-    ("per-position", "log", "sequential"),
+    ("per-position", "log", "sequential"), ("per-position", "real", "sequential"),
     ("per-position", "real", "parallel")])
 def test_float32_matches_float64_at_ten_thousand_positions(reference, form, semiring, algorithm):
     potentials = _factored(jnp.float32)
@@ -61,7 +61,10 @@ def test_float32_matches_float64_at_ten_thousand_positions(reference, form, semi
     # |log Z| is about 2e4 here, so 1e-6 relative is about 1e-2 absolute; a
     # plain float32 log-space scan is off by about 0.24 (NUMERICS.md 4).
     np.testing.assert_allclose(log_z, expected_log_z, rtol=1e-6)
-    np.testing.assert_allclose(nodes, expected_nodes, atol=1e-5)
+    # The per-position scaled forward-backward renormalises its backward
+    # vectors: about 3e-7 here, against 5e-6 without.
+    tolerance = 1e-6 if (form, semiring, algorithm) == ("per-position", "real", "sequential") else 1e-5
+    np.testing.assert_allclose(nodes, expected_nodes, atol=tolerance)
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""
@@ -97,7 +100,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("form, semiring", [("factored", "real"), ("per-position", "log")])
+@pytest.mark.parametrize("form, semiring", [("factored", "real"), ("per-position", "log"), ("per-position", "real")])
 def test_peak_memory_with_gradients_under_two_gigabytes(form, semiring):
     """T = 10,000, L = 45, float32: whole-process peak resident memory (which
     includes jax itself) of compiling and running log Z plus gradients."""

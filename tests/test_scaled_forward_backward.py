@@ -129,3 +129,75 @@ def test_edge_sums_after_the_scan_match_the_generic_scan():
     for got, want in zip(fast_grad, generic_grad):
         np.testing.assert_allclose(got, want, atol=1e-12)
     assert_hessian_vector_products_match(potentials, starts, lengths)
+
+
+# ---------------------------------------------------------------------------
+# Per-position potentials `[B, T, L, L]`
+# ---------------------------------------------------------------------------
+
+
+def per_position_problem(seed):
+    """Per-position chains with forbidden transitions at some positions;
+    lengths T, 4, 0 and 1; chain 4 has no allowed path (every edge into
+    position 2 forbidden)."""
+    rng = np.random.default_rng(seed)
+    potentials = rng.normal(size=(5, T, L, L))
+    potentials[0, 2, 0, 1] = potentials[1, 3, :, 2] = -np.inf
+    potentials[4, 2] = -np.inf
+    potentials[0, 5:, 1] = -np.inf  # rows past the length may hold anything
+    return jnp.asarray(potentials), jnp.asarray([T, 4, 0, 1, T], jnp.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def keeps_factors(keep):
+    """`log_partition_per_position` with its exponentiated potentials kept
+    (`keep`) or exponentiated again in the backward pass."""
+    def log_partition(potentials, lengths):
+        limit = scaled_forward_backward._KEEP_FACTORS_BYTES
+        scaled_forward_backward._KEEP_FACTORS_BYTES = 2 ** 62 if keep else 0
+        try:
+            return scaled_forward_backward.log_partition_per_position(potentials, lengths)
+        finally:
+            scaled_forward_backward._KEEP_FACTORS_BYTES = limit
+    return log_partition
+
+
+def weighted_total(log_partition, potentials, lengths, weights):
+    log_z = log_partition(potentials, lengths)
+    return jnp.sum(jnp.where(jnp.isfinite(log_z), weights * log_z, 0.0))
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_per_position_values_gradients_and_hessian_vector_products(keep):
+    potentials, lengths = per_position_problem(5)
+    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
+    generic = lambda p, n: chain.log_partition(p, n, semiring=semirings.Log)
+    fast = keeps_factors(keep)
+    np.testing.assert_allclose(jax.jit(fast)(potentials, lengths), generic(potentials, lengths), rtol=1e-12)
+    assert fast(potentials, lengths)[2] == 0.0 and fast(potentials, lengths)[4] == -np.inf
+
+    gradient = lambda log_partition: jax.grad(lambda p: weighted_total(log_partition, p, lengths, weights))
+    got, want = jax.jit(gradient(fast))(potentials), jax.jit(gradient(generic))(potentials)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert np.all(got[4] == 0) and np.all(got[1, 4:] == 0) and np.all(got[:, 0, 1:] == 0)
+
+    direction = jnp.where(jnp.isfinite(potentials), 0.1, 0.0)
+    hessian_vector = lambda log_partition: jax.jit(
+        lambda p, d: jax.jvp(gradient(log_partition), (p,), (d,))[1])(potentials, direction)
+    np.testing.assert_allclose(hessian_vector(fast), hessian_vector(generic), atol=1e-10)
+
+
+def test_per_position_dispatch_batching_and_no_positions():
+    """`chain.log_partition` with `Real` runs this path for any batch shape, as
+    vmap, jit and a loop do; T = 0 gives log Z = 0 and an empty gradient."""
+    potentials, lengths = per_position_problem(6)
+    stacked = jnp.stack([potentials, 2 * potentials])
+    real = lambda p, n: chain.log_partition(p, n, semiring=semirings.Real)
+    looped = jnp.stack([scaled_forward_backward.log_partition_per_position(p, lengths) for p in stacked])
+    np.testing.assert_allclose(real(stacked, jnp.stack([lengths] * 2)), looped, rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(jax.jit(real), (0, None))(stacked, lengths), looped, rtol=1e-12)
+    np.testing.assert_allclose(looped, jnp.stack([chain.log_partition(p, lengths) for p in stacked]), rtol=1e-12)
+    empty = jnp.zeros((2, 0, L, L))
+    value, gradient = jax.value_and_grad(lambda p: jnp.sum(real(p, None)))(empty)
+    assert value == 0.0 and gradient.shape == (2, 0, L, L)

@@ -19,9 +19,10 @@ unbatched instance and mapped with `jax.vmap`.
 
 Marginals are derivatives of `log_partition` (autodiff, differentiable
 again); best paths use explicit back-pointers; samples use forward filtering,
-backward sampling. The real semiring on factored potentials with shared
-transitions and start runs `scaled_forward_backward`: the same values, with
-the forward-backward derivatives in closed form (several times faster on CPU).
+backward sampling. The real semiring's sequential `forward` runs
+`scaled_forward_backward` on factored potentials with shared transitions and
+start, and on per-position potentials: the same values, with the
+forward-backward derivatives in closed form (faster on CPU).
 """
 
 from __future__ import annotations
@@ -156,6 +157,11 @@ def _uses_scaled_forward_backward(semiring, potentials, algorithm="sequential") 
             and potentials.transitions.ndim == 2 and potentials.start.ndim == 1)
 
 
+def _uses_scaled_per_position(semiring, potentials, algorithm) -> bool:
+    """Whether the real semiring's per-position fast path applies (`forward`)."""
+    return semiring.name == "real" and algorithm == "sequential" and not isinstance(potentials, FactoredPotentials)
+
+
 @jax.jit
 def _scaled_rows(potentials: FactoredPotentials, lengths, starts):
     """`scaled_forward_backward.row_log_partition` over the batch shape of `lengths`."""
@@ -164,6 +170,16 @@ def _scaled_rows(potentials: FactoredPotentials, lengths, starts):
     out = scaled_forward_backward.row_log_partition(
         potentials.unary.reshape(size, T, L), potentials.transitions, potentials.start,
         starts.reshape(size, T), lengths.reshape(size))
+    return out.reshape(batch_shape)
+
+
+@jax.jit
+def _scaled_per_position(potentials, lengths):
+    """`scaled_forward_backward.log_partition_per_position` over the batch shape of `lengths`."""
+    batch_shape = lengths.shape
+    size = math.prod(batch_shape)
+    out = scaled_forward_backward.log_partition_per_position(
+        potentials.reshape((size,) + potentials.shape[-3:]), lengths.reshape(size))
     return out.reshape(batch_shape)
 
 
@@ -335,6 +351,8 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "s
     potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
     if _uses_scaled_forward_backward(semiring, potentials, algorithm):
         return _scaled_rows(potentials, lengths, jnp.zeros(batch_shape + (T,), bool))
+    if _uses_scaled_per_position(semiring, potentials, algorithm):
+        return _scaled_per_position(potentials, lengths)
     return _map_batch(_instance(_forward_instance, semiring, algorithm), potentials, lengths)
 
 

@@ -1,12 +1,16 @@
 """Scaled forward-backward with closed-form derivatives: the fast CPU path of
-the real semiring on factored chains.
+the real semiring.
 
 `chain.forward`, `chain.log_partition`, `chain.row_forward` and
-`chain.row_log_partition` use it for `semirings.Real` (sequential algorithm)
-when the potentials are `FactoredPotentials` whose `transitions [L, L]` and
-`start [L]` are shared by the batch: the classic CRF. Everything else goes
-through the generic semiring scan of `chain`, which is also the oracle the
-tests compare this module with.
+`chain.row_log_partition` use `row_log_partition` for `semirings.Real`
+(sequential algorithm) when the potentials are `FactoredPotentials` whose
+`transitions [L, L]` and `start [L]` are shared by the batch: the classic
+CRF. `chain.forward` and `chain.log_partition` use
+`log_partition_per_position` for per-position potentials `[..., T, L, L]`
+(same recursions, one exponentiated block per step; 2-2.5x faster than
+autodiff of the generic scan at 8 x 40 x 333 and 256 x 25 x 45). Everything
+else goes through the generic semiring scan of `chain`, which is also the
+oracle the tests compare this module with.
 
 Two things make it faster than reverse-mode autodiff of the generic scan
 (CoNLL-2002 NER as 214 rows x 1,240 positions x 9 labels: about 35 ms
@@ -40,6 +44,8 @@ recursions multiply the same exponentiated scores.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -187,3 +193,127 @@ def _row_log_partition_jvp(primals, tangents):
                + _edge_tangent(alphas, edges, transition_factors, transitions_tangent)
                + jnp.sum(firsts * masked(firsts, start_tangent[:, None]), 0))
     return log_z, tangent
+
+
+# ---------------------------------------------------------------------------
+# Per-position potentials `[B, T, L, L]`
+# ---------------------------------------------------------------------------
+
+
+# Exponentiated potentials are kept as a second `[B, T, L, L]` tensor only up
+# to this size; above it, allocating that tensor (page faults on fresh
+# memory: about 40 ms for 142 MB at 8 x 40 x 333 x 333) costs more than
+# exponentiating each block again in the backward pass and for the marginals.
+_KEEP_FACTORS_BYTES = 2 ** 24
+
+
+class _Factors(NamedTuple):
+    """Position `t`'s edge scores exponentiated, `block(t) [B, L, L]`, each
+    block shifted by its largest finite score (`shifts [B, T]`; scores past
+    the length read as 0); `scores [B, T, L, L]` the masked potentials and
+    `kept` their exponentials when small enough to keep."""
+
+    scores: jax.Array
+    shifts: jax.Array
+    kept: Optional[jax.Array]
+
+    def block(self, t):
+        if self.kept is not None:
+            return jax.lax.dynamic_index_in_dim(self.kept, t, 1, keepdims=False)
+        scores = jax.lax.dynamic_index_in_dim(self.scores, t, 1, keepdims=False)
+        return jnp.exp(scores - self.shifts[:, t, None, None])
+
+    def all(self):
+        return self.kept if self.kept is not None else jnp.exp(self.scores - self.shifts[:, :, None, None])
+
+
+def _factors_per_position(potentials, valid) -> _Factors:
+    scores = jnp.where(valid[:, :, None, None], potentials, 0.0)
+    shifts = finite_max(scores, (-2, -1))
+    factors = _Factors(scores, shifts, None)
+    return factors._replace(kept=factors.all()) if potentials.nbytes <= _KEEP_FACTORS_BYTES else factors
+
+
+def _forward_per_position(potentials, lengths):
+    """The scaled forward pass over per-position potentials `[B, T, L, L]`
+    (time is read in place, one `[B, L, L]` block per step: moving it to the
+    front would copy the whole tensor). Returns `(log_z [B], alphas [T, B, L],
+    norms [T, B], factors, valid [B, T])`, as `_forward` without chain
+    starts; position 0 reads row 0 of the potentials on its own shift."""
+    B, T, L, _ = potentials.shape
+    valid = jnp.arange(T)[None, :] < lengths[:, None]
+    factors = _factors_per_position(potentials, valid)
+    first = jnp.where(valid[:, :1], potentials[:, 0, 0], 0.0)
+    first_shift = finite_max(first, -1)
+    alpha = jnp.exp(first - first_shift[:, None])
+    total = jnp.sum(alpha, -1)
+    norm = jnp.where(total > 0, total, 1.0)
+
+    def step(alpha, t):
+        new = jnp.einsum("bi,bij->bj", alpha, factors.block(t))
+        total = jnp.sum(new, -1)
+        norm = jnp.where(total > 0, total, 1.0)
+        alpha = jnp.where(valid[:, t, None], new / norm[:, None], alpha)
+        return alpha, (alpha, norm)
+
+    alpha = alpha / norm[:, None]
+    last, (alphas, norms) = jax.lax.scan(step, alpha, jnp.arange(1, T))
+    alphas = jnp.concatenate([alpha[None], alphas])
+    norms = jnp.concatenate([norm[None], norms])
+    shifts = jnp.concatenate([first_shift[None], factors.shifts[:, 1:].T])
+    log_z = pairwise_sum(jnp.where(valid.T, shifts + jnp.log(norms), 0.0))
+    dead = (lengths > 0) & (jnp.sum(last, -1) <= 0)
+    return jnp.where(dead, -jnp.inf, log_z), alphas, norms, factors, valid
+
+
+def _edge_marginals_per_position(alphas, norms, factors: _Factors, valid):
+    """The backward pass: edge marginals `[B, T, L, L]`, `xi_t(i, j) =
+    alpha_{t-1}(i) F_t(i, j) beta_t(j) / c_t` (`F_t` the shifted
+    exponentiated block), and at `t = 0` the node marginals in row 0; zero
+    past the length and in the unread rows of position 0. The scan carries
+    only `beta`; the products are one vectorised pass after it."""
+    B, T, L, _ = factors.scores.shape
+
+    def step(beta, t):
+        valid_t = valid[:, t, None]
+        following = jnp.where(valid_t, beta / norms[t][:, None], 0.0)
+        # Past the length, position t - 1 may be a chain's last: beta = 1 there.
+        back = jnp.where(valid_t, jnp.einsum("bij,bj->bi", factors.block(t), following), 1.0)
+        # As in `_marginals`: sum_i alpha(i) beta(i) is 1 in exact arithmetic.
+        total = jnp.sum(alphas[t - 1] * back, -1)
+        return back / jnp.where(total > 0, total, 1.0)[:, None], following
+
+    beta, following = jax.lax.scan(step, jnp.ones((B, L), alphas.dtype), jnp.arange(1, T), reverse=True)
+    to_batch = lambda x: jnp.transpose(x, (1, 0, 2))
+    edges = to_batch(alphas[:-1])[:, :, :, None] * factors.all()[:, 1:] * to_batch(following)[:, :, None, :]
+    first = jnp.where(valid[:, :1], alphas[0] * beta, 0.0)
+    heads = jnp.zeros((B, 1, L, L), alphas.dtype).at[:, 0, 0].set(first)
+    return jnp.concatenate([heads, edges], 1)
+
+
+@jax.custom_jvp
+def log_partition_per_position(potentials, lengths):
+    """Per chain `[B]`, `log Z` of per-position potentials.
+
+    potentials: `[B, T, L, L]` float (`chain`'s convention: at `t = 0` only
+    row 0, the start scores, is read); lengths: `[B]` ints in `[0, T]`.
+    Inputs are assumed valid (`chain` checks them). Differentiable in
+    `potentials` to any order, in forward and reverse mode; the gradient is
+    the edge marginals.
+    """
+    if potentials.shape[1] == 0:
+        return jnp.zeros(potentials.shape[:1], potentials.dtype)
+    return _forward_per_position(potentials, lengths)[0]
+
+
+@log_partition_per_position.defjvp
+def _log_partition_per_position_jvp(primals, tangents):
+    potentials, lengths = primals
+    if potentials.shape[1] == 0:
+        zeros = jnp.zeros(potentials.shape[:1], potentials.dtype)
+        return zeros, zeros
+    log_z, alphas, norms, factors, valid = _forward_per_position(potentials, lengths)
+    marginals = _edge_marginals_per_position(alphas, norms, factors, valid)
+    # A tangent where the marginal is zero (e.g. at a -inf score) may be infinite.
+    tangent = jnp.where(marginals > 0, tangents[0], 0.0)
+    return log_z, jnp.sum(marginals * tangent, (1, 2, 3))
