@@ -9,7 +9,12 @@ reference (float64):
 * torch-struct 0.5 `LinearChainCRF` (log semiring, per-position potentials,
   autograd), skipped where its `[B, T/2, L, L, L]` intermediate would not fit;
 * a numpy float64 scaled forward-backward written here, on factored and
-  per-position input.
+  per-position input;
+* a floor, not an implementation: only the matrix products that any
+  forward-backward of the factored form performs (2 (T - 1) steps of
+  `[B, L] x [L, L]`, each normalised, and the `[L, T B] x [T B, L]` edge
+  sums), in float32 XLA. numpy's time over the floor's is the largest
+  speed-up over numpy that an XLA forward-backward could reach at a shape.
 
 Repeats are interleaved (round robin over the variants of a shape, in
 blocks after an untimed warm call) so that load drift on a shared machine
@@ -232,6 +237,29 @@ def _numpy_variant(form: str) -> Variant:
     return Variant(f"numpy float64 {form}", "numpy", form, build, fits)
 
 
+def _products_floor_variant() -> Variant:
+    def build(problem: Problem):
+        B, T, L = problem.unary.shape
+        transitions = jnp.asarray(np.exp(problem.transitions - problem.transitions.max()), jnp.float32)
+
+        @jax.jit
+        def products(transitions):
+            def step(vectors, _):
+                new = vectors @ transitions
+                return new / jnp.max(new), new
+
+            _, steps = jax.lax.scan(step, jnp.ones((B, L), jnp.float32), None, length=2 * (T - 1))
+            forward, backward = steps[:T - 1].reshape(-1, L), steps[T - 1:].reshape(-1, L)
+            return jnp.sum(forward.T @ backward)
+
+        return lambda: jax.block_until_ready(products(transitions))
+
+    return Variant(FLOOR, "floor", "factored", build, lambda shape: None)
+
+
+FLOOR = "floor: XLA matrix products only"
+
+
 def variants():
     # The log-semiring parallel scan is left out: 4-9x slower than the
     # sequential scan on CPU (NUMERICS.md 7) and the slowest to compile; the
@@ -242,7 +270,7 @@ def variants():
     torch_struct = _torch_struct_variant()
     if torch_struct is not None:
         out.append(torch_struct)
-    out += [_numpy_variant("factored"), _numpy_variant("per-position")]
+    out += [_numpy_variant("factored"), _numpy_variant("per-position"), _products_floor_variant()]
     return out
 
 
@@ -305,6 +333,8 @@ def benchmark_chain(shapes=SHAPES, repeats: int = 7, budget_s: float = 60.0, log
             runs[variant.name] = variant.build(problem)
         first, results = first_calls(runs)
         for name, result in results.items():  # every variant must give the same sum of log Z
+            if name == FLOOR:
+                continue
             total = float(np.sum(np.asarray(result, np.float64)))
             error = abs(total - float(np.sum(reference))) / max(1.0, abs(float(np.sum(reference))))
             if error > 1e-4:
@@ -350,6 +380,10 @@ def chain_ratios(records):
                 if peer in peers:
                     row[f"vs_{key}"] = peers[peer]["median_s"] / best["median_s"]
                     row[f"vs_{key}_min"] = peers[peer]["min_s"] / best_min["min_s"]
+            numpy_name = f"numpy float64 {form}"
+            if form == "factored" and FLOOR in peers and numpy_name in peers:
+                row["floor_vs_numpy"] = peers[numpy_name]["median_s"] / peers[FLOOR]["median_s"]
+                row["floor_vs_numpy_min"] = peers[numpy_name]["min_s"] / peers[FLOOR]["min_s"]
             out.append(row)
     return out
 

@@ -149,16 +149,19 @@ def per_position_problem(seed):
 
 
 @functools.lru_cache(maxsize=None)
-def keeps_factors(keep):
+def per_position_variant(keep, fused):
     """`log_partition_per_position` with its exponentiated potentials kept
-    (`keep`) or exponentiated again in the backward pass."""
+    (`keep`) or exponentiated again in the backward pass, and its products
+    fused (`fused`) or as batched dots, whatever the sizes."""
     def log_partition(potentials, lengths):
-        limit = scaled_forward_backward._KEEP_FACTORS_BYTES
-        scaled_forward_backward._KEEP_FACTORS_BYTES = 2 ** 62 if keep else 0
+        module = scaled_forward_backward
+        saved = module._KEEP_FACTORS_BYTES, module._FUSED_PRODUCTS_MAX_LABELS
+        module._KEEP_FACTORS_BYTES = 2 ** 62 if keep else 0
+        module._FUSED_PRODUCTS_MAX_LABELS = 2 ** 62 if fused else 0
         try:
-            return scaled_forward_backward.log_partition_per_position(potentials, lengths)
+            return module.log_partition_per_position(potentials, lengths)
         finally:
-            scaled_forward_backward._KEEP_FACTORS_BYTES = limit
+            module._KEEP_FACTORS_BYTES, module._FUSED_PRODUCTS_MAX_LABELS = saved
     return log_partition
 
 
@@ -167,12 +170,12 @@ def weighted_total(log_partition, potentials, lengths, weights):
     return jnp.sum(jnp.where(jnp.isfinite(log_z), weights * log_z, 0.0))
 
 
-@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
-def test_per_position_values_gradients_and_hessian_vector_products(keep):
+@pytest.mark.parametrize("keep, fused", [(True, True), (False, False)], ids=["kept-fused", "recomputed-dot"])
+def test_per_position_values_gradients_and_hessian_vector_products(keep, fused):
     potentials, lengths = per_position_problem(5)
     weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
     generic = lambda p, n: chain.log_partition(p, n, semiring=semirings.Log)
-    fast = keeps_factors(keep)
+    fast = per_position_variant(keep, fused)
     np.testing.assert_allclose(jax.jit(fast)(potentials, lengths), generic(potentials, lengths), rtol=1e-12)
     assert fast(potentials, lengths)[2] == 0.0 and fast(potentials, lengths)[4] == -np.inf
 

@@ -227,6 +227,26 @@ class _Factors(NamedTuple):
         return self.kept if self.kept is not None else jnp.exp(self.scores - self.shifts[:, :, None, None])
 
 
+# Below this many labels a step's products run as one fused multiply and sum:
+# XLA's batched dot costs more per call than the work (1 x 10,000 x 9: 5 ms
+# against 20 ms), while at 45 labels the dot is faster (4 ms against 7 ms).
+_FUSED_PRODUCTS_MAX_LABELS = 16
+
+
+def _batched_vecmat(vectors, matrices):
+    """`[B, L] x [B, L, L] -> [B, L]`."""
+    if vectors.shape[-1] <= _FUSED_PRODUCTS_MAX_LABELS:
+        return jnp.sum(vectors[:, :, None] * matrices, 1)
+    return jnp.einsum("bi,bij->bj", vectors, matrices)
+
+
+def _batched_matvec(matrices, vectors):
+    """`[B, L, L] x [B, L] -> [B, L]`."""
+    if vectors.shape[-1] <= _FUSED_PRODUCTS_MAX_LABELS:
+        return jnp.sum(matrices * vectors[:, None, :], 2)
+    return jnp.einsum("bij,bj->bi", matrices, vectors)
+
+
 def _factors_per_position(potentials, valid) -> _Factors:
     scores = jnp.where(valid[:, :, None, None], potentials, 0.0)
     shifts = finite_max(scores, (-2, -1))
@@ -250,7 +270,7 @@ def _forward_per_position(potentials, lengths):
     norm = jnp.where(total > 0, total, 1.0)
 
     def step(alpha, t):
-        new = jnp.einsum("bi,bij->bj", alpha, factors.block(t))
+        new = _batched_vecmat(alpha, factors.block(t))
         total = jnp.sum(new, -1)
         norm = jnp.where(total > 0, total, 1.0)
         alpha = jnp.where(valid[:, t, None], new / norm[:, None], alpha)
@@ -278,7 +298,7 @@ def _edge_marginals_per_position(alphas, norms, factors: _Factors, valid):
         valid_t = valid[:, t, None]
         following = jnp.where(valid_t, beta / norms[t][:, None], 0.0)
         # Past the length, position t - 1 may be a chain's last: beta = 1 there.
-        back = jnp.where(valid_t, jnp.einsum("bij,bj->bi", factors.block(t), following), 1.0)
+        back = jnp.where(valid_t, _batched_matvec(factors.block(t), following), 1.0)
         # As in `_marginals`: sum_i alpha(i) beta(i) is 1 in exact arithmetic.
         total = jnp.sum(alphas[t - 1] * back, -1)
         return back / jnp.where(total > 0, total, 1.0)[:, None], following
