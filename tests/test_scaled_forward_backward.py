@@ -1,8 +1,9 @@
-"""The real semiring's fast path (`lattices.scaled_forward_backward`, closed-form
-forward-backward derivatives, batch last) against the generic log-semiring
-scan of `chain`, whose derivatives are autodiff: values, gradients under
-uneven cotangents, Hessians (forward over reverse mode), chains with no allowed
-path, empty rows and batching. Enumeration checks of the Real semiring
+"""The real semiring's fast paths (`lattices.scaled_forward_backward`,
+closed-form forward-backward derivatives; factored rows batch last, and
+per-position potentials) against the generic log-semiring scan of `chain`,
+whose derivatives are autodiff: values, gradients under uneven cotangents,
+Hessians (forward over reverse mode), chains with no allowed path, empty rows
+and batching. Enumeration checks of the Real semiring
 (which now runs this path) are in test_chain.py and test_chain_rows.py."""
 
 import functools
