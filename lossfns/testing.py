@@ -156,6 +156,57 @@ def sequence_score(potentials, labels, lengths=None) -> np.ndarray:
     return out
 
 
+def reference_row_log_partition(potentials, starts=None, lengths=None) -> jax.Array:
+    """`log Z` per row of back-to-back chains (`chain.row_log_partition`'s
+    convention; `starts=None`: one chain per row), `[...]`, by the plain
+    log-space forward recursion over per-position scores in JAX.
+
+    An oracle for sizes enumeration cannot reach (T = 10,000, 333 labels):
+    independent of `lossfns.lattices`' kernels, exact with `-inf`, and
+    differentiable by autodiff (`semirings.logsumexp` keeps it NaN-free), so
+    its derivatives check the kernels' closed-form ones. Slow: L^2
+    exponentials a step.
+    """
+    from .semirings import logsumexp  # the algebra, not the algorithms under test
+
+    if isinstance(potentials, FactoredPotentials):
+        unary = jnp.asarray(potentials.unary)
+        L = unary.shape[-1]
+        start = jnp.zeros((L,), unary.dtype) if potentials.start is None else jnp.asarray(potentials.start)
+        edges = jnp.asarray(potentials.transitions)[..., None, :, :] + unary[..., :, None, :]
+        first = start[..., None, :] + unary  # [..., T, L]
+    else:
+        edges = jnp.asarray(potentials)
+        first = edges[..., :, 0, :]
+    batch_shape, T = edges.shape[:-3], edges.shape[-3]
+    starts = jnp.zeros(batch_shape + (T,), bool) if starts is None else jnp.asarray(starts)
+    starts = jnp.broadcast_to(starts, batch_shape + (T,))
+    lengths = jnp.full(batch_shape, T) if lengths is None else jnp.broadcast_to(jnp.asarray(lengths), batch_shape)
+    if T == 0:
+        return jnp.zeros(batch_shape, edges.dtype)
+
+    def one(edges, first, starts, length):
+        valid = jnp.arange(T) < length
+        starts = (starts | (jnp.arange(T) == 0)) & valid
+        ends = valid & jnp.concatenate([starts[1:], jnp.ones((1,), bool)]) | (jnp.arange(T) == length - 1)
+
+        def step(alpha, inputs):
+            edges_t, first_t, start_t, valid_t, end_t = inputs
+            safe = jnp.where(valid_t, edges_t, 0.0)
+            new = jnp.where(start_t, jnp.where(valid_t, first_t, 0.0), logsumexp(alpha[:, None] + safe, 0))
+            alpha = jnp.where(valid_t, new, alpha)
+            return alpha, jnp.where(end_t & valid_t, logsumexp(alpha, 0), 0.0)
+
+        _, totals = jax.lax.scan(step, jnp.zeros(edges.shape[-1], edges.dtype), (edges, first, starts, valid, ends))
+        return jnp.sum(totals)
+
+    flat = lambda x, core: x.reshape((-1,) + x.shape[x.ndim - core:])
+    out = jax.vmap(one)(flat(jnp.broadcast_to(edges, batch_shape + edges.shape[-3:]), 3),
+                        flat(jnp.broadcast_to(first, batch_shape + first.shape[-2:]), 2),
+                        flat(starts, 1), lengths.reshape(-1))
+    return out.reshape(batch_shape)
+
+
 def check_gradients(fn, args, order: int = 2, modes=("fwd", "rev"), eps: float = 1e-4,
                     atol: float = 1e-5, rtol: float = 1e-5) -> None:
     """Finite-difference check of `fn`'s derivatives up to `order` (float64).

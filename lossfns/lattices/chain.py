@@ -17,12 +17,18 @@ each length; a length-0 sequence has one empty path of score 0. Any number
 of leading batch dimensions is supported: the algorithms are written for one
 unbatched instance and mapped with `jax.vmap`.
 
-Marginals are derivatives of `log_partition` (autodiff, differentiable
-again); best paths use explicit back-pointers; samples use forward filtering,
-backward sampling. The real semiring's sequential `forward` runs
-`scaled_forward_backward` on factored potentials with shared transitions and
-start, and on per-position potentials: the same values, with the
-forward-backward derivatives in closed form (faster on CPU).
+Marginals are derivatives of `log_partition` (differentiable again); best
+paths use explicit back-pointers; samples use forward filtering, backward
+sampling.
+
+Which algorithm runs is chosen by the semiring and the form, in
+`_exact_kernel`: `log Z` (`semirings.Log`, or `semirings.Real`, which is now
+the same computation) with the sequential algorithm runs `kernel`, exact and
+fast, with closed-form derivatives, on factored potentials whose transitions
+and start the batch shares and on per-position potentials; every other
+combination runs the generic semiring scan written once below (the real
+semiring's unchecked probability-space recursion is never used for chains,
+since it silently underflows).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import jax.numpy as jnp
 from .. import semirings
 from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf
-from . import scaled_forward_backward
+from . import kernel
 
 ALGORITHMS = ("sequential", "parallel")
 
@@ -150,35 +156,47 @@ def _map_batch(fn, potentials, lengths, *batched):
     return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
-def _uses_scaled_forward_backward(semiring, potentials, algorithm="sequential") -> bool:
-    """Whether the real semiring's fast path applies: a sequential scan over
-    factored potentials whose transitions and start the batch shares."""
-    return (semiring.name == "real" and algorithm == "sequential" and isinstance(potentials, FactoredPotentials)
-            and potentials.transitions.ndim == 2 and potentials.start.ndim == 1)
+def _computes_log_z(semiring) -> bool:
+    """`Log` and `Real` (not its subclasses, e.g. `Counting`) compute log Z."""
+    return type(semiring) in (semirings.LogSemiring, semirings.RealSemiring)
 
 
-def _uses_scaled_per_position(semiring, potentials, algorithm) -> bool:
-    """Whether the real semiring's per-position fast path applies (`forward`)."""
-    return semiring.name == "real" and algorithm == "sequential" and not isinstance(potentials, FactoredPotentials)
+def _log_semiring(semiring: Semiring) -> Semiring:
+    """`Real` computes what `Log` computes (log Z), through the same exact algorithms."""
+    return semirings.Log if _computes_log_z(semiring) else semiring
+
+
+def _exact_kernel(semiring: Semiring, potentials, algorithm: str):
+    """The kernel function for this semiring and form, or None for the generic
+    scan: `kernel.row_log_partition` on factored potentials whose transitions
+    and start the batch shares, `kernel.log_partition_per_position` on
+    per-position potentials, for log Z with the sequential algorithm."""
+    if type(semiring) is not semirings.LogSemiring or algorithm != "sequential":
+        return None
+    if isinstance(potentials, FactoredPotentials):
+        shared = potentials.transitions.ndim == 2 and potentials.start.ndim == 1
+        return _kernel_rows if shared else None
+    return _kernel_per_position
 
 
 @jax.jit
-def _scaled_rows(potentials: FactoredPotentials, lengths, starts):
-    """`scaled_forward_backward.row_log_partition` over the batch shape of `lengths`."""
+def _kernel_rows(potentials: FactoredPotentials, lengths, starts):
+    """`kernel.row_log_partition` over the batch shape of `lengths`."""
     batch_shape, (T, L) = lengths.shape, potentials.unary.shape[-2:]
     size = math.prod(batch_shape)
-    out = scaled_forward_backward.row_log_partition(
+    out = kernel.row_log_partition(
         potentials.unary.reshape(size, T, L), potentials.transitions, potentials.start,
         starts.reshape(size, T), lengths.reshape(size))
     return out.reshape(batch_shape)
 
 
 @jax.jit
-def _scaled_per_position(potentials, lengths):
-    """`scaled_forward_backward.log_partition_per_position` over the batch shape of `lengths`."""
+def _kernel_per_position(potentials, lengths, starts):
+    """`kernel.log_partition_per_position` over the batch shape of `lengths`
+    (single chains: `starts`, there for a uniform signature, must be all False)."""
     batch_shape = lengths.shape
     size = math.prod(batch_shape)
-    out = scaled_forward_backward.log_partition_per_position(
+    out = kernel.log_partition_per_position(
         potentials.reshape((size,) + potentials.shape[-3:]), lengths.reshape(size))
     return out.reshape(batch_shape)
 
@@ -349,16 +367,16 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "s
     if not isinstance(semiring, Semiring):
         raise TypeError(f"semiring must be a lossfns.semirings.Semiring (e.g. semirings.Log), got {semiring!r}")
     potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
-    if _uses_scaled_forward_backward(semiring, potentials, algorithm):
-        return _scaled_rows(potentials, lengths, jnp.zeros(batch_shape + (T,), bool))
-    if _uses_scaled_per_position(semiring, potentials, algorithm):
-        return _scaled_per_position(potentials, lengths)
+    semiring = _log_semiring(semiring)
+    fast = _exact_kernel(semiring, potentials, algorithm)
+    if fast is not None:
+        return fast(potentials, lengths, jnp.zeros(batch_shape + (T,), bool))
     return _map_batch(_instance(_forward_instance, semiring, algorithm), potentials, lengths)
 
 
 def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
     """`log Z` per chain, `[...]`. `semiring` is `Log` (exact with -inf) or `Real` (fast on CPU)."""
-    if semiring.name not in ("log", "real"):
+    if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
     return forward(semiring, potentials, lengths, algorithm=algorithm)
 
@@ -451,19 +469,20 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
     Returns:
       `[...]` per row, the sum of its chains' values.
     """
-    if not isinstance(semiring, Semiring) or semiring.name not in ("log", "real", "max"):
+    if not (_computes_log_z(semiring) or type(semiring) is semirings.MaxSemiring):
         raise ValueError(f"semiring must be semirings.Log, Real or Max for row_forward, got {semiring!r}")
     potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
     starts = _as_starts(starts, batch_shape + (T,))
-    if _uses_scaled_forward_backward(semiring, potentials):
-        return _scaled_rows(potentials, lengths, starts)
+    semiring = _log_semiring(semiring)
+    if _exact_kernel(semiring, potentials, "sequential") is _kernel_rows:
+        return _kernel_rows(potentials, lengths, starts)
     return _map_batch(_instance(_row_forward_instance, semiring), potentials, lengths, starts)
 
 
 def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = semirings.Log):
     """Per row `[...]`, the sum of `log Z` over its chains (`row_forward`);
     `semiring` is `Log` (exact with -inf) or `Real` (fast on CPU)."""
-    if semiring.name not in ("log", "real"):
+    if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for row_log_partition, got {semiring!r}")
     return row_forward(semiring, potentials, starts, lengths)
 
