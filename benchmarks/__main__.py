@@ -3,10 +3,11 @@ and a markdown summary to `benchmarks/results/`.
 
     python -m benchmarks                     # chain, sparse, training (NER, POS) and perceptron vs CRFsuite
     python -m benchmarks --quick             # a smoke run: small shapes, few repeats
-    python -m benchmarks --only chain        # one part: chain, sparse, training or perceptron
+    python -m benchmarks --only chain        # one part: chain, crf, sparse, training or perceptron
+    python -m benchmarks --only crf          # CRF loss plus gradient vs pytorch-crf
     python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
 
-Peers (torch==2.13.0 with torch-struct 0.5, python-crfsuite) are installed
+Peers (torch==2.13.0 with torch-struct 0.5 and pytorch-crf 0.7.2, python-crfsuite) are installed
 with pip into the running interpreter when missing (`--no-install` to skip
 them instead). Timings on shared machines drift: compare the ratios, which
 come from the same run.
@@ -28,7 +29,8 @@ import platform
 import subprocess
 import sys
 
-PEERS = {"torch": "torch==2.13.0", "torch_struct": "torch-struct==0.5", "pycrfsuite": "python-crfsuite"}
+PEERS = {"torch": "torch==2.13.0", "torch_struct": "torch-struct==0.5", "torchcrf": "pytorch-crf==0.7.2",
+         "pycrfsuite": "python-crfsuite"}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -73,7 +75,7 @@ def describe_machine():
     except (OSError, StopIteration):
         memory_gib = None
     versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
-    for module in ("torch", "torch_struct", "pycrfsuite"):
+    for module in ("torch", "torch_struct", "torchcrf", "pycrfsuite"):
         try:
             versions[module] = getattr(importlib.import_module(module), "__version__", "installed")
         except ImportError:
@@ -116,6 +118,20 @@ def markdown(report) -> str:
         lines += ["", "The last column bounds what any XLA forward-backward of the factored form could gain on "
                   "numpy at that shape: numpy's whole forward-backward over the time of the matrix products alone.", ""]
         lines.append("")
+    if "crf" in report:
+        names = [n for n in report["crf"][0]["variants"] if n != "pytorch-crf"] if report["crf"] else []
+        lines += ["## CRF negative log-likelihood plus gradient vs pytorch-crf (float32, factored)", "",
+                  "| (B, T, L) | " + " | ".join(f"{n} ms" for n in names) + " | pytorch-crf ms | "
+                  + " | ".join(f"{n} vs pytorch-crf (median; min)" for n in names) + " |",
+                  "|---|" + "---:|" * (2 * len(names) + 1)]
+        for r in report["crf"]:
+            v = r["variants"]
+            peer = f"{v['pytorch-crf']['median_s'] * 1e3:.2f}" if "pytorch-crf" in v else "n/a"
+            speedups = [f"{r['vs_pytorch_crf'][n]['median']:.1f}x; {r['vs_pytorch_crf'][n]['min']:.1f}x"
+                        if "vs_pytorch_crf" in r else "n/a" for n in names]
+            lines.append(f"| {tuple(r['shape'])} | " + " | ".join(f"{v[n]['median_s'] * 1e3:.2f}" for n in names)
+                         + f" | {peer} | " + " | ".join(speedups) + " |")
+        lines += ["", "First calls (compilation included) are in the JSON (`first_call_s`).", ""]
     if "sparse" in report:
         lines += ["## Sparse forward-backward (Lavergne 4.1) vs dense, log Z plus gradients (float32)", "",
                   "| (B, T, L) | zero label-pair weights | sparse ms | dense ms (from weights) | dense ms (given matrices) "
@@ -158,7 +174,7 @@ def write(report, stem):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("chain", "sparse", "training", "perceptron"), action="append")
+    parser.add_argument("--only", choices=("chain", "crf", "sparse", "training", "perceptron"), action="append")
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
@@ -169,7 +185,7 @@ def main(argv=None):
     parser.add_argument("--training-tasks", default="ner,pos", help="training: ner (CoNLL-2002), pos (conll2000)")
     parser.add_argument("--epochs", default="1,5", help="perceptron: test accuracy after these epochs")
     args = parser.parse_args(argv)
-    parts = args.only or ["chain", "sparse", "training", "perceptron"]
+    parts = args.only or ["chain", "crf", "sparse", "training", "perceptron"]
 
     ensure_peers(not args.no_install)
     from benchmarks import chain_benchmark
@@ -194,6 +210,10 @@ def main(argv=None):
                   f"vs torch-struct {row.get('vs_torch_struct', float('nan')):7.1f}x "
                   f"(min {row.get('vs_torch_struct_min', float('nan')):7.1f}x)   "
                   f"vs numpy {row.get('vs_numpy', float('nan')):7.1f}x (min {row.get('vs_numpy_min', float('nan')):7.1f}x)")
+    if "crf" in parts:
+        shapes = ((4, 10, 5), (2, 200, 9)) if args.quick else chain_benchmark.CRF_SHAPES
+        report["crf"] = chain_benchmark.benchmark_crf_loss(shapes, repeats, args.budget)
+        write(report, stem)
     if "sparse" in parts:
         shape = (2, 10, 50) if args.quick else (8, 40, 333)
         report["sparse"] = chain_benchmark.benchmark_sparse(shape, repeats=repeats, budget_s=args.budget)

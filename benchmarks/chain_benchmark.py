@@ -5,7 +5,8 @@ with respect to the potentials (the marginals) in float32, except the numpy
 reference (float64):
 
 * lossfns (`lossfns.lattices.chain`, jitted): {factored, per-position} x
-  {real sequential, log sequential, real parallel};
+  {sequential (the default call: the exact kernel, which `Real` also
+  runs), parallel (log semiring)};
 * torch-struct 0.5 `LinearChainCRF` (log semiring, per-position potentials,
   autograd), skipped where its `[B, T/2, L, L, L]` intermediate would not fit;
 * a numpy float64 scaled forward-backward written here, on factored and
@@ -43,7 +44,7 @@ from lossfns import semirings
 from lossfns.lattices import chain, sparse_chain
 
 SHAPES = ((32, 40, 9), (32, 40, 45), (8, 40, 333), (256, 25, 45), (1, 10_000, 9))
-SEMIRINGS = {"real": semirings.Real, "log": semirings.Log}
+SEMIRINGS = {"log": semirings.Log}
 # Skip a variant whose largest intermediate would exceed this (shared machine).
 MEMORY_LIMIT_BYTES = 2 * 1024 ** 3
 TORCH_STRUCT_WORK_LIMIT = 32 * 40 * 45 ** 3
@@ -169,9 +170,8 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
         itemsize = 4
         if algorithm == "parallel":
             # the generic log-semiring matmul materialises [.., L, L, L] per product
-            per_product = L ** 3 if semiring == "log" else L ** 2
-            needed = B * max(T // 2, 1) * per_product * itemsize * 3
-        elif form == "per-position" and semiring == "log":
+            needed = B * max(T // 2, 1) * L ** 3 * itemsize * 3
+        elif form == "per-position":
             needed = B * T * L * L * itemsize * 4
         else:
             needed = B * T * L * L * itemsize
@@ -261,12 +261,10 @@ FLOOR = "floor: XLA matrix products only"
 
 
 def variants():
-    # The log-semiring parallel scan is left out: 4-9x slower than the
-    # sequential scan on CPU (NUMERICS.md 7) and the slowest to compile; the
-    # real-semiring parallel scan stands for the parallel algorithm.
-    out = [_lossfns_variant(form, semiring, algorithm)
-           for form in ("factored", "per-position")
-           for semiring, algorithm in (("real", "sequential"), ("log", "sequential"), ("real", "parallel"))]
+    # The parallel scan (log semiring, exact) is 4-9x slower than the
+    # sequential one on CPU (NUMERICS.md 7); it stands for the accelerator path.
+    out = [_lossfns_variant(form, "log", algorithm)
+           for form in ("factored", "per-position") for algorithm in ("sequential", "parallel")]
     torch_struct = _torch_struct_variant()
     if torch_struct is not None:
         out.append(torch_struct)
@@ -386,6 +384,114 @@ def chain_ratios(records):
                 row["floor_vs_numpy_min"] = peers[numpy_name]["min_s"] / peers[FLOOR]["min_s"]
             out.append(row)
     return out
+
+
+# ---------------------------------------------------------------------------
+# CRF loss plus gradient against pytorch-crf
+# ---------------------------------------------------------------------------
+
+
+CRF_SHAPES = ((32, 40, 9), (32, 40, 45), (256, 25, 45), (8, 40, 333), (1, 2000, 9))
+
+
+def _gold_tags(shape, seed: int = 1) -> np.ndarray:
+    B, T, L = shape
+    return np.random.default_rng(seed).integers(0, L, size=(B, T)).astype(np.int32)
+
+
+def _lossfns_crf_loss(semiring):
+    """The negative log-likelihood of factored potentials summed over the
+    batch, `log Z - score`, with its gradient in unary, transitions and start."""
+    def build(problem: Problem, tags):
+        potentials = chain.FactoredPotentials(jnp.asarray(problem.unary), jnp.asarray(problem.transitions),
+                                              jnp.asarray(problem.start))
+        tags = jnp.asarray(tags)
+        if semiring is None:  # the default call
+            log_partition = chain.log_partition
+        else:
+            log_partition = lambda p: chain.log_partition(p, semiring=semiring)
+
+        @jax.jit
+        def loss_and_gradient(potentials):
+            return jax.value_and_grad(lambda p: jnp.sum(log_partition(p) - chain.score(p, tags)))(potentials)
+
+        def run():
+            value, _ = jax.block_until_ready(loss_and_gradient(potentials))
+            return float(value)
+
+        return run
+
+    return build
+
+
+def _pytorch_crf_loss():
+    """pytorch-crf's `CRF` (batch first, no mask, end transitions 0, so the
+    same model): forward plus backward of the summed negative log-likelihood."""
+    try:
+        import torch
+        from torchcrf import CRF
+    except ImportError:
+        return None
+
+    def build(problem: Problem, tags):
+        B, T, L = problem.unary.shape
+        crf = CRF(L, batch_first=True)
+        with torch.no_grad():
+            crf.transitions.copy_(torch.tensor(problem.transitions))
+            crf.start_transitions.copy_(torch.tensor(problem.start))
+            crf.end_transitions.zero_()
+        emissions = torch.tensor(problem.unary, requires_grad=True)
+        gold = torch.tensor(tags, dtype=torch.long)
+        parameters = [emissions, crf.transitions, crf.start_transitions, crf.end_transitions]
+
+        def run():
+            loss = -crf(emissions, gold, reduction="sum")
+            torch.autograd.grad(loss, parameters)
+            return float(loss.detach())
+
+        return run
+
+    return build
+
+
+def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60.0, log=print):
+    """CRF negative log-likelihood plus gradient in float32: lossfns's default
+    call (`chain.log_partition(potentials) - chain.score(potentials, tags)`,
+    factored), its explicit `Log` and `Real` semirings, and pytorch-crf, side
+    by side; the losses must agree to 1e-4 (relative)."""
+    builders = {"lossfns default": _lossfns_crf_loss(None), "lossfns semiring=Log": _lossfns_crf_loss(semirings.Log),
+                "lossfns semiring=Real": _lossfns_crf_loss(semirings.Real)}
+    pytorch_crf = _pytorch_crf_loss()
+    if pytorch_crf is not None:
+        builders["pytorch-crf"] = pytorch_crf
+    records = []
+    for shape in shapes:
+        B, T, L = shape
+        problem, tags = make_problem(shape), _gold_tags(shape)
+        runs = {name: build(problem, tags) for name, build in builders.items()}
+        first, results = first_calls(runs)
+        reference = results["lossfns default"]
+        for name, value in results.items():
+            if abs(value - reference) > 1e-4 * max(1.0, abs(reference)):
+                raise AssertionError(f"{name} at {shape}: loss {value} differs from lossfns's {reference}")
+        timings = time_interleaved(runs, repeats, budget_s)
+        record = {"shape": list(shape), "loss": reference, "variants": {}}
+        for name, (_, times) in timings.items():
+            first_s = first[name]  # the very first call: tracing and compilation included
+            median = statistics.median(times)
+            record["variants"][name] = {"median_s": median, "min_s": min(times), "repeats": len(times),
+                                        "first_call_s": first_s}
+            log(f"crf loss {str(shape):>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+                f"first call {first_s:6.2f} s")
+        if "pytorch-crf" in record["variants"]:
+            peer = record["variants"]["pytorch-crf"]
+            record["vs_pytorch_crf"] = {name: {"median": peer["median_s"] / v["median_s"],
+                                               "min": peer["min_s"] / v["min_s"]}
+                                        for name, v in record["variants"].items() if name != "pytorch-crf"}
+            log(f"crf loss {str(shape):>16} speed-up over pytorch-crf: " + ", ".join(
+                f"{name} {r['median']:.1f}x (min {r['min']:.1f}x)" for name, r in record["vs_pytorch_crf"].items()))
+        records.append(record)
+    return records
 
 
 # ---------------------------------------------------------------------------

@@ -378,3 +378,18 @@ def test_pack_sizes_blocks_and_errors(random_pack):
         dag.pack(lattices, in_degree=(1,))
     with pytest.raises(ValueError, match="packed arc"):
         dag.packed_forward(semirings.Log, packed, scores[:-1])
+
+
+def test_a_state_far_behind_its_level_that_wins_later_is_exact():
+    """Each state is shifted by its own best in-arc, so a branch 200 nats
+    behind the level's best (past float32's range) that wins later keeps its
+    mass, with the real semiring as with the log semiring, jitted or not."""
+    lattice = dag.from_arcs([(0, 1, 0), (0, 2, 0), (1, 3, 0), (2, 4, 0), (3, 5, 0), (4, 5, 0)], final=[5])
+    scores = jnp.array([0.0, -200.0, 0.0, 300.0, 0.0, 0.0], jnp.float32)
+    for semiring in (semirings.Log, semirings.Real):
+        np.testing.assert_allclose(dag.log_partition(lattice, scores, semiring=semiring), 100.0, rtol=1e-6)
+        np.testing.assert_allclose(jax.jit(lambda s: dag.log_partition(lattice, s, semiring=semiring))(scores), 100.0,
+                                   rtol=1e-6)
+        marginals = dag.arc_marginals(lattice, scores, semiring=semiring)
+        np.testing.assert_allclose(marginals, [0.0, 1.0, 0.0, 1.0, 0.0, 1.0], atol=1e-6)
+    np.testing.assert_allclose(dag.packed_log_partition(dag.pack([lattice]), scores), [100.0], rtol=1e-6)

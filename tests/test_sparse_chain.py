@@ -181,3 +181,26 @@ def test_bad_input_names_the_argument(field, value, error, message):
         sparse_chain.log_partition(potentials, jnp.array([5, 1]))
     with pytest.raises(TypeError, match="SparsePotentials"):
         sparse_chain.log_partition(jnp.zeros((2, 4, 3, 3)))
+
+
+@pytest.mark.parametrize("scale", [10.0, 200.0])
+def test_wide_and_strongly_negative_scores_are_exact_in_float32(scale):
+    """Scale-200 scores (steps far past float32's range) and -inf pair
+    weights: the checked steps recover in log space, so float32 values and
+    node marginals match the float64 reference scan."""
+    rng = np.random.default_rng(int(scale))
+    L = 6
+    previous, following = sparse_chain.random_support(jax.random.PRNGKey(3), L, 0.3)
+    pair_weights = rng.normal(size=(3, 20, previous.shape[0])) * scale
+    pair_weights[:, 3, 0] = -np.inf
+    potentials64 = SparsePotentials(jnp.asarray(rng.normal(size=(3, 20, L)) * scale), jnp.asarray(pair_weights),
+                                    previous, following, jnp.asarray(rng.normal(size=L)))
+    lengths = jnp.array([20, 11, 1])
+    dense64 = sparse_chain.to_dense(potentials64)
+    want = testing.reference_row_log_partition(dense64, None, lengths)
+    want_nodes = jax.grad(lambda d: jnp.sum(testing.reference_row_log_partition(d, None, lengths)))(dense64).sum(-2)
+    potentials32 = potentials64._replace(unary=potentials64.unary.astype(jnp.float32),
+                                         pair_weights=potentials64.pair_weights.astype(jnp.float32),
+                                         start=potentials64.start.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(_log_partition(potentials32, lengths), np.float64), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(_marginals(potentials32, lengths).unary, np.float64), want_nodes, atol=1e-5)

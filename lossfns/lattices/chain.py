@@ -682,12 +682,15 @@ def _sample_instance(potentials, length, key):
         return label, label
 
     _, labels = jax.lax.scan(back, jnp.int32(-1), (jnp.arange(T), alphas, following, keys), reverse=True)
-    return labels
+    # No allowed path (log Z = -inf): no sample, as Viterbi gives no path.
+    reachable = jnp.any(alphas[jnp.maximum(length - 1, 0)] > -jnp.inf)
+    return jnp.where(reachable, labels, -1)
 
 
 def sample(key, potentials, lengths=None):
     """One exact sample from `P(y | x)` per chain (forward filtering, backward
-    sampling), `labels [..., T]` int32 with -1 past each length."""
+    sampling), `labels [..., T]` int32 with -1 past each length, and -1
+    everywhere for a chain with no allowed sequence (as `viterbi`)."""
     potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
     keys = jax.random.split(key, math.prod(batch_shape)).reshape(batch_shape + key.shape)
     return _map_batch(_sample_instance, potentials, lengths, keys)

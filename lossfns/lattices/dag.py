@@ -611,7 +611,10 @@ def _forward_instance(semiring: Semiring, lattice: Lattice, arc_scores):
         row, arcs = level
         arc_sources = sources[arcs]
         shifted = jnp.where(arcs < A, scores[arcs] + potential[arc_sources], -jnp.inf)
-        weights, shift = semiring.convert_scaled(shifted, (-2, -1))
+        # One shift per state (its largest in-arc): the state's largest term
+        # is exactly 1, so no state's mass can underflow (a level-wide shift
+        # loses states far behind the level's best that win later).
+        weights, shift = semiring.convert_scaled(shifted, (-1,))
         new = semiring.sum(semiring.times(_gather(values, arc_sources), weights), -1)
         if per_state_scale:
             new, norm = semiring.normalize(semiring.expand_dims(new, -1), -1)

@@ -114,9 +114,9 @@ def recovery_threshold(dtype, num_labels: int) -> float:
 
 
 def _safe_log(x):
-    """`log x`, `-inf` at 0, with derivatives that stay finite at 0."""
+    """`log x`, `-inf` at 0 (NaN stays NaN), with derivatives that stay finite at 0."""
     positive = x > 0
-    return jnp.where(positive, jnp.log(jnp.where(positive, x, 1.0)), -jnp.inf)
+    return jnp.where(positive, jnp.log(jnp.where(positive, x, 1.0)), jnp.where(jnp.isnan(x), jnp.nan, -jnp.inf))
 
 
 def _safe_divide(x, y):

@@ -17,8 +17,8 @@ of the forward vector) and a sparse part over the non-zeros of `M_t`:
 
 which costs `O(L + K)` per position instead of `O(L^2)` for `K` non-zero
 pairs; autodiff of the recursion (the backward pass) costs the same. The
-carried vector is renormalised at every step and the log normalisers are
-summed, as in the real semiring of `lossfns.lattices.chain`.
+forward vector is carried in log space and shifted at every step, as in
+`lossfns.lattices.kernel`.
 
 Representation: the non-zero label pairs share one support for the whole
 batch, `pair_previous [K]` and `pair_next [K]` (the union of the pairs any
@@ -30,14 +30,14 @@ conventions as `chain` hold: at `t = 0` the previous label is the start state
 length, and `to_dense` gives the `[..., T, L, L]` potentials that
 `chain.log_partition` accepts, which is what the tests compare with.
 
-Accuracy: a pair weight `w < 0` enters as `1 + M` with `M = exp(w) - 1`
-close to -1, so the contribution of label `j` is a difference, computed to an
-absolute error of about machine epsilon times the forward sum: relative
-errors grow like `eps * exp(-w)`. Forbidden pairs (`w = -inf`) are exact up
-to that rounding (a negative remainder is set to zero). In float32 keep the
-pair weights above about -5 (L1-trained weights usually are) or use float64,
-or the dense `chain` functions for strongly negative weights. Large positive
-scores are safe: every step is shifted by its largest score before `exp`.
+Accuracy: exact to rounding for every input the dense chain is exact for.
+A pair weight `w < 0` enters as `1 + M` with `M = exp(w) - 1` close to -1,
+so the contribution of label `j` is a difference; each step checks its
+column sums against the magnitudes of their terms (and against underflow)
+and redoes a step that lost precision in log space over the dense `[L, L]`
+scores (`_forward_instance`), so strongly negative and forbidden (`-inf`)
+pair weights cost time, not accuracy. Large positive scores are safe:
+every step is shifted by its largest score before `exp`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import semirings
+from . import kernel
 from ..validation import as_float_array, as_lengths, check_finite_or_neg_inf, concrete
 
 
@@ -116,7 +117,15 @@ def _prepare(potentials: SparsePotentials, lengths):
 
 
 def _forward_instance(potentials: SparsePotentials, length):
-    """`log Z` of one chain: `unary [T, L]`, `pair_weights [T, K]`, `start [L]`."""
+    """`log Z` of one chain: `unary [T, L]`, `pair_weights [T, K]`, `start [L]`.
+
+    The forward scores are carried in log space, as in `kernel`; each step
+    is the sparse real-space product above on their exponentials, checked:
+    a column sum below `kernel.recovery_threshold` (underflow) or below
+    a fixed fraction of the sum of its terms' magnitudes (a difference that
+    lost its digits, from strongly negative or forbidden pairs) sends the
+    step to log space over the dense `[L, L]` pair scores, under `lax.cond`.
+    """
     unary, pair_weights, previous, following, start = potentials
     T, L = unary.shape
     if T == 0:
@@ -128,33 +137,41 @@ def _forward_instance(potentials: SparsePotentials, length):
 
     first = start + unary[0] + jax.ops.segment_sum(jnp.where(previous == 0, pair_weights[0], 0.0), following, L)
     first_shift = semirings.finite_max(first, -1)
-    alpha = jnp.exp(first - first_shift)
-    alpha, first_norm = semirings.Real.normalize(alpha, -1)
 
     # Shifts keep exp() in range (NUMERICS.md 5): exp(pair - c) = exp(-c) (1 + M)
     # with c >= 0 the largest pair weight of the step, so nothing overflows.
-    unary_shift = semirings.finite_max(unary[1:], -1)
-    unary_factors = jnp.exp(unary[1:] - unary_shift[:, None])
     if pair_weights.shape[-1]:
         pair_shift = jnp.maximum(semirings.finite_max(pair_weights[1:], -1), 0.0)
     else:
         pair_shift = jnp.zeros((T - 1,), unary.dtype)
     pair_factors = jnp.exp(pair_weights[1:] - pair_shift[:, None])
     dense_factors = jnp.exp(-pair_shift)
+    tau = kernel.recovery_threshold(unary.dtype, L)
+    # Below this fraction of the sum of its terms' magnitudes, a column sum has
+    # lost more than about 1e-5 of relative precision (a few roundings of eps).
+    cancellation = min(1.0, 4 * float(jnp.finfo(unary.dtype).eps) / 1e-5)
 
-    def step(alpha, inputs):
-        unary_t, pair_t, dense_t, log_shift_t, valid_t = inputs
-        sparse = jax.ops.segment_sum(alpha[previous] * (pair_t - dense_t), following, L)
-        new = unary_t * (dense_t * jnp.sum(alpha) + sparse)
-        # M = -1 (forbidden pair) cancels the dense part up to rounding; a
-        # tiny negative remainder is a zero.
-        new = jnp.where(new > 0, new, 0.0)
-        new, norm = semirings.Real.normalize(new, -1)
-        return jnp.where(valid_t, new, alpha), jnp.where(valid_t, norm + log_shift_t, 0.0)
+    def step(log_alpha, inputs):
+        unary_t, weights_t, pair_t, dense_t, shift_t, valid_t = inputs
+        alpha = jnp.exp(log_alpha)
+        dense = dense_t * jnp.sum(alpha)
+        gathered = alpha[previous]
+        sums = dense + jax.ops.segment_sum(gathered * (pair_t - dense_t), following, L)
+        magnitudes = dense + jax.ops.segment_sum(gathered * (pair_t + dense_t), following, L)
+        recover = valid_t & jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes))
 
-    inputs = (unary_factors, pair_factors, dense_factors, unary_shift + pair_shift, valid[1:])
-    alpha, log_norms = jax.lax.scan(step, alpha, inputs)
-    log_z = semirings.Real.unconvert(jnp.sum(alpha), first_shift + first_norm + semirings.pairwise_sum(log_norms))
+        def exact():
+            pairs = jnp.zeros((L, L), unary.dtype).at[previous, following].add(weights_t)
+            return semirings.logsumexp(log_alpha[:, None] + pairs, 0) - shift_t
+
+        log_sums = jax.lax.cond(recover, exact, lambda: kernel._safe_log(jnp.maximum(sums, 0.0)))
+        new = log_sums + shift_t + unary_t
+        shift = semirings.finite_max(new, -1)
+        return jnp.where(valid_t, new - shift, log_alpha), jnp.where(valid_t, shift, 0.0)
+
+    inputs = (unary[1:], pair_weights[1:], pair_factors, dense_factors, pair_shift, valid[1:])
+    log_alpha, log_norms = jax.lax.scan(step, first - first_shift, inputs)
+    log_z = first_shift + semirings.pairwise_sum(log_norms) + kernel._safe_log(jnp.sum(jnp.exp(log_alpha)))
     return jnp.where(length == 0, 0.0, log_z)
 
 
