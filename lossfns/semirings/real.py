@@ -7,16 +7,18 @@ from .base import Semiring, finite_max
 
 
 class RealSemiring(Semiring):
-    """`plus = +`, `times = *` on `exp(scores)`; the fast CPU path.
+    """`plus = +`, `times = *` on `exp(scores)`; `unconvert` returns the log
+    of the sum (e.g. `log Z`), like the log semiring.
 
-    Products are matrix products (no `exp`/`log` in the inner loop). Values
-    never leave a safe range because the algorithms shift scores by their
-    per-step maximum before `exp` (`convert_scaled`) and renormalise the
-    carried vector at every step (`normalize`), keeping the logs of both.
-    `unconvert` returns the log of the sum, e.g. `log Z`, like the log
-    semiring. Probabilities below the float range of a step underflow to 0;
-    use the log semiring where exact `-inf` structure with huge score ranges
-    matters more than speed.
+    Products are matrix products (no `exp`/`log` in the inner loop); values
+    stay in range because algorithms shift scores before `exp`
+    (`convert_scaled`) and renormalise (`normalize`), keeping the logs.
+    Unchecked, that loses any mass that falls more than the float range
+    behind the leading term, so no public algorithm runs it unchecked:
+    `chain` computes `log Z` for `Real` with the exact kernel
+    (`lattices.kernel`, the same computation as `Log`), and `dag` shifts
+    every state by its own best in-arc, which keeps each state's largest
+    term exactly 1.
     """
 
     name = "real"
