@@ -10,11 +10,9 @@ NLTK_DATA holds, the same shape with POS tagging:
 * baseline: a `lossfns.Tagger` (preset `altun_s2`: word and spelling of the
   current word) trained on conll2000 WSJ train with its tags mapped to the
   universal tagset (the background domain);
-* candidates: its 20 best tag sequences (`kbest_candidates`: a k-best
-  Viterbi over the tagger's potentials, the k best partial scores per state
-  with back-pointers; `lattices.chain.kbest`, the k-max semiring read off by
-  derivatives, gives the same lists (tested) but took 60 ms of CPU per
-  16-token sentence here) for sentences of Brown categories (the adaptation
+* candidates: its 20 best tag sequences (`kbest_candidates`:
+  `lattices.chain.kbest` over the tagger's potentials, the k best partial
+  scores per label with back-pointers) for sentences of Brown categories (the adaptation
   domains; Brown tags mapped to the universal tagset as NLTK does, unknown
   tags to X);
 * features: f_0 = the baseline's log-probability of the candidate, and
@@ -207,41 +205,11 @@ def train_baseline(path: str, sentences: list, iterations: int, progress: bool) 
     return tagger
 
 
-def _kbest_viterbi_instance(unary, transitions, start, length, k: int):
-    """The k best label sequences of one chain (`unary [T, L]`, `transitions
-    [L, L]`, `start [L]`) by Viterbi with the k best partial scores per state
-    and back-pointers: `(scores [k], labels [k, T])`, best first, labels -1
-    past `length`; missing sequences (fewer than k exist) score -inf."""
-    T, L = unary.shape
-    first = jnp.full((L, k), -jnp.inf, unary.dtype).at[:, 0].set(start + unary[0])
-    identity = jnp.arange(L * k, dtype=jnp.int32).reshape(L, k)
-
-    def step(alpha, inputs):
-        t, scores_t = inputs
-        # extended[j, i * k + r] = alpha[i, r] + transitions[i, j] + unary[t, j]
-        extended = (alpha[:, None, :] + transitions[:, :, None]).transpose(1, 0, 2).reshape(L, L * k)
-        best, pointer = jax.lax.top_k(extended + scores_t[:, None], k)
-        inside = t < length  # past the end: keep alpha, point to itself
-        return jnp.where(inside, best, alpha), jnp.where(inside, pointer.astype(jnp.int32), identity)
-
-    alpha, pointers = jax.lax.scan(step, first, (jnp.arange(1, T), unary[1:]))
-    scores, final = jax.lax.top_k(alpha.reshape(-1), k)
-
-    def back(flat, pointer_t):
-        return pointer_t[flat // k, flat % k], flat // k
-
-    first_flat, labels = jax.lax.scan(back, final.astype(jnp.int32), pointers, reverse=True)
-    labels = jnp.concatenate([(first_flat // k)[None], labels]).T  # [k, T]
-    present = (jnp.arange(T)[None, :] < length) & jnp.isfinite(scores)[:, None]
-    return scores, jnp.where(present, labels, -1)
-
-
 @jax.jit
 def _kbest_bucket(model, ids, lengths):
     """`(log-probabilities [B, k], labels [B, k, T])` of a padded bucket."""
     potentials = model(ids)
-    scores, labels = jax.vmap(_kbest_viterbi_instance, in_axes=(0, None, None, 0, None))(
-        potentials.unary, potentials.transitions, potentials.start, lengths, NUM_CANDIDATES)
+    scores, labels = chain.kbest(potentials, lengths, NUM_CANDIDATES)
     return scores - chain.log_partition(potentials, lengths)[:, None], labels
 
 

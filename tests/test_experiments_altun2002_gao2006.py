@@ -1,8 +1,7 @@
 """The altun2002 and gao2006 experiments: their quick CLI runs on the real
 corpora (skipped locally without them, failing in CI), the sparse
 re-implementations they run against the library's dense originals:
-sequence boosting (`lossfns.optimizers.sequence_boosting`) and the k-best
-Viterbi (`chain.kbest`), and gao2006's methods (the library's rerankers on
+sequence boosting (`lossfns.optimizers.sequence_boosting`), and gao2006's methods (the library's rerankers on
 their sparse layout) against the dense ones.
 """
 
@@ -190,21 +189,6 @@ def test_capped_fslr_never_raises_exp_loss():
               for paper in (True, False)}
     assert np.all(np.diff(traces[True]) <= 1e-12)
     assert np.any(np.diff(traces[False]) > 0)
-
-
-def test_kbest_viterbi_equals_chain_kbest():
-    L, T, B, k = 4, 6, 9, 20
-    keys = jax.random.split(jax.random.key(3), 3)
-    unary = jax.random.normal(keys[0], (B, T, L), jnp.float64)
-    transitions = jax.random.normal(keys[1], (L, L), jnp.float64)
-    start = jax.random.normal(keys[2], (L,), jnp.float64)
-    lengths = jnp.array([1, 2, 6, 5, 3, 6, 4, 2, 6])
-    want_scores, want_labels = chain.kbest(chain.FactoredPotentials(unary, transitions, start), lengths, k)
-    got_scores, got_labels = jax.vmap(gao2006._kbest_viterbi_instance, in_axes=(0, None, None, 0, None))(
-        unary, transitions, start, lengths, k)
-    np.testing.assert_allclose(got_scores, want_scores, rtol=1e-12)  # -inf where fewer than k sequences exist
-    np.testing.assert_array_equal(got_labels, want_labels)
-    assert not np.isfinite(np.asarray(got_scores)[0, L:]).any()  # a 1-token chain has L sequences
 
 
 def test_oracle_features_and_differences():

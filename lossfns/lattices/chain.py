@@ -39,6 +39,7 @@ from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import semirings
 from ..semirings import Semiring
@@ -575,38 +576,58 @@ def _dtype(potentials):
     return _dtype_source(potentials).dtype
 
 
-def _viterbi_instance(potentials, length):
+def _decode_instance(k: int, potentials, length):
+    """The one back-pointer decoder: the `k` best label sequences of one chain,
+    keeping the `k` best partial scores per label at every position.
+
+    Returns `(scores [k], labels [k, T])`, best first; ties go to the lowest
+    (label, rank) index, so the best sequence of `k = 1` is Viterbi's lowest
+    label on ties. Labels are -1 at and past the length, and for sequences
+    that do not exist (fewer than `k` with a finite score: score -inf).
+    """
     T = _num_steps(potentials)
     L = _dtype_source(potentials).shape[-1]
+    dtype = _dtype(potentials)
     if T == 0:
-        return jnp.zeros((), _dtype(potentials)), jnp.zeros((0,), jnp.int32)
+        return jnp.zeros((k,), dtype).at[1:].set(-jnp.inf), jnp.zeros((k, 0), jnp.int32)
     valid = jnp.arange(T) < length
     potentials = _mask_padding(potentials, valid)
-    keep = jnp.arange(L, dtype=jnp.int32)
+    first = jnp.full((L, k), -jnp.inf, dtype).at[:, 0].set(_first_scores(potentials))
+    keep = jnp.arange(L * k, dtype=jnp.int32).reshape(L, k)
+
+    def top(scores):
+        """The k best of each row `[L, M] -> [L, k]` and their columns."""
+        if k == 1:  # argmax: the lowest index on ties, as top_k, at a fraction of its cost
+            return jnp.max(scores, -1, keepdims=True), jnp.argmax(scores, -1)[:, None].astype(jnp.int32)
+        best, index = jax.lax.top_k(scores, k)
+        return best, index.astype(jnp.int32)
 
     def step(alpha, inputs):
         scores_t, valid_t = inputs
         if isinstance(potentials, FactoredPotentials):
             scores_t = potentials.transitions + scores_t[None, :]
-        candidates = alpha[:, None] + scores_t
-        pointers = jnp.argmax(candidates, axis=0).astype(jnp.int32)
-        best = jnp.max(candidates, axis=0)
+        # candidates[j, i * k + r] = alpha[i, r] + scores_t[i, j]
+        candidates = (alpha[:, None, :] + scores_t[:, :, None]).transpose(1, 0, 2).reshape(L, L * k)
+        best, pointers = top(candidates)
         return jnp.where(valid_t, best, alpha), jnp.where(valid_t, pointers, keep)
 
     inputs = potentials.unary[1:] if isinstance(potentials, FactoredPotentials) else potentials[1:]
-    alpha, pointers = jax.lax.scan(step, _first_scores(potentials), (inputs, valid[1:]))
-    last = jnp.argmax(alpha).astype(jnp.int32)
-    best = jnp.max(alpha)
+    alpha, pointers = jax.lax.scan(step, first, (inputs, valid[1:]))
+    scores, final = jax.lax.top_k(alpha.reshape(-1), k)
 
-    def back(label, pointers_t):
-        previous = pointers_t[label]
-        return previous, label
+    def back(flat, pointers_t):
+        return pointers_t[flat // k, flat % k], flat // k
 
-    first, tail = jax.lax.scan(back, last, pointers, reverse=True)
-    labels = jnp.concatenate([first[None], tail])
-    reachable = best > -jnp.inf
-    labels = jnp.where(valid & reachable, labels, -1)
-    return jnp.where(length == 0, 0.0, best).astype(alpha.dtype), labels
+    first_flat, tail = jax.lax.scan(back, final.astype(jnp.int32), pointers, reverse=True)
+    labels = jnp.concatenate([(first_flat // k)[None], tail]).T  # [k, T]
+    present = valid[None, :] & (scores > -jnp.inf)[:, None]
+    empty = jnp.zeros((k,), dtype).at[1:].set(-jnp.inf)  # length 0: one empty sequence of score 0
+    return jnp.where(length == 0, empty, scores), jnp.where(present, labels, -1)
+
+
+def _viterbi_instance(potentials, length):
+    scores, labels = _decode_instance(1, potentials, length)
+    return scores[0], labels[0]
 
 
 def viterbi(potentials, lengths=None):
@@ -622,25 +643,17 @@ def viterbi(potentials, lengths=None):
 
 
 def kbest(potentials, lengths=None, k: int = 1):
-    """The k best label sequences per chain, from the k-max semiring.
-
-    Each path is read off the derivative of its score (`lax.top_k` routes the
-    derivative to exactly one path, so ties do not blur it).
+    """The k best label sequences per chain, by the same back-pointer decoder
+    as `viterbi` with the k best partial scores per label.
 
     Returns `(scores [..., k], labels [..., k, T])`, best first; when fewer
     than k sequences exist the missing scores are -inf and their labels -1.
     """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
     potentials, lengths, _, _, _ = _prepare(potentials, lengths)
-    return _map_batch(_instance(_kbest_instance, semirings.KMax(k)), potentials, lengths)
-
-
-def _kbest_instance(semiring, potentials, length):
-    scores, pullback = jax.vjp(lambda q: _forward_instance(semiring, "sequential", q, length), potentials)
-    (indicator,) = jax.vmap(pullback)(jnp.eye(semiring.k, dtype=scores.dtype))
-    node = indicator.unary if isinstance(potentials, FactoredPotentials) else jnp.sum(indicator, axis=-2)
-    labels = jnp.argmax(node, axis=-1).astype(jnp.int32)
-    present = (jnp.max(node, axis=-1) > 0.5) & (scores[:, None] > -jnp.inf)
-    return scores, jnp.where(present, labels, -1)
+    k = int(k)
+    return _map_batch(_instance(_decode_instance, k), potentials, lengths)
 
 
 def _forward_log_alphas(potentials):
