@@ -1,6 +1,8 @@
-"""Linear-chain algorithms, each written once and specialised by a semiring.
+"""Linear-chain algorithms, each written once and specialised by a semiring
+and a potential form.
 
-Potentials come in two forms, accepted by every function here:
+Potentials come in two forms (`lattices.forms`), accepted by every function
+here:
 
 * per-position edge potentials `[..., T, L, L]`: `potentials[..., t, i, j]`
   scores label `j` at position `t` after label `i` at `t - 1`; at `t = 0`
@@ -8,7 +10,6 @@ Potentials come in two forms, accepted by every function here:
 * `FactoredPotentials(unary [..., T, L], transitions [L, L] or [..., L, L],
   start [L] or [..., L] or None)`: the classic CRF, `psi_t(i, j) =
   transitions[i, j] + unary[t, j]` and `psi_0(0, j) = start[j] + unary[0, j]`.
-  The fast path: the shared transition matrix is converted once and
   `[T, L, L]` is never materialised (except by the parallel algorithm,
   whose per-step matrices are its nature).
 
@@ -17,25 +18,26 @@ each length; a length-0 sequence has one empty path of score 0. Any number
 of leading batch dimensions is supported: the algorithms are written for one
 unbatched instance and mapped with `jax.vmap`.
 
-Marginals are derivatives of `log_partition` (differentiable again); best
-paths use explicit back-pointers; samples use forward filtering, backward
-sampling.
+One restartable scan (`_scan`) serves `forward`, rows of back-to-back chains
+and sampling; one back-pointer decoder (`_decode_instance`) serves `viterbi`
+and `kbest`; marginals are derivatives of `log_partition` (differentiable
+again); samples use forward filtering, backward sampling. Each asks the form
+only the questions of `lattices.forms`.
 
-Which algorithm runs is chosen by the semiring and the form, in
-`_exact_kernel`: `log Z` (`semirings.Log`, or `semirings.Real`, which is now
-the same computation) with the sequential algorithm runs `kernel`, exact and
-fast, with closed-form derivatives, on factored potentials whose transitions
-and start the batch shares and on per-position potentials; every other
-combination runs the generic semiring scan written once below (the real
-semiring's unchecked probability-space recursion is never used for chains,
-since it silently underflows).
+Which algorithm computes `log Z` is chosen by the semiring and the form, in
+the table `_KERNELS`: `semirings.Log` (and `semirings.Real`, the same
+computation) with the sequential algorithm runs `kernel`, exact and fast,
+with closed-form derivatives, on factored potentials whose transitions and
+start the batch shares and on per-position potentials; every other
+combination runs the generic scan (the real semiring's unchecked
+probability-space recursion is never used for chains: it silently
+underflows).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,34 +47,9 @@ from .. import semirings
 from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf
 from . import kernel
+from .forms import DensePotentials, FactoredPotentials, _time_major, materialize
 
 ALGORITHMS = ("sequential", "parallel")
-
-
-class FactoredPotentials(NamedTuple):
-    """Unary scores plus a shared transition matrix (see the module docstring).
-
-    unary: `[..., T, L]`; transitions: `[L, L]` or `[..., L, L]`;
-    start: `[L]`, `[..., L]` or `None` (zeros).
-    """
-
-    unary: jax.Array
-    transitions: jax.Array
-    start: Optional[jax.Array] = None
-
-
-def materialize(potentials: FactoredPotentials) -> jax.Array:
-    """Per-position potentials `[..., T, L, L]` equal to a factored form
-    (row 0 at t = 0 holds the start scores; other rows there are unread)."""
-    unary, transitions = jnp.asarray(potentials.unary), jnp.asarray(potentials.transitions)
-    start = potentials.start
-    L = unary.shape[-1]
-    start = jnp.zeros((L,), unary.dtype) if start is None else start
-    edges = transitions[..., None, :, :] + unary[..., :, None, :]
-    if unary.shape[-2] == 0:
-        return edges
-    first_row = jnp.broadcast_to(start[..., None, :] + unary[..., :1, :], edges.shape[:-3] + (1, L))
-    return edges.at[..., :1, 0, :].set(first_row)
 
 
 # ---------------------------------------------------------------------------
@@ -81,7 +58,7 @@ def materialize(potentials: FactoredPotentials) -> jax.Array:
 
 
 def _prepare(potentials, lengths):
-    """Validate; return `(potentials, lengths, batch_shape, T, L)`."""
+    """Validate; return `(form, lengths, batch_shape, T, L)` (`lattices.forms`)."""
     if isinstance(potentials, FactoredPotentials):
         unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
         batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
@@ -106,12 +83,15 @@ def _prepare(potentials, lengths):
         dtype = jnp.result_type(unary, transitions, start)
         potentials = FactoredPotentials(unary.astype(dtype), transitions.astype(dtype), start.astype(dtype))
     else:
+        if isinstance(potentials, DensePotentials):
+            potentials = potentials.scores
         potentials = as_float_array("potentials", potentials, 3, "[..., T, L, L]")
         batch_shape, (T, L, L2) = potentials.shape[:-3], potentials.shape[-3:]
         if L != L2:
             raise ValueError(f"potentials must have shape [..., T, L, L] (square in the last two axes), "
                              f"got shape {potentials.shape}")
         check_finite_or_neg_inf("potentials", potentials)
+        potentials = DensePotentials(potentials)
     if L < 1:
         raise ValueError("potentials must have at least one label (L >= 1)")
     lengths = as_lengths(lengths, batch_shape, T)
@@ -136,22 +116,7 @@ def _map_batch(fn, potentials, lengths, *batched):
     """
     batch_shape = lengths.shape
     size = math.prod(batch_shape)
-
-    def flatten(x, core):
-        return x.reshape((size,) + x.shape[x.ndim - core:])
-
-    if isinstance(potentials, FactoredPotentials):
-        transitions, start = potentials.transitions, potentials.start
-        t_axis = None if transitions.ndim == 2 else 0
-        s_axis = None if start.ndim == 1 else 0
-        if t_axis == 0:
-            transitions = flatten(jnp.broadcast_to(transitions, batch_shape + transitions.shape[-2:]), 2)
-        if s_axis == 0:
-            start = flatten(jnp.broadcast_to(start, batch_shape + start.shape[-1:]), 1)
-        flat = FactoredPotentials(flatten(potentials.unary, 2), transitions, start)
-        axes = FactoredPotentials(0, t_axis, s_axis)
-    else:
-        flat, axes = flatten(potentials, 3), 0
+    flat, axes = potentials.batched(batch_shape)
     extra = [jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape):]), b) for b in batched]
     out = jax.vmap(fn, in_axes=(axes, 0) + (0,) * len(extra))(flat, lengths.reshape(size), *extra)
     return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
@@ -167,19 +132,6 @@ def _log_semiring(semiring: Semiring) -> Semiring:
     return semirings.Log if _computes_log_z(semiring) else semiring
 
 
-def _exact_kernel(semiring: Semiring, potentials, algorithm: str):
-    """The kernel function for this semiring and form, or None for the generic
-    scan: `kernel.row_log_partition` on factored potentials whose transitions
-    and start the batch shares, `kernel.log_partition_per_position` on
-    per-position potentials, for log Z with the sequential algorithm."""
-    if type(semiring) is not semirings.LogSemiring or algorithm != "sequential":
-        return None
-    if isinstance(potentials, FactoredPotentials):
-        shared = potentials.transitions.ndim == 2 and potentials.start.ndim == 1
-        return _kernel_rows if shared else None
-    return _kernel_per_position
-
-
 @jax.jit
 def _kernel_rows(potentials: FactoredPotentials, lengths, starts):
     """`kernel.row_log_partition` over the batch shape of `lengths`."""
@@ -192,14 +144,28 @@ def _kernel_rows(potentials: FactoredPotentials, lengths, starts):
 
 
 @jax.jit
-def _kernel_per_position(potentials, lengths, starts):
+def _kernel_per_position(potentials: DensePotentials, lengths, starts):
     """`kernel.log_partition_per_position` over the batch shape of `lengths`
     (single chains: `starts`, there for a uniform signature, must be all False)."""
     batch_shape = lengths.shape
     size = math.prod(batch_shape)
-    out = kernel.log_partition_per_position(
-        potentials.reshape((size,) + potentials.shape[-3:]), lengths.reshape(size))
+    scores = potentials.scores
+    out = kernel.log_partition_per_position(scores.reshape((size,) + scores.shape[-3:]), lengths.reshape(size))
     return out.reshape(batch_shape)
+
+
+# The exact fast kernels, by (semiring, form); everything else runs the generic scan.
+_KERNELS = {(semirings.LogSemiring, FactoredPotentials): _kernel_rows,
+            (semirings.LogSemiring, DensePotentials): _kernel_per_position}
+
+
+def _exact_kernel(semiring: Semiring, potentials, algorithm: str):
+    """The kernel for this semiring and form (`_KERNELS`), or None for the
+    generic scan: the sequential algorithm only, and a factored form only
+    when the batch shares its transitions and start."""
+    if algorithm != "sequential" or not getattr(potentials, "shares_transitions", True):
+        return None
+    return _KERNELS.get((type(semiring), type(potentials)))
 
 
 def _check_algorithm(algorithm):
@@ -210,33 +176,6 @@ def _check_algorithm(algorithm):
 # ---------------------------------------------------------------------------
 # Unbatched building blocks
 # ---------------------------------------------------------------------------
-
-
-def _mask_padding(potentials, valid):
-    """Replace scores at padded positions by 0 (the semiring one in log space)
-    before any arithmetic, so -inf or NaN padding cannot leak into gradients."""
-    if isinstance(potentials, FactoredPotentials):
-        return potentials._replace(unary=jnp.where(valid[:, None], potentials.unary, 0.0))
-    return jnp.where(valid[:, None, None], potentials, 0.0)
-
-
-def _first_scores(potentials):
-    """Scores `[L]` of the first label (from the start state)."""
-    if isinstance(potentials, FactoredPotentials):
-        return potentials.start + potentials.unary[0]
-    return potentials[0, 0]
-
-
-def _step_scores(potentials):
-    """Edge scores `[T - 1, L, L]` of positions 1..T-1 (materialises the factored form)."""
-    if isinstance(potentials, FactoredPotentials):
-        return potentials.transitions[None] + potentials.unary[1:, None, :]
-    return potentials[1:]
-
-
-def _time_major(value, time_axis):
-    """Move the logical time axis of every leaf of a semiring value to the front."""
-    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), value)
 
 
 def _flat_normalize(semiring, value, ndim):
@@ -251,51 +190,68 @@ def _flat_normalize(semiring, value, ndim):
     return jax.tree_util.tree_map(lambda x: x.reshape(x.shape[:-1] + core_shape), flat), scale
 
 
-def _forward_sequential(semiring: Semiring, potentials, length):
-    """Forward sum of one chain, scanning left to right: O(T L^2)."""
-    T = _num_steps(potentials)
-    valid = jnp.arange(T) < length
-    potentials = _mask_padding(potentials, valid)
-    alpha, first_scale = semiring.convert_scaled(_first_scores(potentials), (-1,))
-    alpha, first_norm = semiring.normalize(alpha, -1)
-    if isinstance(potentials, FactoredPotentials):
-        transitions, transition_scale = semiring.convert_scaled(potentials.transitions, (-2, -1))
-        unary, unary_scale = semiring.convert_scaled(potentials.unary[1:], (-1,))
-        unary = _time_major(unary, -2)
+def _row_starts(starts, length):
+    """Chain starts of one row `[T]`: the given ones and position 0, inside the length."""
+    positions = jnp.arange(starts.shape[0])
+    return (starts | (positions == 0)) & (positions < length)
 
-        def step(alpha, inputs):
-            unary_t, unary_scale_t, valid_t = inputs
-            new = semiring.times(semiring.vecmat(alpha, transitions), unary_t)
-            new, norm = semiring.normalize(new, -1)
-            scale = jnp.where(valid_t, norm + unary_scale_t + transition_scale, 0.0)
-            return semiring.select(valid_t, new, alpha), scale
 
-        inputs = (unary, unary_scale, valid[1:])
+def _scan(semiring: Semiring, potentials, length, starts=None, keep_values: bool = False):
+    """The one restartable scan, left to right, O(T L^2) (one row, `T >= 1`).
+
+    Without `starts`: the semiring's output for one chain (`unconvert` of its
+    sum over label sequences). With `starts [T]` (chains start there and at
+    position 0): the sum over the row's chains of their outputs, for
+    semirings whose output adds up that way (log Z, best scores). With
+    `keep_values`, also the normalised forward values `[T, ...]` (each
+    position's carried value, unchanged past the length).
+    """
+    T = potentials.num_steps
+    dtype = potentials.dtype
+    positions = jnp.arange(T)
+    valid = positions < length
+    restarts = starts is not None
+    starts = _row_starts(starts if restarts else jnp.zeros((T,), bool), length)
+    potentials = potentials.masked(valid)
+    first, first_scale = semiring.convert_scaled(potentials.first_scores(), (-1,))
+    first = _time_major(first, -2)
+    inputs, step = potentials.lift(semiring)
+
+    def chain_total(value):
+        return semiring.unconvert(semiring.sum(value, -1), jnp.zeros((), dtype))
+
+    def body(value, xs):
+        first_t, first_scale_t, start_t, valid_t, later_t, inputs_t = xs
+        new, scale = step(value, inputs_t)
+        new = semiring.select(start_t, first_t, new)
+        new, norm = semiring.normalize(new, -1)
+        total = jnp.where(valid_t, jnp.where(start_t, first_scale_t, scale) + norm, 0.0)
+        if restarts:  # a chain ends where the next one starts: add its output
+            total = total + jnp.where(start_t & later_t, chain_total(value), 0.0)
+        value = semiring.select(valid_t, new, value)
+        return value, ((total, value) if keep_values else total)
+
+    init = jax.tree_util.tree_map(lambda x: x[0], first)  # position 0 always starts a chain
+    value, outputs = jax.lax.scan(body, init, (first, first_scale, starts, valid, positions > 0, inputs))
+    totals, values = outputs if keep_values else (outputs, None)
+    log_scale = semirings.pairwise_sum(totals)
+    if restarts:
+        out = log_scale + jnp.where(length > 0, chain_total(value), 0.0)
     else:
-        matrices, matrix_scale = semiring.convert_scaled(potentials[1:], (-2, -1))
-        matrices = _time_major(matrices, -3)
-
-        def step(alpha, inputs):
-            matrix_t, matrix_scale_t, valid_t = inputs
-            new, norm = semiring.normalize(semiring.vecmat(alpha, matrix_t), -1)
-            return semiring.select(valid_t, new, alpha), jnp.where(valid_t, norm + matrix_scale_t, 0.0)
-
-        inputs = (matrices, matrix_scale, valid[1:])
-    alpha, scales = jax.lax.scan(step, alpha, inputs)
-    log_scale = first_scale + first_norm + semirings.pairwise_sum(scales)
-    return _finish(semiring, alpha, log_scale, length)
+        out = _finish(semiring, value, log_scale, length)
+    return (out, values) if keep_values else out
 
 
 def _forward_parallel(semiring: Semiring, potentials, length):
     """Forward sum of one chain as a balanced tree of matrix products:
     O(L^3 T) work, O(log T) depth. Padded steps are identity matrices, so the
     product over all T steps equals the product up to the length."""
-    T = _num_steps(potentials)
+    T = potentials.num_steps
     valid = jnp.arange(T) < length
-    potentials = _mask_padding(potentials, valid)
-    alpha, first_scale = semiring.convert_scaled(_first_scores(potentials), (-1,))
+    potentials = potentials.masked(valid)
+    alpha, first_scale = semiring.convert_scaled(potentials.first_scores()[0], (-1,))
     alpha, first_norm = semiring.normalize(alpha, -1)
-    scores = _step_scores(potentials)
+    scores = potentials.edge_scores()[1:]
     L = scores.shape[-1]
     matrices, scales = semiring.convert_scaled(scores, (-2, -1))
     identity = semiring.select(jnp.eye(L, dtype=bool), semiring.one((L, L), scores.dtype),
@@ -331,18 +287,13 @@ def _finish(semiring, alpha, log_scale, length):
     return jnp.where(length == 0, empty, out)
 
 
-def _num_steps(potentials):
-    return potentials.unary.shape[0] if isinstance(potentials, FactoredPotentials) else potentials.shape[0]
-
-
-_FORWARD = {"sequential": _forward_sequential, "parallel": _forward_parallel}
-
-
 def _forward_instance(semiring, algorithm, potentials, length):
-    if _num_steps(potentials) == 0:
-        dtype = _dtype(potentials)
+    if potentials.num_steps == 0:
+        dtype = potentials.dtype
         return semiring.unconvert(semiring.one((), dtype), jnp.zeros((), dtype))
-    return _FORWARD[algorithm](semiring, potentials, length)
+    if algorithm == "parallel":
+        return _forward_parallel(semiring, potentials, length)
+    return _scan(semiring, potentials, length)
 
 
 # ---------------------------------------------------------------------------
@@ -395,60 +346,11 @@ def _as_starts(starts, shape: tuple) -> jax.Array:
     return starts
 
 
-def _row_starts(starts, length):
-    """Chain starts of one row `[T]`: the given ones and position 0, inside the length."""
-    positions = jnp.arange(starts.shape[0])
-    return (starts | (positions == 0)) & (positions < length)
-
-
 def _row_forward_instance(semiring, potentials, length, starts):
-    """Sum over the chains of one row of `semiring.unconvert` of each chain's
-    semiring sum (e.g. the sum of their log Z): one scan whose carry restarts
-    from the first scores wherever a chain starts."""
-    T = _num_steps(potentials)
-    dtype = _dtype(potentials)
-    if T == 0:
-        return jnp.zeros((), dtype)
-    positions = jnp.arange(T)
-    valid = positions < length
-    starts = _row_starts(starts, length)
-    potentials = _mask_padding(potentials, valid)
-    if isinstance(potentials, FactoredPotentials):
-        transitions, transition_scale = semiring.convert_scaled(potentials.transitions, (-2, -1))
-        unary, unary_scale = semiring.convert_scaled(potentials.unary, (-1,))
-        first, first_scale = semiring.convert_scaled(potentials.start + potentials.unary, (-1,))
-
-        def continued(alpha, unary_t, unary_scale_t):
-            return semiring.times(semiring.vecmat(alpha, transitions), unary_t), unary_scale_t + transition_scale
-
-        step_inputs = (_time_major(unary, -2), unary_scale)
-    else:
-        matrices, matrix_scale = semiring.convert_scaled(potentials, (-2, -1))
-        first, first_scale = semiring.convert_scaled(potentials[:, 0, :], (-1,))
-
-        def continued(alpha, matrix_t, matrix_scale_t):
-            return semiring.vecmat(alpha, matrix_t), matrix_scale_t
-
-        step_inputs = (_time_major(matrices, -3), matrix_scale)
-
-    def chain_total(alpha):
-        return semiring.unconvert(semiring.sum(alpha, -1), jnp.zeros((), dtype))
-
-    def step(alpha, inputs):
-        first_t, first_scale_t, start_t, valid_t, later_t, step_t = inputs
-        new, scale = continued(alpha, *step_t)
-        new = semiring.select(start_t, first_t, new)
-        new, norm = semiring.normalize(new, -1)
-        scale = jnp.where(start_t, first_scale_t, scale) + norm
-        # A chain ends where the next one starts: add its total.
-        ended = jnp.where(start_t & later_t, chain_total(alpha), 0.0)
-        return semiring.select(valid_t, new, alpha), jnp.where(valid_t, scale, 0.0) + ended
-
-    # Any start value: position 0 starts a chain (or the row is empty and unused).
-    init = jax.tree_util.tree_map(lambda x: x[0], first)
-    inputs = (first, first_scale, starts, valid, positions > 0, step_inputs)
-    alpha, totals = jax.lax.scan(step, init, inputs)
-    return semirings.pairwise_sum(totals) + jnp.where(length > 0, chain_total(alpha), 0.0)
+    """Sum over the chains of one row of each chain's semiring output."""
+    if potentials.num_steps == 0:
+        return jnp.zeros((), potentials.dtype)
+    return _scan(semiring, potentials, length, starts)
 
 
 def row_forward(semiring: Semiring, potentials, starts, lengths=None):
@@ -497,17 +399,6 @@ def row_score(potentials, labels, starts, lengths=None):
     return _map_batch(_row_score_instance, potentials, lengths, labels, starts)
 
 
-def _expand_shared(potentials, batch_shape):
-    """Give a factored form per-example transitions and start, so that their
-    derivatives are per-example expected counts rather than batch sums."""
-    if not isinstance(potentials, FactoredPotentials):
-        return potentials
-    L = potentials.unary.shape[-1]
-    return FactoredPotentials(potentials.unary,
-                              jnp.broadcast_to(potentials.transitions, batch_shape + (L, L)),
-                              jnp.broadcast_to(potentials.start, batch_shape + (L,)))
-
-
 def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
     """Derivative of `log_partition` with respect to the potentials.
 
@@ -518,7 +409,7 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
     marginals `[..., L]`. Differentiable again (second derivatives work).
     """
     potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    potentials = _expand_shared(potentials, batch_shape)
+    potentials = potentials.unshared(batch_shape).as_argument()
     total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
     return jax.grad(total)(potentials)
 
@@ -553,27 +444,12 @@ def _score_instance(potentials, length, labels):
 def _row_score_instance(potentials, length, labels, starts):
     T = labels.shape[0]
     if T == 0:
-        return jnp.zeros((), _dtype(potentials))
-    positions = jnp.arange(T)
-    valid = positions < length
+        return jnp.zeros((), potentials.dtype)
+    valid = jnp.arange(T) < length
     starts = _row_starts(starts, length)
     labels = jnp.where(valid, labels, 0)
     previous = jnp.where(starts, 0, jnp.concatenate([jnp.zeros((1,), labels.dtype), labels[:-1]]))
-    if isinstance(potentials, FactoredPotentials):
-        edge = jnp.where(starts, potentials.start[labels], potentials.transitions[previous, labels])
-        terms = potentials.unary[positions, labels] + edge
-    else:
-        terms = potentials[positions, previous, labels]
-    return jnp.sum(jnp.where(valid, terms, 0.0))
-
-
-def _dtype_source(potentials):
-    """The array whose dtype and last axis (labels) describe the potentials."""
-    return potentials.unary if isinstance(potentials, FactoredPotentials) else potentials
-
-
-def _dtype(potentials):
-    return _dtype_source(potentials).dtype
+    return jnp.sum(jnp.where(valid, potentials.score_terms(labels, previous, starts), 0.0))
 
 
 def _decode_instance(k: int, potentials, length):
@@ -585,14 +461,12 @@ def _decode_instance(k: int, potentials, length):
     label on ties. Labels are -1 at and past the length, and for sequences
     that do not exist (fewer than `k` with a finite score: score -inf).
     """
-    T = _num_steps(potentials)
-    L = _dtype_source(potentials).shape[-1]
-    dtype = _dtype(potentials)
+    T, L, dtype = potentials.num_steps, potentials.num_labels, potentials.dtype
     if T == 0:
         return jnp.zeros((k,), dtype).at[1:].set(-jnp.inf), jnp.zeros((k, 0), jnp.int32)
     valid = jnp.arange(T) < length
-    potentials = _mask_padding(potentials, valid)
-    first = jnp.full((L, k), -jnp.inf, dtype).at[:, 0].set(_first_scores(potentials))
+    potentials = potentials.masked(valid)
+    first = jnp.full((L, k), -jnp.inf, dtype).at[:, 0].set(potentials.first_scores()[0])
     keep = jnp.arange(L * k, dtype=jnp.int32).reshape(L, k)
 
     def top(scores):
@@ -603,15 +477,14 @@ def _decode_instance(k: int, potentials, length):
         return best, index.astype(jnp.int32)
 
     def step(alpha, inputs):
-        scores_t, valid_t = inputs
-        if isinstance(potentials, FactoredPotentials):
-            scores_t = potentials.transitions + scores_t[None, :]
+        inputs_t, valid_t = inputs
+        scores_t = potentials.block(inputs_t)
         # candidates[j, i * k + r] = alpha[i, r] + scores_t[i, j]
         candidates = (alpha[:, None, :] + scores_t[:, :, None]).transpose(1, 0, 2).reshape(L, L * k)
         best, pointers = top(candidates)
         return jnp.where(valid_t, best, alpha), jnp.where(valid_t, pointers, keep)
 
-    inputs = potentials.unary[1:] if isinstance(potentials, FactoredPotentials) else potentials[1:]
+    inputs = jax.tree_util.tree_map(lambda x: x[1:], potentials.time_inputs())
     alpha, pointers = jax.lax.scan(step, first, (inputs, valid[1:]))
     scores, final = jax.lax.top_k(alpha.reshape(-1), k)
 
@@ -656,39 +529,19 @@ def kbest(potentials, lengths=None, k: int = 1):
     return _map_batch(_instance(_decode_instance, k), potentials, lengths)
 
 
-def _forward_log_alphas(potentials):
-    """Normalised log forward vectors `[T, L]` of one (masked) chain."""
-    def step(alpha, scores_t):
-        if isinstance(potentials, FactoredPotentials):
-            scores_t = potentials.transitions + scores_t[None, :]
-        new = semirings.logsumexp(alpha[:, None] + scores_t, 0)
-        new = new - semirings.finite_max(new, -1)
-        return new, new
-
-    first = _first_scores(potentials)
-    first = first - semirings.finite_max(first, -1)
-    inputs = potentials.unary[1:] if isinstance(potentials, FactoredPotentials) else potentials[1:]
-    _, rest = jax.lax.scan(step, first, inputs)
-    return jnp.concatenate([first[None], rest])
-
-
 def _sample_instance(potentials, length, key):
-    T = _num_steps(potentials)
+    T = potentials.num_steps
     if T == 0:
         return jnp.zeros((0,), jnp.int32)
-    valid = jnp.arange(T) < length
-    potentials = _mask_padding(potentials, valid)
-    alphas = _forward_log_alphas(potentials)
-    # Column t of `following` scores the edge into position t + 1.
-    if isinstance(potentials, FactoredPotentials):
-        following = jnp.broadcast_to(potentials.transitions, (T,) + potentials.transitions.shape)
-    else:
-        following = jnp.concatenate([potentials[1:], jnp.zeros_like(potentials[:1])])
+    _, alphas = _scan(semirings.Log, potentials, length, keep_values=True)  # [T, L], normalised
+    masked = potentials.masked(jnp.arange(T) < length)
+    # Slice t of `following` holds position t + 1's inputs (the last is unread).
+    following = jax.tree_util.tree_map(lambda x: jnp.concatenate([x[1:], x[:1]]), masked.time_inputs())
     keys = jax.random.split(key, T)
 
     def back(next_label, inputs):
         t, alpha_t, following_t, key_t = inputs
-        column = following_t[:, jnp.maximum(next_label, 0)]
+        column = masked.block(following_t)[:, jnp.maximum(next_label, 0)]
         logits = jnp.where(t == length - 1, alpha_t, alpha_t + column)
         label = jax.random.categorical(key_t, logits).astype(jnp.int32)
         label = jnp.where(t < length, label, -1)
