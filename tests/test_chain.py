@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from lossfns import semirings, testing
+from lossfns import losses, semirings, testing
 from lossfns.lattices import FactoredPotentials, chain
 
 ALGORITHMS = ("sequential", "parallel")
@@ -339,3 +339,23 @@ def test_bad_types_raise_type_error(call, message):
 def test_labels_outside_the_length_may_be_anything():
     potentials = jnp.zeros((4, 3, 3))
     assert float(chain.score(potentials, jnp.asarray([1, 2, -1, 7], jnp.int32), jnp.asarray(2, jnp.int32))) == 0.0
+
+
+def test_padding_may_hold_anything_inside_the_lengths_nothing_but_scores():
+    """Positions past a length are never read: NaN and +inf there give the
+    values and finite gradients of the same chains with zeros there, while
+    NaN inside a length is refused (dense and factored)."""
+    lengths = jnp.array([2, 3])
+    labels = jnp.array([[0, 1, -1], [1, 1, 0]])
+    clean = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 2, 2)))
+    for potentials, padded in (
+            (clean, clean.at[0, 2].set(jnp.nan).at[0, 2, 0, 1].set(jnp.inf)),
+            (FactoredPotentials(clean[..., 0, :], clean[0, 0]),
+             FactoredPotentials(clean[..., 0, :].at[0, 2].set(jnp.nan), clean[0, 0]))):
+        loss = lambda p: jnp.sum(losses.sequence_log_loss(p, labels, lengths))
+        np.testing.assert_allclose(loss(padded), loss(potentials), rtol=1e-12)
+        gradient = jax.grad(loss)(padded)
+        assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(gradient))
+        np.testing.assert_array_equal(chain.viterbi(padded, lengths)[1], chain.viterbi(potentials, lengths)[1])
+        with pytest.raises(ValueError, match="contains NaN at index"):
+            chain.log_partition(padded, jnp.array([3, 3]))

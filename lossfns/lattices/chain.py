@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import semirings
 from ..semirings import Semiring
-from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf
+from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf, concrete
 from . import kernel
 from .forms import DensePotentials, FactoredPotentials, _time_major, materialize
 
@@ -79,7 +79,6 @@ def _prepare(potentials, lengths):
                 raise ValueError(f"{name} batch shape {array.shape[:-core]} does not broadcast to the "
                                  f"batch shape {batch_shape} of unary") from None
             check_finite_or_neg_inf(name, array)
-        check_finite_or_neg_inf("unary", unary)
         dtype = jnp.result_type(unary, transitions, start)
         potentials = FactoredPotentials(unary.astype(dtype), transitions.astype(dtype), start.astype(dtype))
     else:
@@ -90,12 +89,26 @@ def _prepare(potentials, lengths):
         if L != L2:
             raise ValueError(f"potentials must have shape [..., T, L, L] (square in the last two axes), "
                              f"got shape {potentials.shape}")
-        check_finite_or_neg_inf("potentials", potentials)
         potentials = DensePotentials(potentials)
     if L < 1:
         raise ValueError("potentials must have at least one label (L >= 1)")
     lengths = as_lengths(lengths, batch_shape, T)
+    _check_scores_inside(potentials, lengths)
     return potentials, lengths, tuple(batch_shape), T, L
+
+
+def _check_scores_inside(potentials, lengths) -> None:
+    """NaN or +inf scores are refused at positions inside the lengths; padding
+    past them is never read, so it may hold anything."""
+    name, scores = (("unary", potentials.unary) if isinstance(potentials, FactoredPotentials)
+                    else ("potentials", potentials.scores))
+    values, lengths = concrete(scores), concrete(lengths)
+    if values is None or lengths is None:
+        return
+    core = 2 if isinstance(potentials, FactoredPotentials) else 3
+    inside = np.arange(values.shape[-core])[None] < lengths.reshape(-1, 1)
+    inside = inside.reshape(lengths.shape + (values.shape[-core],) + (1,) * (core - 1))
+    check_finite_or_neg_inf(name, np.where(inside, values, 0.0))
 
 
 @functools.lru_cache(maxsize=None)
