@@ -519,7 +519,7 @@ def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7
         def with_fields(f):
             return potentials._replace(unary=f[0], pair_weights=f[1], start=f[2])
 
-        sparse_fn = jax.jit(jax.value_and_grad(lambda f: jnp.sum(sparse_chain.log_partition(with_fields(f), lengths))))
+        sparse_fn = jax.jit(jax.value_and_grad(lambda f: jnp.sum(chain.log_partition(with_fields(f), lengths))))
         dense_fn = jax.jit(jax.value_and_grad(lambda f: jnp.sum(chain.log_partition(
             sparse_chain.to_dense(with_fields(f)), lengths, semiring=semirings.Real))))
         dense_matrices = sparse_chain.to_dense(potentials)

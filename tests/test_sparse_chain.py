@@ -10,8 +10,8 @@ from lossfns import testing
 from lossfns.lattices import chain, sparse_chain
 from lossfns.lattices.sparse_chain import SparsePotentials
 
-_log_partition = jax.jit(sparse_chain.log_partition)
-_marginals = jax.jit(sparse_chain.marginals)
+_log_partition = jax.jit(chain.log_partition)
+_marginals = jax.jit(chain.marginals)
 
 
 def _random(seed, batch_shape, T, L, density, dtype=jnp.float64, scale=1.0, with_start=True):
@@ -134,7 +134,7 @@ def test_gradients_to_second_order():
 
     @jax.jit
     def objective(unary, pair_weights, start):
-        return sparse_chain.log_partition(potentials._replace(unary=unary, pair_weights=pair_weights, start=start),
+        return chain.log_partition(potentials._replace(unary=unary, pair_weights=pair_weights, start=start),
                                           lengths)
 
     testing.check_gradients(objective, (potentials.unary, potentials.pair_weights, potentials.start), order=2,
@@ -144,11 +144,11 @@ def test_gradients_to_second_order():
 def test_jit_vmap_and_loop_agree():
     potentials = _random(7, (3,), 5, 3, 0.5)
     lengths = jnp.array([5, 2, 0])
-    batched = sparse_chain.log_partition(potentials, lengths)
-    looped = [sparse_chain.log_partition(
+    batched = chain.log_partition(potentials, lengths)
+    looped = [chain.log_partition(
         potentials._replace(unary=potentials.unary[b], pair_weights=potentials.pair_weights[b]), lengths[b])
         for b in range(3)]
-    unbatched = lambda u, w, n: sparse_chain.log_partition(potentials._replace(unary=u, pair_weights=w), n)
+    unbatched = lambda u, w, n: chain.log_partition(potentials._replace(unary=u, pair_weights=w), n)
     mapped = jax.vmap(unbatched)(potentials.unary, potentials.pair_weights, lengths)
     np.testing.assert_allclose(batched, np.stack(looped), rtol=1e-12)
     np.testing.assert_allclose(batched, mapped, rtol=1e-12)
@@ -176,11 +176,9 @@ def test_no_pairs_is_the_independent_model():
 def test_bad_input_names_the_argument(field, value, error, message):
     potentials = SparsePotentials(jnp.zeros((2, 4, 3)), jnp.zeros((2, 4, 2)), jnp.array([0, 1]), jnp.array([1, 2]))
     with pytest.raises(error, match=message):
-        sparse_chain.log_partition(potentials._replace(**{field: value}))
+        chain.log_partition(potentials._replace(**{field: value}))
     with pytest.raises(ValueError, match="lengths must lie in"):
-        sparse_chain.log_partition(potentials, jnp.array([5, 1]))
-    with pytest.raises(TypeError, match="SparsePotentials"):
-        sparse_chain.log_partition(jnp.zeros((2, 4, 3, 3)))
+        chain.log_partition(potentials, jnp.array([5, 1]))
 
 
 @pytest.mark.parametrize("scale", [10.0, 200.0])
@@ -204,3 +202,44 @@ def test_wide_and_strongly_negative_scores_are_exact_in_float32(scale):
                                          start=potentials64.start.astype(jnp.float32))
     np.testing.assert_allclose(np.asarray(_log_partition(potentials32, lengths), np.float64), want, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(_marginals(potentials32, lengths).unary, np.float64), want_nodes, atol=1e-5)
+
+
+def test_transitions_rows_decoding_and_scores_match_the_dense_form():
+    """With a shared transition matrix: log Z and marginals (against
+    enumeration of `to_dense`), rows of back-to-back chains, Viterbi, k-best,
+    entropy and scores all equal the dense form's, jitted, vmapped or not."""
+    rng = np.random.default_rng(11)
+    B, T, L = 3, 5, 4
+    previous, following = sparse_chain.random_support(jax.random.PRNGKey(5), L, 0.4)
+    transitions = rng.normal(size=(L, L))
+    transitions[1, 2] = -np.inf
+    potentials = SparsePotentials(jnp.asarray(rng.normal(size=(B, T, L))),
+                                  jnp.asarray(rng.normal(size=(B, T, previous.shape[0]))), previous, following,
+                                  jnp.asarray(rng.normal(size=L)), jnp.asarray(transitions))
+    lengths = jnp.array([5, 2, 0])
+    dense = sparse_chain.to_dense(potentials)
+    np.testing.assert_allclose(_log_partition(potentials, lengths), testing.log_partition(np.asarray(dense), lengths),
+                               rtol=1e-12)
+    edge = chain.marginals(dense, lengths)
+    got = _marginals(potentials, lengths)
+    np.testing.assert_allclose(got.unary, edge.sum(-2), atol=1e-12)
+    np.testing.assert_allclose(got.transitions, edge[:, 1:].sum(1), atol=1e-12)
+    np.testing.assert_allclose(got.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-12)
+    for fn in (chain.viterbi, lambda p, n: chain.kbest(p, n, 3), chain.entropy):
+        for a, b in zip(jax.tree_util.tree_leaves(fn(potentials, lengths)), jax.tree_util.tree_leaves(fn(dense, lengths))):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+    labels = jnp.asarray(rng.integers(0, L, size=(B, T)))
+    np.testing.assert_allclose(chain.score(potentials, labels, lengths), chain.score(dense, labels, lengths),
+                               rtol=1e-12)
+    one_chain = lambda u, w, n: chain.log_partition(potentials._replace(unary=u, pair_weights=w), n)
+    mapped = jax.vmap(jax.jit(one_chain))(potentials.unary[:, None], potentials.pair_weights[:, None],
+                                          lengths[:, None])
+    np.testing.assert_allclose(mapped[:, 0], _log_partition(potentials, lengths), rtol=1e-12)
+    # Rows: a chain starts at position 3 of row 0, where only the first scores apply.
+    starts = jnp.zeros((B, T), bool).at[0, 3].set(True)
+    first = potentials.first_scores()  # [B, T, L]
+    dense_rows = jnp.where(starts[..., None, None] & (jnp.arange(L) == 0)[:, None], first[:, :, None, :], dense)
+    np.testing.assert_allclose(chain.row_log_partition(potentials, starts, lengths),
+                               chain.row_log_partition(dense_rows, starts, lengths), rtol=1e-12)
+    np.testing.assert_allclose(chain.row_score(potentials, labels, starts, lengths),
+                               chain.row_score(dense_rows, labels, starts, lengths), rtol=1e-12)

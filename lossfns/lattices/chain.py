@@ -47,7 +47,9 @@ from .. import semirings
 from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf, concrete
 from . import kernel
-from .forms import DensePotentials, FactoredPotentials, _time_major, materialize
+from . import sparse_chain
+from .forms import BATCH_AXIS, DensePotentials, FactoredPotentials, _time_major, materialize
+from .sparse_chain import SparsePotentials
 
 ALGORITHMS = ("sequential", "parallel")
 
@@ -59,6 +61,10 @@ ALGORITHMS = ("sequential", "parallel")
 
 def _prepare(potentials, lengths):
     """Validate; return `(form, lengths, batch_shape, T, L)` (`lattices.forms`)."""
+    if isinstance(potentials, SparsePotentials):
+        form, lengths, batch_shape, T, L = sparse_chain._prepare(potentials, lengths)
+        _check_scores_inside(form, lengths)
+        return form, lengths, tuple(batch_shape), T, L
     if isinstance(potentials, FactoredPotentials):
         unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
         batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
@@ -100,12 +106,12 @@ def _prepare(potentials, lengths):
 def _check_scores_inside(potentials, lengths) -> None:
     """NaN or +inf scores are refused at positions inside the lengths; padding
     past them is never read, so it may hold anything."""
-    name, scores = (("unary", potentials.unary) if isinstance(potentials, FactoredPotentials)
-                    else ("potentials", potentials.scores))
+    name, scores = (("potentials", potentials.scores) if isinstance(potentials, DensePotentials)
+                    else ("unary", potentials.unary))
     values, lengths = concrete(scores), concrete(lengths)
     if values is None or lengths is None:
         return
-    core = 2 if isinstance(potentials, FactoredPotentials) else 3
+    core = 3 if isinstance(potentials, DensePotentials) else 2
     inside = np.arange(values.shape[-core])[None] < lengths.reshape(-1, 1)
     inside = inside.reshape(lengths.shape + (values.shape[-core],) + (1,) * (core - 1))
     check_finite_or_neg_inf(name, np.where(inside, values, 0.0))
@@ -131,7 +137,7 @@ def _map_batch(fn, potentials, lengths, *batched):
     size = math.prod(batch_shape)
     flat, axes = potentials.batched(batch_shape)
     extra = [jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape):]), b) for b in batched]
-    out = jax.vmap(fn, in_axes=(axes, 0) + (0,) * len(extra))(flat, lengths.reshape(size), *extra)
+    out = jax.vmap(fn, in_axes=(axes, 0) + (0,) * len(extra), axis_name=BATCH_AXIS)(flat, lengths.reshape(size), *extra)
     return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
@@ -244,7 +250,9 @@ def _scan(semiring: Semiring, potentials, length, starts=None, keep_values: bool
         value = semiring.select(valid_t, new, value)
         return value, ((total, value) if keep_values else total)
 
-    init = jax.tree_util.tree_map(lambda x: x[0], first)  # position 0 always starts a chain
+    # Position 0 always starts a chain; the step computed there and discarded
+    # still sees a normalised value (a step may assume one).
+    init, _ = semiring.normalize(jax.tree_util.tree_map(lambda x: x[0], first), -1)
     value, outputs = jax.lax.scan(body, init, (first, first_scale, starts, valid, positions > 0, inputs))
     totals, values = outputs if keep_values else (outputs, None)
     log_scale = semirings.pairwise_sum(totals)
@@ -419,18 +427,21 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
     `P(y_{t-1} = i, y_t = j)` (row 0 at t = 0; zero past each length). For
     `FactoredPotentials`: the same structure, per example: unary marginals
     `[..., T, L]`, expected transition counts `[..., L, L]` and start
-    marginals `[..., L]`. Differentiable again (second derivatives work).
+    marginals `[..., L]`. For `SparsePotentials`: likewise, with
+    `pair_weights [..., T, K]` the marginals of the support's pairs (at a
+    chain's first position, the pairs from label 0) and the support as
+    given. Differentiable again (second derivatives work).
     """
-    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    potentials = potentials.unshared(batch_shape).as_argument()
+    form, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
+    form = form.unshared(batch_shape)
     total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
-    return jax.grad(total)(potentials)
+    return form.from_gradient(jax.grad(total, allow_int=True)(form.as_argument()))
 
 
 def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "sequential"):
     """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
     edge = marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
-    if isinstance(edge, FactoredPotentials):
+    if isinstance(edge, tuple):  # a factored or sparse form: its unary derivatives
         return edge.unary
     return jnp.sum(edge, axis=-2)
 

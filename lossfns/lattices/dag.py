@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from .. import semirings
 from ..semirings import Semiring
-from ..validation import as_float_array, check_finite_or_neg_inf
+from ..validation import as_float_array, check_finite_or_neg_inf, check_int, concrete, integer_values
 
 
 class Lattice(NamedTuple):
@@ -157,7 +157,9 @@ def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
     """A lattice from `arcs`, a sequence of `(src, dst, symbol)` triples (or an
     int array `[A, 3]`), in the order their scores will be given.
 
-    `final` is a sequence of final state ids. States must be numbered in
+    `final` is a sequence of final state ids, or a boolean mask with one
+    entry per state (`[num_states]`). Ids must be integers (floats are
+    refused, not truncated). States must be numbered in
     topological order with 0 the start state (`src < dst` for every arc);
     anything else, a cycle included, raises `ValueError`.
     `num_states` defaults to one more than the largest state id used.
@@ -165,14 +167,46 @@ def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
     return _to_jax(_from_arcs_numpy(arcs, final, num_states))
 
 
+def _integer_ids(name: str, x, expected: str, *, allow_bool: bool = False) -> np.ndarray:
+    """Concrete integer ids as int64, checked before any cast: floats (1.7
+    would be truncated to 1), bools (unless `allow_bool`), values beyond int64
+    and traced arrays (a lattice is built with numpy, outside `jit`) are
+    refused naming `name`."""
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{name} must be {expected}, known when the lattice is built, got a traced array (inside "
+                        "jit/vmap): build the lattice outside the traced function and pass the Lattice in (a pytree)")
+    try:
+        value = np.asarray(x)
+    except ValueError as error:  # ragged nested sequences
+        raise ValueError(f"{name} must be {expected}, got ragged input: {error}") from None
+    if value.size == 0:
+        return value.astype(np.int64)
+    if allow_bool and value.dtype == bool:
+        return value
+    value = integer_values(name, value, expected)
+    if value.dtype.kind == "u" and value.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must be {expected}, got {value.max()} (beyond int64)")
+    return value.astype(np.int64)
+
+
 def _from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
     """`from_arcs` with numpy fields (bulk construction: no device arrays)."""
-    arcs = np.asarray(arcs, np.int64)
+    arcs = _integer_ids("arcs", arcs, "(src, dst, symbol) integer triples, shape [A, 3]")
     if arcs.size == 0:
         arcs = np.zeros((0, 3), np.int64)
     if arcs.ndim != 2 or arcs.shape[1] != 3:
         raise ValueError(f"arcs must be (src, dst, symbol) triples, shape [A, 3], got shape {arcs.shape}")
-    final = np.asarray(final, np.int64).reshape(-1)
+    if num_states is not None:
+        num_states = check_int("num_states", num_states, 1)
+    final = _integer_ids("final", final, "a sequence of final state ids or a boolean mask [num_states]",
+                         allow_bool=True).reshape(-1)
+    if final.dtype == bool:  # a mask over the states, not the ids 0 and 1
+        if num_states is None:
+            num_states = max(final.size, int(arcs[:, :2].max(initial=-1)) + 1)
+        if final.shape != (num_states,):
+            raise ValueError(f"final as a boolean mask must have one entry per state, shape [num_states] = "
+                             f"[{num_states}], got shape {final.shape}")
+        return _build_numpy(arcs[:, 0], arcs[:, 1], arcs[:, 2], final, num_states)
     if num_states is None:
         num_states = int(max([0] + list(arcs[:, :2].reshape(-1)) + list(final))) + 1
     if ((final < 0) | (final >= num_states)).any():
@@ -184,6 +218,7 @@ def _from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
 
 def from_string(symbols: Sequence[int]) -> Lattice:
     """The chain accepting exactly `symbols`: states `0..m`, arc `i` reads `symbols[i]`."""
+    symbols = _integer_ids("symbols", symbols, "a sequence of integer symbol ids").reshape(-1)
     m = len(symbols)
     return from_arcs([(i, i + 1, int(s)) for i, s in enumerate(symbols)], final=[m], num_states=m + 1)
 
@@ -197,7 +232,8 @@ def from_strings(strings: Sequence[Sequence[int]], *, deterministic: bool = Fals
     minimal deterministic acceptor of the *set* of strings: every string on
     exactly one path, shared prefixes and suffixes merged.
     """
-    strings = [tuple(int(s) for s in string) for string in strings]
+    strings = [tuple(int(s) for s in _integer_ids(f"strings[{i}]", string, "a sequence of integer symbol ids")
+                     .reshape(-1)) for i, string in enumerate(strings)]
     if deterministic:
         return _minimal_acceptor(strings)
     internal = sum(max(len(s) - 1, 0) for s in strings)
@@ -547,8 +583,29 @@ def _prepare(lattice, arc_scores):
     if lattice_batch not in ((), batch_shape):
         raise ValueError(f"arc_scores batch shape {batch_shape} must equal the lattice batch shape {lattice_batch} "
                          "(or the lattice must be unbatched)")
-    check_finite_or_neg_inf("arc_scores", arc_scores)
+    # Padding arcs' scores are ignored (as under jit, where nothing is checked).
+    check_finite_or_neg_inf("arc_scores", _valid_scores(lattice.arc_valid, arc_scores))
     return lattice, arc_scores
+
+
+def _valid_scores(arc_valid, arc_scores):
+    """The scores of valid arcs, 0 for padding arcs (concrete values only:
+    what the eager check sees); traced scores are returned as they are."""
+    valid, scores = concrete(arc_valid), concrete(arc_scores)
+    if valid is None or scores is None:
+        return arc_scores
+    return np.where(np.broadcast_to(valid, scores.shape), scores, 0)
+
+
+def _invalid_score_poison(arc_valid, arc_scores):
+    """`[]` 0, or NaN when a valid arc's score is NaN or +inf: added to the
+    result so that such input, which only the eager check can refuse, gives
+    NaN values *and* NaN derivatives under jit (a NaN log Z with zero
+    marginals would pass as a lattice without paths). Exactly 0, with zero
+    derivatives, otherwise."""
+    bad = arc_valid & (jnp.isnan(arc_scores) | (arc_scores == jnp.inf))
+    factor = jnp.where(jnp.any(bad), jnp.nan, 0.0).astype(arc_scores.dtype)
+    return jnp.sum(jnp.where(arc_valid & (arc_scores != -jnp.inf), arc_scores, 0.0) * factor)
 
 
 def _map_batch(fn, lattice, arc_scores, batch_shape):
@@ -628,7 +685,8 @@ def _forward_instance(semiring: Semiring, lattice: Lattice, arc_scores):
     (values, potential), norms = jax.lax.scan(step, (values, potential), levels)
     exits, exit_shift = semiring.convert_scaled(jnp.where(lattice.final, potential[lattice.state_slot], -jnp.inf), (-1,))
     total = semiring.sum(semiring.times(_gather(values, lattice.state_slot), exits), -1)
-    return semiring.unconvert(total, jnp.sum(norms) + exit_shift)
+    poison = _invalid_score_poison(lattice.arc_valid, arc_scores)
+    return semiring.unconvert(total, jnp.sum(norms) + exit_shift + poison)
 
 
 def _viterbi_instance(lattice: Lattice, arc_scores):
@@ -767,7 +825,7 @@ def _packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
     real_final = final_slots < (N + 1) * W
     exits, exit_shift = semiring.convert_scaled(jnp.where(real_final, potential[final_slots], -jnp.inf), (-1,))
     total = semiring.sum(semiring.times(_gather(values, final_slots), exits), -1)
-    return semiring.unconvert(total, exit_shift)
+    return semiring.unconvert(total, exit_shift + _invalid_score_poison(packed.arc_valid, arc_scores))
 
 
 def _packed_viterbi(packed: PackedLattices, arc_scores):
@@ -834,7 +892,7 @@ def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
     arc_scores = as_float_array("arc_scores", arc_scores, 1, f"[A] with A = {A} (the pack's arcs)")
     if arc_scores.shape != (A,):
         raise ValueError(f"arc_scores must have shape [{A}] (one score per packed arc), got {arc_scores.shape}")
-    check_finite_or_neg_inf("arc_scores", arc_scores)
+    check_finite_or_neg_inf("arc_scores", _valid_scores(packed.arc_valid, arc_scores))
     return _packed_forward_jit(semiring, packed, arc_scores)
 
 

@@ -31,7 +31,11 @@ The protocol (methods of an *unbatched* form, `T` positions, `L` labels):
 * `batched(batch_shape)`: `(flat, in_axes)`, the form with its batch
   flattened into one axis and the `jax.vmap` axes of its fields (shared
   transitions stay shared); `unshared(batch_shape)`: every field per
-  example; `as_argument()`: what public functions take and return.
+  example; `as_argument()` and `from_gradient(gradient)`: what public
+  functions take and return.
+
+`lattices.sparse_chain.SparsePotentials` (Lavergne's sparse label pairs) is
+the third form; it lives beside its sparse step.
 
 Adding a form (for example semi-Markov segments) adds a class here, not
 branches in the algorithms.
@@ -44,6 +48,11 @@ from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+
+#: The name of the batch axis that `chain` maps an unbatched form's
+#: algorithms over (`jax.vmap(..., axis_name=BATCH_AXIS)`): a step may take
+#: one decision for the whole batch with a collective over it.
+BATCH_AXIS = "chains"
 
 
 def _time_major(value, time_axis):
@@ -109,6 +118,11 @@ class DensePotentials(NamedTuple):
     def as_argument(self):
         """What public functions take and return for this form: the bare array."""
         return self.scores
+
+    def from_gradient(self, gradient):
+        """The marginals of `chain.marginals` from the gradient of log Z with
+        respect to `as_argument()`."""
+        return gradient
 
 
 class FactoredPotentials(NamedTuple):
@@ -189,6 +203,9 @@ class FactoredPotentials(NamedTuple):
 
     def as_argument(self):
         return self
+
+    def from_gradient(self, gradient):
+        return gradient
 
 
 def materialize(potentials: FactoredPotentials) -> jax.Array:

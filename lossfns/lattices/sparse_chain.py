@@ -1,43 +1,51 @@
 """Sparse forward-backward for chains with L1-sparse label-pair weights
-(Lavergne, Cappe & Yvon 2010, section 4.1).
+(Lavergne, Cappe & Yvon 2010, section 4.1), as a potential form of `chain`.
 
-A chain whose edge scores are `psi_t(i, j) = unary[t, j] + pair_t(i, j)`,
-where the label-pair weights `pair_t` (bigram features that also test the
+A chain whose edge scores are `psi_t(i, j) = A(i, j) + unary[t, j] +
+pair_t(i, j)`, where `A` is a transition matrix shared by all positions and
+the label-pair weights `pair_t` (bigram features that also test the
 observation at `t`) are mostly zero, has transition factors
 
-    exp(psi_t(i, j)) = exp(unary[t, j]) * (1 + M_t(i, j)),
+    exp(psi_t(i, j)) = exp(unary[t, j]) * exp(A(i, j)) * (1 + M_t(i, j)),
     M_t(i, j) = exp(pair_t(i, j)) - 1,
 
 and `M_t` is zero wherever the pair weight is. The forward recursion splits
-into a dense rank-one part (every previous label reaches every label: the sum
-of the forward vector) and a sparse part over the non-zeros of `M_t`:
+into a dense part shared by every position (one product with `exp(A)`; a
+rank-one sum of the forward vector when `A = 0`, Lavergne's case) and a
+sparse part over the non-zeros of `M_t`:
 
-    alpha_t(j) = exp(unary[t, j]) * (sum_i alpha_{t-1}(i)
-                                     + sum_{i: M_t(i, j) != 0} alpha_{t-1}(i) M_t(i, j)),
+    alpha_t(j) = exp(unary[t, j]) * (sum_i alpha_{t-1}(i) exp(A(i, j))
+                                     + sum_{i: M_t(i, j) != 0} alpha_{t-1}(i) exp(A(i, j)) M_t(i, j)),
 
-which costs `O(L + K)` per position instead of `O(L^2)` for `K` non-zero
-pairs; autodiff of the recursion (the backward pass) costs the same. The
-forward vector is carried in log space and shifted at every step, as in
-`lossfns.lattices.kernel`.
+which costs `O(K)` per position on top of the shared product instead of
+building and exponentiating `[T, L, L]` scores; autodiff of the recursion
+(the backward pass) costs the same.
+
+`SparsePotentials` is a form of `lattices.forms`: every `chain` function
+takes it (`chain.log_partition`, `marginals`, `row_log_partition`,
+`viterbi`, `kbest`, `sample`, `score`, the losses). For `log Z` (the log
+semiring) its step is the sparse product above; for the other semirings it
+builds one `[L, L]` block per step.
 
 Representation: the non-zero label pairs share one support for the whole
 batch, `pair_previous [K]` and `pair_next [K]` (the union of the pairs any
 label-pair feature may fire on; with L1 training, the pairs whose weights are
 non-zero), and `pair_weights [..., T, K]` holds their per-position log-space
 weights (0 where a pair's weight is zero at that position). The same
-conventions as `chain` hold: at `t = 0` the previous label is the start state
-(label index 0 in the pair support), `lengths` mask positions at or past each
-length, and `to_dense` gives the `[..., T, L, L]` potentials that
-`chain.log_partition` accepts, which is what the tests compare with.
+conventions as `chain` hold: at a chain's first position the previous label
+is the start state (label index 0 in the pair support; `A` does not apply
+there), `lengths` mask positions at or past each length, and `to_dense`
+gives the `[..., T, L, L]` potentials that `chain` accepts, which is what
+the tests compare with.
 
 Accuracy: exact to rounding for every input the dense chain is exact for.
-A pair weight `w < 0` enters as `1 + M` with `M = exp(w) - 1` close to -1,
-so the contribution of label `j` is a difference; each step checks its
-column sums against the magnitudes of their terms (and against underflow)
-and redoes a step that lost precision in log space over the dense `[L, L]`
-scores (`_forward_instance`), so strongly negative and forbidden (`-inf`)
-pair weights cost time, not accuracy. Large positive scores are safe:
-every step is shifted by its largest score before `exp`.
+The forward scores are carried in log space, as in `kernel`; a pair weight
+`w < 0` enters as `1 + M` with `M = exp(w) - 1` close to -1, so the
+contribution of label `j` is a difference: each step checks its column sums
+against the magnitudes of their terms (and against underflow) and redoes a
+step that lost precision in log space over the dense `[L, L]` scores, so
+strongly negative and forbidden (`-inf`) pair weights cost time, not
+accuracy.
 """
 
 from __future__ import annotations
@@ -50,16 +58,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import semirings
-from . import kernel
+from . import forms, kernel
 from ..validation import as_float_array, as_lengths, check_finite_or_neg_inf, concrete
 
 
 class SparsePotentials(NamedTuple):
-    """Unary scores plus sparse per-position label-pair weights.
+    """Unary scores, a shared transition matrix and sparse per-position
+    label-pair weights (see the module docstring).
 
     unary: `[..., T, L]`; pair_weights: `[..., T, K]` (log space, 0 = no
     effect, -inf = forbidden pair); pair_previous, pair_next: `[K]` int label
-    indices of each non-zero pair; start: `[L]`, `[..., L]` or `None` (zeros).
+    indices of each non-zero pair; start: `[L]`, `[..., L]` or `None`
+    (zeros); transitions: `[L, L]` shared by the batch, or `None` (zeros).
     """
 
     unary: jax.Array
@@ -67,6 +77,131 @@ class SparsePotentials(NamedTuple):
     pair_previous: jax.Array
     pair_next: jax.Array
     start: Optional[jax.Array] = None
+    transitions: Optional[jax.Array] = None
+
+    # -- the form protocol of `lattices.forms` (unbatched) ------------------
+    @property
+    def num_steps(self) -> int:
+        return self.unary.shape[-2]
+
+    @property
+    def num_labels(self) -> int:
+        return self.unary.shape[-1]
+
+    @property
+    def dtype(self):
+        return self.unary.dtype
+
+    def masked(self, valid):
+        return self._replace(unary=jnp.where(valid[:, None], self.unary, 0.0),
+                             pair_weights=jnp.where(valid[:, None], self.pair_weights, 0.0))
+
+    def _pairs(self, weights):
+        """The pair scores `[..., L, L]` of per-pair weights `[..., K]`."""
+        L = self.num_labels
+        return jnp.zeros(weights.shape[:-1] + (L, L), weights.dtype).at[..., self.pair_previous, self.pair_next].add(
+            weights)
+
+    def first_scores(self):
+        from_start = jnp.where(self.pair_previous == 0, self.pair_weights, 0.0)
+        pairs = jnp.zeros(self.unary.shape, self.dtype).at[..., self.pair_next].add(from_start)
+        return self.start[..., None, :] + self.unary + pairs
+
+    def time_inputs(self):
+        return self.unary, self.pair_weights
+
+    def block(self, inputs_t):
+        unary_t, weights_t = inputs_t
+        return self.transitions + unary_t[None, :] + self._pairs(weights_t)
+
+    def edge_scores(self):
+        return self.transitions[..., None, :, :] + self.unary[..., :, None, :] + self._pairs(self.pair_weights)
+
+    def lift(self, semiring):
+        if type(semiring) is semirings.LogSemiring:
+            return _sparse_log_step(self)
+        blocks, scales = semiring.convert_scaled(self.edge_scores(), (-2, -1))
+
+        def step(value, inputs_t):
+            block_t, scale_t = inputs_t
+            return semiring.vecmat(value, block_t), scale_t
+
+        return (forms._time_major(blocks, -3), scales), step
+
+    def score_terms(self, labels, previous, starts):
+        positions = jnp.arange(labels.shape[0])
+        matches = (self.pair_previous[None, :] == previous[:, None]) & (self.pair_next[None, :] == labels[:, None])
+        pairs = jnp.sum(jnp.where(matches, self.pair_weights, 0.0), -1)
+        edge = jnp.where(starts, self.start[labels], self.transitions[previous, labels])
+        return self.unary[positions, labels] + edge + pairs
+
+    def batched(self, batch_shape):
+        flat = lambda x, core: x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core:])
+        shared = self.transitions.ndim == 2
+        transitions = self.transitions if shared else flat(
+            jnp.broadcast_to(self.transitions, batch_shape + self.transitions.shape[-2:]), 2)
+        return (SparsePotentials(flat(self.unary, 2), flat(self.pair_weights, 2), self.pair_previous, self.pair_next,
+                                 flat(self.start, 1), transitions),
+                SparsePotentials(0, 0, None, None, 0, None if shared else 0))
+
+    def unshared(self, batch_shape):
+        """Per-example transitions, so that their derivatives are per-example
+        expected counts (the start is per example already)."""
+        L = self.num_labels
+        return self._replace(transitions=jnp.broadcast_to(self.transitions, tuple(batch_shape) + (L, L)))
+
+    def as_argument(self):
+        return self
+
+    def from_gradient(self, gradient):
+        """Marginals from a gradient taken with `allow_int`: the support as given."""
+        return gradient._replace(pair_previous=self.pair_previous, pair_next=self.pair_next)
+
+
+def _sparse_log_step(potentials: SparsePotentials):
+    """`(inputs, step)` of the log semiring: the checked sparse product above
+    on log-space forward scores (see the module docstring)."""
+    unary, pair_weights, previous, following = (potentials.unary, potentials.pair_weights,
+                                                potentials.pair_previous, potentials.pair_next)
+    T, L = unary.shape
+    transitions = potentials.transitions
+    column_shift = semirings.finite_max(transitions, 0)  # c [L]
+    shifted = transitions - column_shift
+    dense_factors = jnp.exp(shifted)  # exp(A - c), columns peak at 1
+    pair_dense = dense_factors[previous, following]  # [K]
+    # Shifts keep exp() in range (NUMERICS.md 5): exp(w - s) = exp(-s) (1 + M)
+    # with s >= 0 the largest pair weight of the step, so nothing overflows.
+    if pair_weights.shape[-1]:
+        pair_shift = jnp.maximum(semirings.finite_max(pair_weights, -1), 0.0)
+    else:
+        pair_shift = jnp.zeros((T,), unary.dtype)
+    pair_factors = jnp.exp(pair_weights - pair_shift[:, None])
+    tau = kernel.recovery_threshold(unary.dtype, L)
+    # Below this fraction of the sum of its terms' magnitudes, a column sum has
+    # lost more than about 1e-5 of relative precision (a few roundings of eps).
+    cancellation = min(1.0, 4 * float(jnp.finfo(unary.dtype).eps) / 1e-5)
+
+    def step(log_alpha, inputs_t):
+        unary_t, weights_t, factors_t, shift_t = inputs_t
+        alpha = jnp.exp(log_alpha)
+        dense_t = jnp.exp(-shift_t)
+        dense = dense_t * (alpha @ dense_factors)
+        gathered = alpha[previous] * pair_dense
+        sums = dense + jax.ops.segment_sum(gathered * (factors_t - dense_t), following, L)
+        magnitudes = dense + jax.ops.segment_sum(gathered * (factors_t + dense_t), following, L)
+        recover = jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes))
+        # One decision for the whole batch: a batched predicate would turn the
+        # cond into a select that always pays for the log-space step.
+        recover = jax.lax.psum(recover.astype(jnp.int32), forms.BATCH_AXIS) > 0
+
+        def exact():
+            scores = shifted + potentials._pairs(weights_t)
+            return semirings.logsumexp(log_alpha[:, None] + scores, 0) - shift_t
+
+        log_sums = jax.lax.cond(recover, exact, lambda: kernel._safe_log(jnp.maximum(sums, 0.0)))
+        return log_sums + shift_t + column_shift + unary_t, jnp.zeros((), unary.dtype)
+
+    return (unary, pair_weights, pair_factors, pair_shift), step
 
 
 def _label_indices(name: str, indices, size: int, num_labels: int) -> jax.Array:
@@ -108,129 +243,37 @@ def _prepare(potentials: SparsePotentials, lengths):
     except ValueError:
         raise ValueError(f"start batch shape {start.shape[:-1]} does not broadcast to the batch shape "
                          f"{batch_shape} of unary") from None
-    for name, array in (("unary", unary), ("pair_weights", pair_weights), ("start", start)):
+    transitions = jnp.zeros((L, L), unary.dtype) if potentials.transitions is None else potentials.transitions
+    transitions = as_float_array("transitions", transitions, 2, "[L, L] or [..., L, L]")
+    if transitions.shape[-2:] != (L, L):
+        raise ValueError(f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
+                         f"got shape {transitions.shape}")
+    try:
+        jnp.broadcast_shapes(transitions.shape[:-2], batch_shape)
+    except ValueError:
+        raise ValueError(f"transitions batch shape {transitions.shape[:-2]} does not broadcast to the batch shape "
+                         f"{batch_shape} of unary") from None
+    for name, array in (("pair_weights", pair_weights), ("start", start), ("transitions", transitions)):
         check_finite_or_neg_inf(name, array)
-    dtype = jnp.result_type(unary, pair_weights, start)
+    dtype = jnp.result_type(unary, pair_weights, start, transitions)
     start = jnp.broadcast_to(start.astype(dtype), batch_shape + (L,))
-    potentials = SparsePotentials(unary.astype(dtype), pair_weights.astype(dtype), previous, following, start)
+    potentials = SparsePotentials(unary.astype(dtype), pair_weights.astype(dtype), previous, following, start,
+                                  transitions.astype(dtype))
     return potentials, as_lengths(lengths, batch_shape, T), batch_shape, T, L
-
-
-def _forward_instance(potentials: SparsePotentials, length):
-    """`log Z` of one chain: `unary [T, L]`, `pair_weights [T, K]`, `start [L]`.
-
-    The forward scores are carried in log space, as in `kernel`; each step
-    is the sparse real-space product above on their exponentials, checked:
-    a column sum below `kernel.recovery_threshold` (underflow) or below
-    a fixed fraction of the sum of its terms' magnitudes (a difference that
-    lost its digits, from strongly negative or forbidden pairs) sends the
-    step to log space over the dense `[L, L]` pair scores, under `lax.cond`.
-    """
-    unary, pair_weights, previous, following, start = potentials
-    T, L = unary.shape
-    if T == 0:
-        return jnp.zeros((), unary.dtype)
-    valid = jnp.arange(T) < length
-    # Padding becomes the log-space one before any arithmetic (no 0 * NaN).
-    unary = jnp.where(valid[:, None], unary, 0.0)
-    pair_weights = jnp.where(valid[:, None], pair_weights, 0.0)
-
-    first = start + unary[0] + jax.ops.segment_sum(jnp.where(previous == 0, pair_weights[0], 0.0), following, L)
-    first_shift = semirings.finite_max(first, -1)
-
-    # Shifts keep exp() in range (NUMERICS.md 5): exp(pair - c) = exp(-c) (1 + M)
-    # with c >= 0 the largest pair weight of the step, so nothing overflows.
-    if pair_weights.shape[-1]:
-        pair_shift = jnp.maximum(semirings.finite_max(pair_weights[1:], -1), 0.0)
-    else:
-        pair_shift = jnp.zeros((T - 1,), unary.dtype)
-    pair_factors = jnp.exp(pair_weights[1:] - pair_shift[:, None])
-    dense_factors = jnp.exp(-pair_shift)
-    tau = kernel.recovery_threshold(unary.dtype, L)
-    # Below this fraction of the sum of its terms' magnitudes, a column sum has
-    # lost more than about 1e-5 of relative precision (a few roundings of eps).
-    cancellation = min(1.0, 4 * float(jnp.finfo(unary.dtype).eps) / 1e-5)
-
-    def step(log_alpha, inputs):
-        unary_t, weights_t, pair_t, dense_t, shift_t, valid_t = inputs
-        alpha = jnp.exp(log_alpha)
-        dense = dense_t * jnp.sum(alpha)
-        gathered = alpha[previous]
-        sums = dense + jax.ops.segment_sum(gathered * (pair_t - dense_t), following, L)
-        magnitudes = dense + jax.ops.segment_sum(gathered * (pair_t + dense_t), following, L)
-        recover = valid_t & jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes))
-
-        def exact():
-            pairs = jnp.zeros((L, L), unary.dtype).at[previous, following].add(weights_t)
-            return semirings.logsumexp(log_alpha[:, None] + pairs, 0) - shift_t
-
-        log_sums = jax.lax.cond(recover, exact, lambda: kernel._safe_log(jnp.maximum(sums, 0.0)))
-        new = log_sums + shift_t + unary_t
-        shift = semirings.finite_max(new, -1)
-        return jnp.where(valid_t, new - shift, log_alpha), jnp.where(valid_t, shift, 0.0)
-
-    inputs = (unary[1:], pair_weights[1:], pair_factors, dense_factors, pair_shift, valid[1:])
-    log_alpha, log_norms = jax.lax.scan(step, first - first_shift, inputs)
-    log_z = first_shift + semirings.pairwise_sum(log_norms) + kernel._safe_log(jnp.sum(jnp.exp(log_alpha)))
-    return jnp.where(length == 0, 0.0, log_z)
-
-
-def _map_batch(potentials: SparsePotentials, lengths, batch_shape):
-    size = math.prod(batch_shape)
-    flat = lambda x, core: x.reshape((size,) + x.shape[x.ndim - core:])
-    flat_potentials = SparsePotentials(flat(potentials.unary, 2), flat(potentials.pair_weights, 2),
-                                       potentials.pair_previous, potentials.pair_next, flat(potentials.start, 1))
-    axes = SparsePotentials(0, 0, None, None, 0)
-    out = jax.vmap(_forward_instance, in_axes=(axes, 0))(flat_potentials, lengths.reshape(size))
-    return out.reshape(batch_shape)
-
-
-def log_partition(potentials: SparsePotentials, lengths=None) -> jax.Array:
-    """`log Z` per chain, `[...]`, in `O(T (L + K))` per chain.
-
-    Args:
-      potentials: `SparsePotentials` with `unary [..., T, L]` and
-        `pair_weights [..., T, K]` on the shared support `pair_previous [K]`,
-        `pair_next [K]`.
-      lengths: `[...]` ints in `[0, T]`, default `T`.
-    """
-    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    return _map_batch(potentials, lengths, batch_shape)
-
-
-def marginals(potentials: SparsePotentials, lengths=None) -> SparsePotentials:
-    """Derivatives of `log_partition`, per example, as a `SparsePotentials`:
-
-    `unary [..., T, L]`: `P(y_t = j)`; `pair_weights [..., T, K]`:
-    `P(y_{t-1} = pair_previous[k], y_t = pair_next[k])` (at `t = 0` only the
-    pairs from label 0, the start state); `start [..., L]`: `P(y_0 = j)`. All
-    are zero past each length. The support fields are returned unchanged.
-    """
-    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    differentiable = (potentials.unary, potentials.pair_weights, potentials.start)
-
-    def total(fields):
-        unary, pair_weights, start = fields
-        return jnp.sum(_map_batch(potentials._replace(unary=unary, pair_weights=pair_weights, start=start),
-                                  lengths, batch_shape))
-
-    unary, pair_weights, start = jax.grad(total)(differentiable)
-    return potentials._replace(unary=unary, pair_weights=pair_weights, start=start)
 
 
 def to_dense(potentials: SparsePotentials) -> jax.Array:
     """The per-position potentials `[..., T, L, L]` of `chain` equal to a sparse
-    form: `unary[t, j] + pair_t(i, j)`, plus `start[j]` in row 0 at `t = 0`.
+    form: `transitions[i, j] + unary[t, j] + pair_t(i, j)`, and in row 0 at
+    `t = 0` the first scores `start[j] + unary[0, j] + pair_0(0, j)`.
 
     Materialises `T L^2` scores: for tests and for the dense baseline.
     """
     potentials, _, batch_shape, T, L = _prepare(potentials, None)
-    unary, pair_weights, previous, following, start = potentials
-    pairs = jnp.zeros(batch_shape + (T, L, L), unary.dtype).at[..., previous, following].add(pair_weights)
-    dense = pairs + unary[..., :, None, :]
+    dense = potentials.edge_scores()
     if T == 0:
         return dense
-    return dense.at[..., 0, 0, :].add(start)
+    return dense.at[..., 0, 0, :].set(potentials.first_scores()[..., 0, :])
 
 
 def random_support(key, num_labels: int, density: float) -> tuple[np.ndarray, np.ndarray]:
