@@ -125,8 +125,13 @@ def test_flat_view_and_counts():
     assert masked.num_parameters() == L + L * L + L
 
 
-def test_packed_potentials_equal_padded_batches():
+@pytest.mark.parametrize("form", ["dense", "sparse"])
+def test_packed_potentials_equal_padded_batches(form):
     model = _random_model(15)
+    if form == "sparse":
+        mask = np.zeros((K2, L, L), bool)
+        mask[:, 0, 1] = mask[1, 2, 0] = True
+        model = model.with_pair_mask(mask)
     rng = np.random.default_rng(16)
     lengths = [4, 1, 6, 2, 0, 3]
     encoded = [([[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)],
@@ -135,10 +140,12 @@ def test_packed_potentials_equal_padded_batches():
     design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, K))
     buckets = model.packed_potentials(design, jnp.asarray(packed.pair_ids), tuple(jnp.asarray(p) for p in packed.positions))
     for potentials, members in zip(buckets, packed.members):
-        padded = pad_batch([encoded[i] for i in members], max_length=potentials.shape[-3])
+        padded = pad_batch([encoded[i] for i in members], max_length=jax.tree_util.tree_leaves(potentials)[0].shape[1])
         # Padding reads no features in either layout, so even the positions
         # past each length agree.
-        np.testing.assert_allclose(potentials, model(padded.unigram_ids, padded.pair_ids), atol=1e-12)
+        for got, want in zip(jax.tree_util.tree_leaves(potentials),
+                             jax.tree_util.tree_leaves(model(padded.unigram_ids, padded.pair_ids))):
+            np.testing.assert_allclose(got, want, atol=1e-12)
 
 
 @pytest.mark.slow
@@ -178,3 +185,43 @@ def test_argument_errors():
         model(jnp.zeros((T, F), jnp.int32), jnp.zeros((T + 1, 1), jnp.int32))
     with pytest.raises(ValueError, match=r"emission_mask must have shape \[K, L\]"):
         LinearChainModel.zeros(K, L, emission_mask=np.ones((L, K), bool))
+
+
+def test_sparse_pair_weights_give_the_dense_models_loss_and_gradient():
+    """A pair mask on few label pairs makes the model build `SparsePotentials`;
+    its loss and gradient equal those of the same masked model on the dense
+    per-position form (float32 to 1e-5, float64 to 1e-10), batched and in
+    packed rows, and the masked weights get zero gradient."""
+    from lossfns.lattices.sparse_chain import SparsePotentials
+    from lossfns.models import linear_chain
+
+    rng = np.random.default_rng(7)
+    mask = np.zeros((K2, L, L), bool)
+    mask[0, 0, 1] = mask[1, 2, 2] = mask[2, 0, 1] = mask[2, 1, 0] = True  # 3 of the 9 label pairs
+    ids, pair_ids = _random_ids(8, (2, T), K, F), _random_ids(9, (2, T), K2, 2)
+    labels = jnp.asarray(rng.integers(0, L, size=(2, T)))
+    lengths = jnp.array([T, 3])
+    for dtype, tolerance in ((jnp.float32, 1e-5), (jnp.float64, 1e-10)):
+        sparse_model = _random_model(10, dtype=dtype).with_pair_mask(mask)
+        assert sparse_model.pair_support is not None
+        assert isinstance(sparse_model(ids, pair_ids), SparsePotentials)
+        saved = linear_chain.SPARSE_MAX_FRACTION
+        linear_chain.SPARSE_MAX_FRACTION = 0.0
+        try:
+            dense_model = _random_model(10, dtype=dtype).with_pair_mask(mask)
+        finally:
+            linear_chain.SPARSE_MAX_FRACTION = saved
+        assert dense_model.pair_support is None and not isinstance(dense_model(ids, pair_ids), tuple)
+
+        def loss_and_gradient(model):
+            params, static = model.trainable()
+            loss = lambda p: jnp.sum(sequence_log_loss(eqx.combine(p, static)(ids, pair_ids), labels, lengths))
+            return jax.jit(jax.value_and_grad(loss))(params)
+
+        (sparse_loss, sparse_grad), (dense_loss, dense_grad) = loss_and_gradient(sparse_model), loss_and_gradient(
+            dense_model)
+        np.testing.assert_allclose(sparse_loss, dense_loss, rtol=tolerance)
+        for got, want in zip(jax.tree_util.tree_leaves(sparse_grad), jax.tree_util.tree_leaves(dense_grad)):
+            np.testing.assert_allclose(got, want, atol=tolerance, rtol=tolerance)
+        assert np.all(np.asarray(sparse_grad.pair_emission)[~mask] == 0)
+        assert np.any(np.asarray(sparse_grad.pair_emission)[mask] != 0)

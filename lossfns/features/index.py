@@ -141,6 +141,22 @@ def observed_label_pairs(batches: Iterable[FeatureBatch], num_features: int, num
     return seen
 
 
+def observed_label_triples(batches: Iterable[FeatureBatch], num_pair_features: int, num_labels: int) -> np.ndarray:
+    """`[K2, L, L]` bool: which (label-pair-observation feature, previous
+    label, label) triples occur in the labelled batches (from the second
+    position of each sentence on, where pair features apply): the
+    `pair_mask` of `LinearChainModel.with_pair_mask`, CRFsuite's convention
+    of creating only features seen in training."""
+    seen = np.zeros((num_pair_features, num_labels, num_labels), dtype=bool)
+    for batch in batches:
+        ids, labels = batch.pair_ids[..., 1:, :], batch.labels
+        previous = np.broadcast_to(labels[..., :-1, None], ids.shape)
+        current = np.broadcast_to(labels[..., 1:, None], ids.shape)
+        keep = (ids >= 0) & (previous >= 0) & (current >= 0)
+        seen[ids[keep], previous[keep], current[keep]] = True
+    return seen
+
+
 class PackedCorpus(NamedTuple):
     """A corpus as one stack of real tokens plus padded length buckets that
     point into it, so feature gathers never touch padding and only a few

@@ -10,19 +10,29 @@ potentials, so that every loss in `lossfns.losses` applies:
 
 Emission scores are gathered and summed (`[..., T, F] -> [..., T, L]`); the
 gradient of a gather is a scatter-add into the rows that occur, never a dense
-one-hot product. Without label-pair-observation features (`K2 = 0`) the
-model returns `FactoredPotentials`, the fast path of `lattices.chain`; with
-them it returns position-dependent `[..., T, L, L]` potentials. Pair
-features do not apply at t = 0 (the previous label is the start state, which
-has no row of its own in `pair_emission`).
+one-hot product. The model picks its potential form from its weights:
 
-`emission_mask [K, L]` (optional, not trained) fixes the weights of the
-(feature, label) pairs it excludes at 0: CRFsuite's default parameter set,
-where only pairs seen in the training data exist.
+* no label-pair-observation features (`K2 = 0`): `FactoredPotentials`;
+* pair features whose weights exist on few label pairs (`pair_mask`: the
+  union of its label pairs covers at most half of the `L^2`):
+  `SparsePotentials` on that support (Lavergne et al.'s sparse
+  forward-backward; `[T, L, L]` is never built);
+* otherwise: per-position `[..., T, L, L]` potentials.
+
+All three give the same losses and gradients (tested). Pair features do not
+apply at a chain's first position (the previous label is the start state,
+which has no row of its own in `pair_emission`).
+
+`emission_mask [K, L]` and `pair_mask [K2, L, L]` (optional, not trained)
+fix the weights they exclude at 0: CRFsuite's default parameter set, where
+only the (feature, label) pairs and (feature, previous label, label)
+triples seen in the training data exist (`features.observed_label_pairs`,
+`features.observed_label_triples`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import equinox as eqx
@@ -34,6 +44,7 @@ from jax.flatten_util import ravel_pytree
 from ..features.design import SparseDesign, bucket_slices, design_matmul, scatter_rows
 from ..features.index import FeatureBatch
 from ..lattices.chain import FactoredPotentials
+from ..lattices.sparse_chain import SparsePotentials
 from ..validation import check_allocation, concrete
 
 
@@ -82,7 +93,11 @@ class LinearChainModel(eqx.Module):
 
     emission: `[K, L]`; transitions: `[L, L]` (`[i, j]`: label j after i);
     start: `[L]`; pair_emission: `[K2, L, L]` (K2 may be 0);
-    emission_mask: `[K, L]` bool or None (True: the weight exists).
+    emission_mask: `[K, L]` bool or None (True: the weight exists);
+    pair_mask: `[K2, L, L]` bool or None (likewise); pair_support: the label
+    pairs `(previous, next)` that any pair weight may use when they are few
+    enough for the sparse form, else None (derived from `pair_mask` by
+    `with_pair_mask`; static).
     """
 
     emission: jax.Array
@@ -90,6 +105,22 @@ class LinearChainModel(eqx.Module):
     start: jax.Array
     pair_emission: jax.Array
     emission_mask: Optional[jax.Array] = None
+    pair_mask: Optional[jax.Array] = None
+    pair_support: Optional[tuple] = eqx.field(default=None, static=True)
+
+    def with_pair_mask(self, pair_mask) -> "LinearChainModel":
+        """The model with the pair weights outside `pair_mask [K2, L, L]` fixed
+        at 0, and the sparse form when the mask's label pairs (its union over
+        features) cover at most `SPARSE_MAX_FRACTION` of the `L^2`. The mask
+        must be concrete (it decides static shapes)."""
+        K2, L = self.pair_emission.shape[0], self.num_labels
+        mask = np.asarray(pair_mask, dtype=bool)
+        if mask.shape != (K2, L, L):
+            raise ValueError(f"pair_mask must have shape [K2, L, L] = {(K2, L, L)}, got shape {mask.shape}")
+        previous, following = np.nonzero(mask.any(axis=0))
+        sparse = previous.size <= SPARSE_MAX_FRACTION * L * L
+        support = (tuple(previous.tolist()), tuple(following.tolist())) if sparse else None
+        return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support)
 
     @staticmethod
     def zeros(num_features: int, num_labels: int, num_pair_features: int = 0, *, emission_mask=None,
@@ -142,7 +173,28 @@ class LinearChainModel(eqx.Module):
         if pair_ids.shape[:-1] != unary.shape[:-1]:
             raise ValueError(f"pair_ids must have shape [..., T, F2] with [..., T] = {unary.shape[:-1]} "
                              f"(from unigram_ids), got shape {pair_ids.shape}")
-        return self._edges(unary, _sum_rows(self.pair_emission, pair_ids))
+        if self.pair_support is not None:
+            return self._sparse(unary, _sum_rows(self._pair_table(), pair_ids))
+        return self._edges(unary, _sum_rows(self._masked_pair_emission(), pair_ids))
+
+    def _masked_pair_emission(self) -> jax.Array:
+        if self.pair_mask is None:
+            return self.pair_emission
+        return jnp.where(self.pair_mask, self.pair_emission, 0.0)
+
+    def _pair_table(self) -> jax.Array:
+        """Each pair feature's weights on the sparse support, `[K2, K]`."""
+        previous, following = (np.asarray(side, np.int32) for side in self.pair_support)
+        return self._masked_pair_emission()[:, previous, following]
+
+    def _sparse(self, unary, pair, starts=None):
+        """`SparsePotentials` from unary `[..., T, L]` and pair weights on the
+        support `[..., T, K]`, which do not apply at t = 0 (nor at `starts`)."""
+        first = jnp.arange(pair.shape[-2])[:, None] == 0
+        if starts is not None:
+            first = first | starts[..., None]
+        previous, following = (jnp.asarray(side, jnp.int32) for side in self.pair_support)
+        return SparsePotentials(unary, jnp.where(first, 0.0, pair), previous, following, self.start, self.transitions)
 
     def packed_potentials(self, design: SparseDesign, pair_ids, positions, starts=None) -> tuple:
         """Potentials of every bucket of a packed corpus (`features.PackedCorpus`).
@@ -161,14 +213,17 @@ class LinearChainModel(eqx.Module):
         unaries = bucket_slices(design_matmul(design, self._masked_emission()), [p.shape for p in positions])
         pair = None
         if self.pair_emission.shape[0]:
-            pair = _sum_rows(self.pair_emission, _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0]))
+            table = self._pair_table() if self.pair_support is not None else self._masked_pair_emission()
+            pair = _sum_rows(table, _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0]))
         out = []
         for b, (bucket, bucket_unary) in enumerate(zip(positions, unaries)):
+            bucket_starts = None if starts is None else starts[b]
             if pair is None:
                 out.append(FactoredPotentials(bucket_unary, self.transitions, self.start))
+            elif self.pair_support is not None:
+                out.append(self._sparse(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_starts))
             else:
-                out.append(self._edges(bucket_unary, _sum_rows(pair, bucket[..., None]),
-                                       None if starts is None else starts[b]))
+                out.append(self._edges(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_starts))
         return tuple(out)
 
     def _edges(self, unary, pair, starts=None):
@@ -206,10 +261,17 @@ class LinearChainModel(eqx.Module):
         return int(sum(np.count_nonzero(np.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(params)))
 
     def num_parameters(self) -> int:
-        """Number of weights that can be non-zero (masked emissions excluded)."""
-        masked = 0 if self.emission_mask is None else int(np.count_nonzero(~np.asarray(self.emission_mask)))
+        """Number of weights that can be non-zero (masked weights excluded)."""
+        masked = sum(0 if mask is None else int(np.count_nonzero(~np.asarray(mask)))
+                     for mask in (self.emission_mask, self.pair_mask))
         params, _ = self.trainable()
         return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params)) - masked
+
+
+#: The sparse form is chosen when the label pairs that pair weights may use
+#: are at most this fraction of all `L^2` (beyond, its per-pair work costs
+#: more than the dense blocks it saves).
+SPARSE_MAX_FRACTION = 0.5
 
 
 def _check_ids(name: str, ids, size: int) -> jax.Array:
