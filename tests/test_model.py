@@ -193,7 +193,6 @@ def test_sparse_pair_weights_give_the_dense_models_loss_and_gradient():
     per-position form (float32 to 1e-5, float64 to 1e-10), batched and in
     packed rows, and the masked weights get zero gradient."""
     from lossfns.lattices.sparse_chain import SparsePotentials
-    from lossfns.models import linear_chain
 
     rng = np.random.default_rng(7)
     mask = np.zeros((K2, L, L), bool)
@@ -205,12 +204,7 @@ def test_sparse_pair_weights_give_the_dense_models_loss_and_gradient():
         sparse_model = _random_model(10, dtype=dtype).with_pair_mask(mask)
         assert sparse_model.pair_support is not None
         assert isinstance(sparse_model(ids, pair_ids), SparsePotentials)
-        saved = linear_chain.SPARSE_MAX_FRACTION
-        linear_chain.SPARSE_MAX_FRACTION = 0.0
-        try:
-            dense_model = _random_model(10, dtype=dtype).with_pair_mask(mask)
-        finally:
-            linear_chain.SPARSE_MAX_FRACTION = saved
+        dense_model = _random_model(10, dtype=dtype).with_pair_mask(mask, max_sparse_fraction=0.0)
         assert dense_model.pair_support is None and not isinstance(dense_model(ids, pair_ids), tuple)
 
         def loss_and_gradient(model):

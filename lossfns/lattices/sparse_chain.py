@@ -110,12 +110,18 @@ class SparsePotentials(NamedTuple):
     def time_inputs(self):
         return self.unary, self.pair_weights
 
+    def _transitions(self):
+        """The shared transition scores (zeros when there are none)."""
+        if self.transitions is None:
+            return jnp.zeros((self.num_labels, self.num_labels), self.dtype)
+        return self.transitions
+
     def block(self, inputs_t):
         unary_t, weights_t = inputs_t
-        return self.transitions + unary_t[None, :] + self._pairs(weights_t)
+        return self._transitions() + unary_t[None, :] + self._pairs(weights_t)
 
     def edge_scores(self):
-        return self.transitions[..., None, :, :] + self.unary[..., :, None, :] + self._pairs(self.pair_weights)
+        return self._transitions()[..., None, :, :] + self.unary[..., :, None, :] + self._pairs(self.pair_weights)
 
     def lift(self, semiring):
         if type(semiring) is semirings.LogSemiring:
@@ -132,12 +138,12 @@ class SparsePotentials(NamedTuple):
         positions = jnp.arange(labels.shape[0])
         matches = (self.pair_previous[None, :] == previous[:, None]) & (self.pair_next[None, :] == labels[:, None])
         pairs = jnp.sum(jnp.where(matches, self.pair_weights, 0.0), -1)
-        edge = jnp.where(starts, self.start[labels], self.transitions[previous, labels])
+        edge = jnp.where(starts, self.start[labels], self._transitions()[previous, labels])
         return self.unary[positions, labels] + edge + pairs
 
     def batched(self, batch_shape):
         flat = lambda x, core: x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core:])
-        shared = self.transitions.ndim == 2
+        shared = self.transitions is None or self.transitions.ndim == 2
         transitions = self.transitions if shared else flat(
             jnp.broadcast_to(self.transitions, batch_shape + self.transitions.shape[-2:]), 2)
         return (SparsePotentials(flat(self.unary, 2), flat(self.pair_weights, 2), self.pair_previous, self.pair_next,
@@ -147,6 +153,8 @@ class SparsePotentials(NamedTuple):
     def unshared(self, batch_shape):
         """Per-example transitions, so that their derivatives are per-example
         expected counts (the start is per example already)."""
+        if self.transitions is None:
+            return self
         L = self.num_labels
         return self._replace(transitions=jnp.broadcast_to(self.transitions, tuple(batch_shape) + (L, L)))
 
@@ -164,7 +172,8 @@ def _sparse_log_step(potentials: SparsePotentials):
     unary, pair_weights, previous, following = (potentials.unary, potentials.pair_weights,
                                                 potentials.pair_previous, potentials.pair_next)
     T, L = unary.shape
-    transitions = potentials.transitions
+    rank_one = potentials.transitions is None  # Lavergne's case: the dense part is sum(alpha)
+    transitions = potentials._transitions()
     column_shift = semirings.finite_max(transitions, 0)  # c [L]
     shifted = transitions - column_shift
     dense_factors = jnp.exp(shifted)  # exp(A - c), columns peak at 1
@@ -185,8 +194,8 @@ def _sparse_log_step(potentials: SparsePotentials):
         unary_t, weights_t, factors_t, shift_t = inputs_t
         alpha = jnp.exp(log_alpha)
         dense_t = jnp.exp(-shift_t)
-        dense = dense_t * (alpha @ dense_factors)
-        gathered = alpha[previous] * pair_dense
+        dense = dense_t * (jnp.sum(alpha) if rank_one else alpha @ dense_factors)
+        gathered = alpha[previous] if rank_one else alpha[previous] * pair_dense
         sums = dense + jax.ops.segment_sum(gathered * (factors_t - dense_t), following, L)
         magnitudes = dense + jax.ops.segment_sum(gathered * (factors_t + dense_t), following, L)
         recover = jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes))
@@ -243,22 +252,24 @@ def _prepare(potentials: SparsePotentials, lengths):
     except ValueError:
         raise ValueError(f"start batch shape {start.shape[:-1]} does not broadcast to the batch shape "
                          f"{batch_shape} of unary") from None
-    transitions = jnp.zeros((L, L), unary.dtype) if potentials.transitions is None else potentials.transitions
-    transitions = as_float_array("transitions", transitions, 2, "[L, L] or [..., L, L]")
-    if transitions.shape[-2:] != (L, L):
-        raise ValueError(f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
-                         f"got shape {transitions.shape}")
-    try:
-        jnp.broadcast_shapes(transitions.shape[:-2], batch_shape)
-    except ValueError:
-        raise ValueError(f"transitions batch shape {transitions.shape[:-2]} does not broadcast to the batch shape "
-                         f"{batch_shape} of unary") from None
+    transitions = potentials.transitions
+    if transitions is not None:
+        transitions = as_float_array("transitions", transitions, 2, "[L, L] or [..., L, L]")
+        if transitions.shape[-2:] != (L, L):
+            raise ValueError(f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
+                             f"got shape {transitions.shape}")
+        try:
+            jnp.broadcast_shapes(transitions.shape[:-2], batch_shape)
+        except ValueError:
+            raise ValueError(f"transitions batch shape {transitions.shape[:-2]} does not broadcast to the batch "
+                             f"shape {batch_shape} of unary") from None
     for name, array in (("pair_weights", pair_weights), ("start", start), ("transitions", transitions)):
-        check_finite_or_neg_inf(name, array)
-    dtype = jnp.result_type(unary, pair_weights, start, transitions)
+        if array is not None:
+            check_finite_or_neg_inf(name, array)
+    dtype = jnp.result_type(*(x for x in (unary, pair_weights, start, transitions) if x is not None))
     start = jnp.broadcast_to(start.astype(dtype), batch_shape + (L,))
     potentials = SparsePotentials(unary.astype(dtype), pair_weights.astype(dtype), previous, following, start,
-                                  transitions.astype(dtype))
+                                  None if transitions is None else transitions.astype(dtype))
     return potentials, as_lengths(lengths, batch_shape, T), batch_shape, T, L
 
 

@@ -94,7 +94,8 @@ class LinearChainModel(eqx.Module):
     emission: `[K, L]`; transitions: `[L, L]` (`[i, j]`: label j after i);
     start: `[L]`; pair_emission: `[K2, L, L]` (K2 may be 0);
     emission_mask: `[K, L]` bool or None (True: the weight exists);
-    pair_mask: `[K2, L, L]` bool or None (likewise); pair_support: the label
+    pair_mask: `[K2, L, L]` bool or None (likewise; transitions then exist
+    only on its label pairs, as CRFsuite's seen transitions); pair_support: the label
     pairs `(previous, next)` that any pair weight may use when they are few
     enough for the sparse form, else None (derived from `pair_mask` by
     `with_pair_mask`; static).
@@ -108,17 +109,19 @@ class LinearChainModel(eqx.Module):
     pair_mask: Optional[jax.Array] = None
     pair_support: Optional[tuple] = eqx.field(default=None, static=True)
 
-    def with_pair_mask(self, pair_mask) -> "LinearChainModel":
+    def with_pair_mask(self, pair_mask, *, max_sparse_fraction: Optional[float] = None) -> "LinearChainModel":
         """The model with the pair weights outside `pair_mask [K2, L, L]` fixed
         at 0, and the sparse form when the mask's label pairs (its union over
-        features) cover at most `SPARSE_MAX_FRACTION` of the `L^2`. The mask
+        features) cover at most `max_sparse_fraction` (default
+        `SPARSE_MAX_FRACTION`; 0 keeps the dense form) of the `L^2`. The mask
         must be concrete (it decides static shapes)."""
+        max_sparse_fraction = SPARSE_MAX_FRACTION if max_sparse_fraction is None else max_sparse_fraction
         K2, L = self.pair_emission.shape[0], self.num_labels
         mask = np.asarray(pair_mask, dtype=bool)
         if mask.shape != (K2, L, L):
             raise ValueError(f"pair_mask must have shape [K2, L, L] = {(K2, L, L)}, got shape {mask.shape}")
         previous, following = np.nonzero(mask.any(axis=0))
-        sparse = previous.size <= SPARSE_MAX_FRACTION * L * L
+        sparse = 0 < previous.size <= max_sparse_fraction * L * L
         support = (tuple(previous.tolist()), tuple(following.tolist())) if sparse else None
         return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support)
 
@@ -177,6 +180,13 @@ class LinearChainModel(eqx.Module):
             return self._sparse(unary, _sum_rows(self._pair_table(), pair_ids))
         return self._edges(unary, _sum_rows(self._masked_pair_emission(), pair_ids))
 
+    def _masked_transitions(self) -> jax.Array:
+        """With a pair mask, transition weights exist only on its label pairs
+        (CRFsuite's default: transitions seen in training)."""
+        if self.pair_mask is None:
+            return self.transitions
+        return jnp.where(jnp.any(self.pair_mask, axis=0), self.transitions, 0.0)
+
     def _masked_pair_emission(self) -> jax.Array:
         if self.pair_mask is None:
             return self.pair_emission
@@ -189,12 +199,15 @@ class LinearChainModel(eqx.Module):
 
     def _sparse(self, unary, pair, starts=None):
         """`SparsePotentials` from unary `[..., T, L]` and pair weights on the
-        support `[..., T, K]`, which do not apply at t = 0 (nor at `starts`)."""
+        support `[..., T, K]`, which do not apply at t = 0 (nor at `starts`).
+        The transitions live on the support too, so the dense part of each
+        step is Lavergne's rank-one sum."""
         first = jnp.arange(pair.shape[-2])[:, None] == 0
         if starts is not None:
             first = first | starts[..., None]
         previous, following = (jnp.asarray(side, jnp.int32) for side in self.pair_support)
-        return SparsePotentials(unary, jnp.where(first, 0.0, pair), previous, following, self.start, self.transitions)
+        pair = pair + self.transitions[previous, following]
+        return SparsePotentials(unary, jnp.where(first, 0.0, pair), previous, following, self.start)
 
     def packed_potentials(self, design: SparseDesign, pair_ids, positions, starts=None) -> tuple:
         """Potentials of every bucket of a packed corpus (`features.PackedCorpus`).
@@ -230,7 +243,7 @@ class LinearChainModel(eqx.Module):
         """Edge potentials `[..., T, L, L]` from unary `[..., T, L]` and pair scores
         `[..., T, L, L]`; at t = 0 (and where `starts [..., T]`) only the start
         scores and the unary apply."""
-        edges = self.transitions + pair + unary[..., None, :]
+        edges = self._masked_transitions() + pair + unary[..., None, :]
         if edges.shape[-3] == 0:
             return edges
         first = jnp.broadcast_to((self.start + unary[..., :1, :])[..., None, :], edges[..., :1, :, :].shape)
