@@ -409,7 +409,12 @@ class PackedLattices(NamedTuple):
 # Semirings whose `convert` turns a score shift into a semiring product
 # (convert(s + c) = convert(s) * convert(c)): each state's scale can be folded
 # into the scores of its out-arcs, so lattices of one pack never share a scale.
-PACKABLE_SEMIRINGS = ("real", "log", "max", "kmax")
+PACKABLE_SEMIRINGS = (semirings.RealSemiring, semirings.LogSemiring, semirings.MaxSemiring, semirings.KMaxSemiring)
+
+
+def _computes_log_z(semiring) -> bool:
+    """`Log` and `Real` (not its subclasses, e.g. `Counting`) compute log Z."""
+    return type(semiring) in (semirings.LogSemiring, semirings.RealSemiring)
 
 
 def _degree_blocks(level, degree, num_levels, max_blocks: int = 3):
@@ -763,8 +768,9 @@ def _viterbi_batch(lattice, arc_scores):
 
 def log_partition(lattice: Lattice, arc_scores, *, semiring: Semiring = semirings.Log):
     """`log` of the sum over accepting paths of `exp(path score)`, `[...]`.
-    `semiring` is `Log` (exact with -inf) or `Real` (faster on CPU)."""
-    if semiring.name not in ("log", "real"):
+    `semiring` is `Log` or `Real` (both exact: every state is shifted by its
+    own best in-arc)."""
+    if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
     return forward(semiring, lattice, arc_scores)
 
@@ -885,8 +891,9 @@ def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
     (the others need one shared scale per lattice: use `stack`)."""
     if not isinstance(packed, PackedLattices):
         raise TypeError(f"packed must be a dag.PackedLattices, got {type(packed).__name__}")
-    if semiring.name not in PACKABLE_SEMIRINGS:
-        raise ValueError(f"packed lattices support the semirings {PACKABLE_SEMIRINGS}, got {semiring!r}; "
+    if type(semiring) not in PACKABLE_SEMIRINGS:
+        names = ", ".join(kind.__name__ for kind in PACKABLE_SEMIRINGS)
+        raise ValueError(f"packed lattices support the semirings {names}, got {semiring!r}; "
                          "use dag.stack for the others")
     A = packed.num_arcs
     arc_scores = as_float_array("arc_scores", arc_scores, 1, f"[A] with A = {A} (the pack's arcs)")
@@ -898,7 +905,7 @@ def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
 
 def packed_log_partition(packed: PackedLattices, arc_scores, *, semiring: Semiring = semirings.Real):
     """`log_partition` of each lattice of a pack, `[B]` (Real or Log)."""
-    if semiring.name not in ("log", "real"):
+    if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
     return packed_forward(semiring, packed, arc_scores)
 
