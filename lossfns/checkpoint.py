@@ -21,7 +21,17 @@ names the file; it is never loaded as garbage.
 Saving writes a temporary file in the same directory, fsyncs it, and
 renames it over the target with `os.replace` (atomic on POSIX), then fsyncs
 the directory: a process killed at any point leaves either the old file or
-the new one, never a partial one under the final name.
+the new one, never a partial one under the final name. `Tagger.save`
+writes its model files through the same helpers (`write_atomically`,
+`pack_file`, `unpack_file`), with their own magic and `ModelFileError`.
+
+One writer per checkpoint directory: `DirectoryLock(directory)` holds an
+advisory `fcntl.flock` on `directory/.lossfns.lock` while a training run
+writes there (`Tagger.fit(checkpoint_dir=)` and
+`optimizers.minimize.drive` take it); a second run on the same directory
+gets a `CheckpointError` naming it instead of racing the first. Taking the
+lock also removes the temporary files that a save killed before its rename
+left behind.
 """
 
 from __future__ import annotations
@@ -33,8 +43,14 @@ import re
 import struct
 import tempfile
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: DirectoryLock does not lock
+    fcntl = None
 
 import numpy as np
 
@@ -45,6 +61,9 @@ FORMAT_VERSION = 1
 MAGIC = b"LOSSFNS-CHECKPOINT\n"
 _SIZE = struct.Struct("<Q")
 _NAME_PATTERN = re.compile(r"^checkpoint-(\d+)\.ckpt$")
+# What `write_atomically` leaves behind for a checkpoint when killed before its rename.
+_TEMPORARY_PATTERN = re.compile(r"^\.checkpoint-\d+\.ckpt\..+\.tmp$")
+LOCK_NAME = ".lossfns.lock"
 
 PathLike = Union[str, os.PathLike]
 
@@ -52,6 +71,26 @@ PathLike = Union[str, os.PathLike]
 class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated, corrupted, or does not match
     the structure it is loaded into. The message names the file."""
+
+
+class ModelFileError(ValueError):
+    """A model file (`Tagger.save`) is missing, truncated, corrupted, of an
+    unknown format version, or its header does not match its weights. The
+    message names the file and what is wrong."""
+
+
+class FileKind(NamedTuple):
+    """How one kind of self-checking file is framed and how its errors read."""
+
+    magic: bytes
+    noun: str  # "checkpoint", "model file"
+    foreign: str  # what a file with other magic bytes is not
+    version_key: str
+    version: int
+    error: type
+
+
+CHECKPOINT = FileKind(MAGIC, "checkpoint", "a lossfns checkpoint", "format_version", FORMAT_VERSION, CheckpointError)
 
 
 # ---------------------------------------------------------------------------
@@ -91,53 +130,61 @@ def _digest(body: dict, payload: bytes) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8") + payload).hexdigest()
 
 
+def pack_file(kind: FileKind, body: dict, payload: bytes) -> bytes:
+    """The bytes of a self-checking file: magic, header size, the JSON header
+    (`body` with the format version, the payload size and a SHA-256 over
+    header and payload), payload."""
+    body = dict(body, **{kind.version_key: kind.version}, payload_bytes=len(payload))
+    header_bytes = json.dumps(dict(body, sha256=_digest(body, payload)), sort_keys=True).encode("utf-8")
+    return kind.magic + _SIZE.pack(len(header_bytes)) + header_bytes + payload
+
+
 def _encode(tree) -> bytes:
     leaves, arrays = _describe(tree)
     payload = b"".join(array.tobytes(order="C") for array in arrays)
-    body = {
-        "format_version": FORMAT_VERSION,
-        "structure": str(jax.tree_util.tree_structure(tree)),
-        "leaves": leaves,
-        "payload_bytes": len(payload),
-    }
-    header_bytes = json.dumps(dict(body, sha256=_digest(body, payload)), sort_keys=True).encode("utf-8")
-    return MAGIC + _SIZE.pack(len(header_bytes)) + header_bytes + payload
+    body = {"structure": str(jax.tree_util.tree_structure(tree)), "leaves": leaves}
+    return pack_file(CHECKPOINT, body, payload)
 
 
-def _split(path: Path, data: bytes):
-    """Check framing, header and checksum of a file's bytes; `(header, payload)`."""
-    if not data.startswith(MAGIC):
-        if MAGIC.startswith(data):
-            raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes, inside the magic)")
-        raise CheckpointError(f"{path} is not a lossfns checkpoint (bad magic bytes)")
-    start = len(MAGIC) + _SIZE.size
+def unpack_file(path: Path, data: bytes, kind: FileKind = CHECKPOINT):
+    """Check framing, format version, size and checksum of a file's bytes
+    (written by `pack_file`); `(header, payload)`, else `kind.error` naming
+    the file and what is wrong."""
+    noun, error = f"{kind.noun} {path}", kind.error
+    if not data.startswith(kind.magic):
+        if kind.magic.startswith(data):
+            raise error(f"{noun} is truncated ({len(data)} bytes, inside the magic)")
+        raise error(f"{path} is not {kind.foreign} (bad magic bytes)")
+    start = len(kind.magic) + _SIZE.size
     if len(data) < start:
-        raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes, inside the header size)")
-    (header_size,) = _SIZE.unpack_from(data, len(MAGIC))
+        raise error(f"{noun} is truncated ({len(data)} bytes, inside the header size)")
+    (header_size,) = _SIZE.unpack_from(data, len(kind.magic))
     if len(data) < start + header_size:
-        raise CheckpointError(f"checkpoint {path} is truncated: header of {header_size} bytes, "
-                              f"file has {len(data) - start} after the magic")
+        raise error(f"{noun} is truncated: header of {header_size} bytes, "
+                    f"file has {len(data) - start} after the magic")
     try:
         header = json.loads(data[start:start + header_size].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"checkpoint {path} is corrupted: unreadable header ({error})") from None
-    if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION:
-        version = header.get("format_version") if isinstance(header, dict) else None
-        raise CheckpointError(f"checkpoint {path} has format version {version!r}; "
-                              f"this lossfns reads version {FORMAT_VERSION}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as problem:
+        raise error(f"{noun} is corrupted: unreadable header ({problem})") from None
+    if not isinstance(header, dict) or header.get(kind.version_key) != kind.version:
+        version = header.get(kind.version_key) if isinstance(header, dict) else None
+        raise error(f"{noun} has format version {version!r}; this lossfns reads version {kind.version}")
     payload = data[start + header_size:]
     expected = header.get("payload_bytes")
     if not isinstance(expected, int):
-        raise CheckpointError(f"checkpoint {path} is corrupted: header has no payload size")
+        raise error(f"{noun} is corrupted: header has no payload size")
     if len(payload) < expected:
-        raise CheckpointError(f"checkpoint {path} is truncated: payload has {len(payload)} of {expected} bytes")
+        raise error(f"{noun} is truncated: payload has {len(payload)} of {expected} bytes")
     if len(payload) > expected:
-        raise CheckpointError(f"checkpoint {path} is corrupted: {len(payload) - expected} "
-                              "unexpected bytes after the payload")
+        raise error(f"{noun} is corrupted: {len(payload) - expected} unexpected bytes after the payload")
     body = {key: value for key, value in header.items() if key != "sha256"}
     if _digest(body, payload) != header.get("sha256"):
-        raise CheckpointError(f"checkpoint {path} is corrupted: SHA-256 checksum does not match")
+        raise error(f"{noun} is corrupted: SHA-256 checksum does not match")
     return header, payload
+
+
+def _split(path: Path, data: bytes):
+    return unpack_file(path, data, CHECKPOINT)
 
 
 # ---------------------------------------------------------------------------
@@ -152,8 +199,14 @@ def save(path: PathLike, tree) -> Path:
     (`jax.random.key`). The file is complete under its final name or not
     there at all (temporary file, fsync, `os.replace`, fsync of the directory).
     """
+    return write_atomically(path, _encode(tree))
+
+
+def write_atomically(path: PathLike, data: bytes) -> Path:
+    """Write `data` to `path` so that the file is complete under its final
+    name or not changed at all: a temporary file in the same directory,
+    fsync, `os.replace`, fsync of the directory. Returns the path."""
     path = Path(path)
-    data = _encode(tree)
     directory = path.parent if str(path.parent) else Path(".")
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
@@ -211,6 +264,10 @@ def load(path: PathLike, like):
             raise CheckpointError(f"checkpoint {path} does not match `like` at leaf {want['path']}: expected "
                                   f"shape {tuple(want['shape'])} dtype {want['dtype']}, stored {got['path']} "
                                   f"shape {tuple(got['shape'])} dtype {got['dtype']}")
+    sizes = [int(np.prod(d["shape"], dtype=np.int64)) * jnp.dtype(d["dtype"]).itemsize for d in stored]
+    if sum(sizes) != len(payload):
+        raise CheckpointError(f"checkpoint {path}: header does not match its payload: its leaves take "
+                              f"{sum(sizes)} bytes, the payload has {len(payload)}")
     templates, treedef = jax.tree_util.tree_flatten(like)
     leaves, offset = [], 0
     for template, description in zip(templates, stored):
@@ -275,5 +332,91 @@ def prune_checkpoints(directory: PathLike, keep: int) -> None:
     """Delete all but the `keep` highest-step checkpoints in `directory`."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
-    for _, path in _numbered(Path(directory))[:-keep]:
-        path.unlink()
+    directory = Path(directory)
+    try:
+        numbered = _numbered(directory)
+    except FileNotFoundError:
+        return
+    for _, path in numbered[:-keep]:
+        path.unlink(missing_ok=True)  # another process may have removed it first
+
+
+class DirectoryLock:
+    """Exclusive, advisory lock of a checkpoint directory: one training run
+    writes there at a time.
+
+        with checkpoint.DirectoryLock(directory):
+            ...  # resume, train, save, prune
+
+    Creates the directory, then takes an `fcntl.flock` on
+    `directory/.lossfns.lock` (the file stays; the kernel drops the lock when
+    the holder exits, is killed, or leaves the `with`). If another open lock
+    holds it, raises `CheckpointError` naming the directory (and the holder's
+    process id) at once instead of waiting. With the lock taken, the
+    temporary files of checkpoint saves that were killed before their rename
+    are removed. Without `fcntl` (not POSIX) nothing is locked.
+    """
+
+    def __init__(self, directory: PathLike):
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_NAME
+        self._handle = None
+
+    def acquire(self) -> "DirectoryLock":
+        if self._handle is not None:
+            raise RuntimeError(f"the lock of {self.directory} is already held by this DirectoryLock")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:
+            return self
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            who = f"process {holder}" if holder.isdigit() else "another process"
+            raise CheckpointError(f"checkpoint directory {self.directory} is in use by another training run "
+                                  f"({who} holds the lock {self.path}); wait for it to finish, or use "
+                                  "another directory") from None
+        except BaseException:
+            handle.close()
+            raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+        remove_temporaries(self.directory)
+        return self
+
+    def release(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            handle.close()
+
+    def __enter__(self) -> "DirectoryLock":
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def locked(directory: Optional[PathLike]):
+    """`DirectoryLock(directory)`, or a context that does nothing when
+    `directory` is None (training without checkpoints)."""
+    return nullcontext() if directory is None else DirectoryLock(directory)
+
+
+def remove_temporaries(directory: PathLike) -> list[Path]:
+    """Delete the temporary files that checkpoint saves killed before their
+    rename left in `directory` (`.checkpoint-<step>.ckpt.*.tmp`); returns
+    them. Call it only while holding the directory's `DirectoryLock`: a
+    running save's temporary file looks the same."""
+    removed = []
+    for entry in Path(directory).iterdir():
+        if _TEMPORARY_PATTERN.match(entry.name):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed

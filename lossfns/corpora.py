@@ -8,6 +8,7 @@ on JAX; featurisation and arrays come later (`lossfns.features`).
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Iterable, NamedTuple, Sequence
 
@@ -37,6 +38,7 @@ class Sentence(NamedTuple):
 def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: int = -1,
                 observation_columns: Sequence[int] | None = None) -> list[Sentence]:
     """Parse whitespace-separated CoNLL columns; blank lines end sentences.
+    A UTF-8 byte-order mark at the start of the first line is dropped.
 
     Args:
       lines: the file's lines.
@@ -46,22 +48,26 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
         (default: every column except the label's).
     Raises:
       ValueError naming `source` and the 1-based line number when a line has
-      a different number of columns than the rest of its sentence, or too few
-      columns for `label_column`/`observation_columns`.
+      a different number of columns than the lines before it (in its
+      sentence or in the whole file: a sentence that drops its label column
+      must not turn the POS column into labels), or too few columns for
+      `label_column`/`observation_columns`.
     """
     sentences: list[Sentence] = []
     rows: list[tuple[str, ...]] = []
     labels: list[str] = []
-    width = label_index = None
+    width = label_index = width_line = None
     keep: list[int] = []
 
     def flush():
-        nonlocal rows, labels, width
+        nonlocal rows, labels
         if rows:
             sentences.append(Sentence(tuple(rows), tuple(labels)))
-        rows, labels, width = [], [], None
+        rows, labels = [], []
 
     for number, line in enumerate(lines, start=1):
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
         fields = line.split()
         if not fields:
             flush()
@@ -70,7 +76,7 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
             flush()
             continue
         if width is None:
-            width = len(fields)
+            width, width_line = len(fields), number
             if width < 2:
                 raise ValueError(f"{source}:{number}: expected at least 2 columns (observation and label), "
                                  f"got {line.rstrip()!r}")
@@ -82,8 +88,11 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
                                  f"{label_column} and observation columns {observation_columns}: "
                                  f"{line.rstrip()!r}")
         if len(fields) != width:
-            raise ValueError(f"{source}:{number}: expected {width} columns like the previous lines of "
-                             f"this sentence, got {len(fields)}: {line.rstrip()!r}")
+            like = ("the previous lines of this sentence" if rows
+                    else f"the previous sentences of this file (line {width_line} has {width})")
+            hint = " (a missing label column?)" if len(fields) < width else ""
+            raise ValueError(f"{source}:{number}: expected {width} columns like {like}, got {len(fields)}"
+                             f"{hint}: {line.rstrip()!r}")
         rows.append(tuple(fields[i] for i in keep))
         labels.append(fields[label_index])
     flush()
@@ -92,9 +101,28 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
 
 def read_conll(path: str, *, label_column: int = -1, observation_columns: Sequence[int] | None = None,
                encoding: str = "utf-8") -> list[Sentence]:
-    """Read a CoNLL column file (see `parse_conll`)."""
-    with open(path, encoding=encoding) as handle:
-        return parse_conll(handle, source=path, label_column=label_column, observation_columns=observation_columns)
+    """Read a CoNLL column file (see `parse_conll`); bytes that are not valid
+    in `encoding` raise a ValueError naming `path:line`."""
+    hint = ", or pass read_conll(..., encoding='latin-1') (the file's encoding)"
+    return parse_conll(read_lines(path, encoding, hint=hint), source=path, label_column=label_column,
+                       observation_columns=observation_columns)
+
+
+def read_lines(path, encoding: str = "utf-8", *, hint: str = "") -> io.StringIO:
+    """The lines of a text file (universal newlines, as `open` reads them).
+    Bytes that are not valid in `encoding` raise ValueError with `path:line`
+    and a hint, instead of a bare UnicodeDecodeError."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(f"{path}:{line}: byte {data[error.start]:#04x} at column {column} is not valid "
+                         f"{encoding} ({error.reason}); is the file in another encoding (e.g. latin-1)? "
+                         f"Convert it to {encoding}{hint}") from None
+    return io.StringIO(text, newline=None)
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +185,7 @@ def universal_tagset(mapping: str = "en-ptb") -> dict[str, str]:
     `taggers/universal_tagset/{mapping}.map`."""
     path = find_data("taggers", "universal_tagset", f"{mapping}.map")
     table = {}
-    with open(path, encoding="utf-8") as handle:
+    with read_lines(path) as handle:
         for number, line in enumerate(handle, start=1):
             fields = line.split()
             if not fields:

@@ -22,11 +22,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import semirings
 from .lattices import chain
 from .lattices.chain import FactoredPotentials
-from .validation import as_lengths
+from .validation import as_integer_array, as_lengths, concrete
 
 
 class HMMParams(NamedTuple):
@@ -73,10 +74,20 @@ def potentials(params: HMMParams, words) -> FactoredPotentials:
 def _prepare(params, words, lengths):
     """Validate outside `jit` (shapes and concrete values); return `(words, lengths)`."""
     _check(params)
-    words = jnp.asarray(words)
-    if words.ndim < 1 or not jnp.issubdtype(words.dtype, jnp.integer):
-        raise ValueError(f"words must be an integer array [..., T], got shape {words.shape} and dtype {words.dtype}")
-    return words, as_lengths(lengths, words.shape[:-1], words.shape[-1])
+    words = as_integer_array("words", words, "an integer array [..., T] of word ids")
+    if words.ndim < 1:
+        raise ValueError(f"words must be an integer array [..., T], got shape {words.shape}")
+    lengths = as_lengths(lengths, words.shape[:-1], words.shape[-1])
+    V = params.log_emission.shape[1]
+    values, sizes = concrete(words), concrete(lengths)
+    if values is not None and sizes is not None and values.size:
+        inside = np.arange(values.shape[-1]) < sizes[..., None]
+        bad = inside & ((values < 0) | (values >= V))
+        if bad.any():  # a gather would clamp them silently
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"words must lie in [0, {V}) (the vocabulary of log_emission [K, V]) inside each "
+                             f"length, got {int(values[index])} at index {index}")
+    return words, lengths
 
 
 def log_likelihood(params: HMMParams, words, lengths=None, *, semiring=semirings.Log):

@@ -17,20 +17,26 @@ into the compiled program), and it stops like CRFsuite: after
 `max_iterations`, or when the objective improved by less than `tol`
 (relative) over the last `period` iterations.
 
-Saved models are one file: a JSON header (labels, feature extractor,
-feature vocabulary, shapes) followed by the weights written with
-`equinox.tree_serialise_leaves`; loading gives bit-identical weights.
+Saved models are one file: a JSON header (format version, labels, feature
+extractor, feature vocabulary, shapes, and a SHA-256 over header and
+weights) followed by the weights written with `equinox.tree_serialise_leaves`,
+framed and written atomically as `lossfns.checkpoint` writes checkpoints.
+Loading gives bit-identical weights, and refuses (`checkpoint.ModelFileError`,
+naming the file) a file of another format version, a truncated or altered
+one, and a header that does not describe its weights.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import re
-import struct
 import time
+import warnings
+from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import equinox as eqx
@@ -48,11 +54,13 @@ from .features.templates import Templates, parse_templates
 from .lattices import chain
 from .losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .models.linear_chain import LinearChainModel
-from .optimizers.minimize import check_callable, check_int, check_optimizer, check_scalar, update_and_value
+from .optimizers.minimize import Status, check_callable, check_int, check_optimizer, check_scalar, update_and_value
 from .optimizers.owlqn import elastic_net_penalty, owlqn
 
 MAGIC = b"LOSSFNS-TAGGER\n"
-_SIZE = struct.Struct("<Q")
+MODEL_FORMAT = 2  # 1: no checksum, no payload size (refused)
+MODEL_FILE = checkpoint.FileKind(MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT,
+                                 checkpoint.ModelFileError)
 
 
 def crfsuite_elastic_net(c1: float, c2: float) -> dict:
@@ -210,6 +218,7 @@ class Tagger:
         self.index: Optional[FeatureIndex] = None
         self.history: list[float] = []
         self.training_seconds = 0.0
+        self.status: Optional[Status] = None  # why the last fit stopped (`optimizers.Status`)
 
     # -- data ---------------------------------------------------------------
 
@@ -321,6 +330,11 @@ class Tagger:
                                 self.model.emission_mask)
 
     def _train(self, data, checkpoint_dir, checkpoint_every: int, fingerprint: np.ndarray):
+        # One writer per checkpoint directory: a second run on it gets a CheckpointError.
+        with checkpoint.locked(checkpoint_dir):
+            self._train_unlocked(data, checkpoint_dir, checkpoint_every, fingerprint)
+
+    def _train_unlocked(self, data, checkpoint_dir, checkpoint_every: int, fingerprint: np.ndarray):
         params = _weights_of(self.model)
         objective = self._objective()
         optimizer = self._make_optimizer()
@@ -344,8 +358,19 @@ class Tagger:
         if bar is not None:
             bar.update(len(self.history))
         start = time.perf_counter()
-        while len(self.history) < self.max_iterations and not _converged(self.history, self.tol, self.period):
+        self.status = Status.ITERATION_LIMIT
+        while len(self.history) < self.max_iterations:
+            if _converged(self.history, self.tol, self.period):
+                self.status = Status.CONVERGED
+                break
+            previous = params
             params, state, value = step(params, state, data)
+            failed = _step_failure(value, state)
+            if failed is not None:  # never train on: keep the last parameters that had a finite objective
+                params, self.status = previous, failed
+                warnings.warn(f"Tagger.fit stopped after {len(self.history)} iterations: {failed.name}",
+                              RuntimeWarning, stacklevel=3)
+                break
             # `value` is the objective at the point the step reached.
             self.history.append(float(value))
             if bar is not None:
@@ -353,6 +378,9 @@ class Tagger:
                 bar.set_postfix(objective=self.history[-1])
             if checkpoint_dir is not None and len(self.history) % checkpoint_every == 0:
                 _save_checkpoint(checkpoint_dir, fingerprint, params, state, self.history, trace)
+        else:
+            if _converged(self.history, self.tol, self.period):
+                self.status = Status.CONVERGED
         if checkpoint_dir is not None:
             _save_checkpoint(checkpoint_dir, fingerprint, params, state, self.history, trace)
         self.training_seconds = time.perf_counter() - start
@@ -396,44 +424,110 @@ class Tagger:
     # -- persistence --------------------------------------------------------
 
     def save(self, path) -> None:
-        """Write the tagger (header + `equinox.tree_serialise_leaves` weights) to `path`."""
+        """Write the tagger (header + `equinox.tree_serialise_leaves` weights,
+        with a SHA-256 over both) to `path` atomically: a save that fails or
+        is killed leaves the previous file at `path` as it was."""
         self._require_model()
         vocabulary = None
         if not self.index.hashed:
             vocabulary = {"unigram": sorted(self.index.unigram, key=self.index.unigram.get),
                           "pair": sorted(self.index.pair, key=self.index.pair.get)}
-        header = {"format": 1, "labels": list(self.labels), "features": _extractor_spec(self.extractor),
+        header = {"labels": list(self.labels), "features": _extractor_spec(self.extractor),
                   "num_unigram": self.index.num_unigram, "num_pair": self.index.num_pair,
                   "hashed": self.index.hashed, "vocabulary": vocabulary,
                   "dtype": str(jnp.dtype(self.model.emission.dtype)),
                   "masked": self.model.emission_mask is not None, "num_buckets": self.num_buckets}
-        encoded = json.dumps(header).encode("utf-8")
-        with open(path, "wb") as handle:
-            handle.write(MAGIC + _SIZE.pack(len(encoded)) + encoded)
-            eqx.tree_serialise_leaves(handle, self.model)
+        checkpoint.write_atomically(path, checkpoint.pack_file(MODEL_FILE, header, _serialised(self.model)))
 
     @classmethod
     def load(cls, path) -> "Tagger":
-        """Read a tagger written by `save` (weights bit-identical)."""
-        with open(path, "rb") as handle:
-            if handle.read(len(MAGIC)) != MAGIC:
-                raise ValueError(f"{path} is not a lossfns tagger file (bad magic bytes)")
-            (size,) = _SIZE.unpack(handle.read(_SIZE.size))
-            header = json.loads(handle.read(size).decode("utf-8"))
+        """Read a tagger written by `save` (weights bit-identical).
+
+        Raises `checkpoint.ModelFileError` (a ValueError) naming the file and
+        the fault when it is missing, of another format version, truncated,
+        altered (SHA-256 mismatch), or when its header does not describe its
+        weights; nothing is loaded as garbage.
+        """
+        try:
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise checkpoint.ModelFileError(f"model file {path} does not exist") from None
+        header, payload = checkpoint.unpack_file(Path(path), data, MODEL_FILE)
+        try:
+            _check_model_header(header)
             tagger = cls(_extractor_from_spec(header["features"]), num_buckets=header["num_buckets"])
-            tagger.labels = tuple(header["labels"])
-            if header["hashed"]:
-                tagger.index = FeatureIndex.hashed_index(header["num_unigram"], header["num_pair"])
-            else:
-                vocabulary = header["vocabulary"]
-                tagger.index = FeatureIndex({name: i for i, name in enumerate(vocabulary["unigram"])},
-                                            {name: i for i, name in enumerate(vocabulary["pair"])},
-                                            header["num_unigram"], header["num_pair"])
-            K, L = header["num_unigram"], len(tagger.labels)
-            like = LinearChainModel.zeros(K, L, header["num_pair"], dtype=jnp.dtype(header["dtype"]),
-                                          emission_mask=np.zeros((K, L), bool) if header["masked"] else None)
-            tagger.model = eqx.tree_deserialise_leaves(handle, like)
+        except (KeyError, TypeError, ValueError) as error:
+            raise checkpoint.ModelFileError(f"model file {path} has an invalid header: "
+                                            f"{type(error).__name__}: {error}") from None
+        tagger.labels = tuple(header["labels"])
+        if header["hashed"]:
+            tagger.index = FeatureIndex.hashed_index(header["num_unigram"], header["num_pair"])
+        else:
+            vocabulary = header["vocabulary"]
+            tagger.index = FeatureIndex({name: i for i, name in enumerate(vocabulary["unigram"])},
+                                        {name: i for i, name in enumerate(vocabulary["pair"])},
+                                        header["num_unigram"], header["num_pair"])
+        K, L = header["num_unigram"], len(tagger.labels)
+        like = LinearChainModel.zeros(K, L, header["num_pair"], dtype=jnp.dtype(header["dtype"]),
+                                      emission_mask=np.zeros((K, L), bool) if header["masked"] else None)
+        described = (f"the header describes {K} features x {L} labels, {header['num_pair']} pair features, "
+                     f"{header['dtype']}{', masked' if header['masked'] else ''}")
+        expected = len(_serialised(like))
+        if len(payload) != expected:
+            raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described} "
+                                            f"({expected} bytes of weights), the file holds {len(payload)} bytes")
+        try:
+            tagger.model = eqx.tree_deserialise_leaves(io.BytesIO(payload), like)
+            matches = _serialised(tagger.model) == payload
+        except Exception as error:  # numpy / equinox errors on weights that are not what the header says
+            raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}; "
+                                            f"reading them failed ({type(error).__name__}: {error})") from None
+        if not matches:
+            raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}, "
+                                            "but the stored arrays have other shapes, dtypes or memory order")
         return tagger
+
+
+def _serialised(model) -> bytes:
+    """`equinox.tree_serialise_leaves` of `model`, as bytes."""
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, model)
+    return buffer.getvalue()
+
+
+def _check_model_header(header: dict) -> None:
+    """Raise ValueError/TypeError/KeyError when a model file's header is not
+    self-consistent (checked beyond the checksum: the header is also what
+    builds the feature index the weights are read against)."""
+    def count(name):
+        value = header[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        return value
+
+    labels = header["labels"]
+    if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
+        raise ValueError(f"labels must be a non-empty list of strings, got {labels!r}")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels repeat a label: {labels!r}")
+    num_unigram, num_pair = count("num_unigram"), count("num_pair")
+    count("num_buckets")
+    if not isinstance(header["hashed"], bool) or not isinstance(header["masked"], bool):
+        raise ValueError(f"hashed and masked must be true or false, got {header['hashed']!r}, {header['masked']!r}")
+    if not jnp.issubdtype(jnp.dtype(header["dtype"]), jnp.floating):
+        raise ValueError(f"dtype must be a floating-point dtype, got {header['dtype']!r}")
+    if not isinstance(header["features"], dict):
+        raise ValueError(f"features must be a preset or templates, got {header['features']!r}")
+    if header["hashed"]:
+        return
+    vocabulary = header["vocabulary"]
+    for name, size in (("unigram", num_unigram), ("pair", num_pair)):
+        names = vocabulary[name]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"the {name} vocabulary must be a list of strings")
+        if len(names) != size or len(set(names)) != size:
+            raise ValueError(f"the {name} vocabulary has {len(names)} entries ({len(set(names))} distinct) "
+                             f"for num_{name} = {size}")
 
 
 class _Weights(NamedTuple):
@@ -552,6 +646,17 @@ def _resume(directory, fingerprint, params, state, trace):
     if not np.array_equal(np.asarray(restored["fingerprint"]), fingerprint):
         raise checkpoint.CheckpointError(refusal)
     return restored["params"], restored["state"], np.asarray(restored["trace"])
+
+
+def _step_failure(value, state):
+    """`Status.NON_FINITE_OBJECTIVE` or `LINE_SEARCH_FAILED` when a training
+    step failed (the objective it reached, or OWL-QN's own status), else None."""
+    if not np.isfinite(float(value)):
+        return Status.NON_FINITE_OBJECTIVE
+    code = getattr(state, "status", None)
+    if code is not None and int(code) in (Status.NON_FINITE_OBJECTIVE, Status.LINE_SEARCH_FAILED):
+        return Status(int(code))
+    return None
 
 
 def _converged(history: list, tol: float, period: int) -> bool:

@@ -5,6 +5,8 @@ answer or an XLA error deep inside a trace."""
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 import jax
@@ -46,39 +48,102 @@ def check_finite_or_neg_inf(name: str, x) -> None:
                          "only -inf (a forbidden choice) is allowed")
 
 
+def check_int(name: str, value, minimum: int = 1) -> int:
+    """`value` as a Python int `>= minimum`: Python and numpy integers are
+    accepted, `bool` and everything else (floats such as 3.0 included) refused
+    with a `TypeError`/`ValueError` naming `name`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _first_index(mask) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def integer_values(name: str, x, expected: str):
+    """Check that `x` holds integers and return its values as a numpy array
+    (`None` when traced), in `x`'s own dtype, before any cast to JAX's integer
+    type can change them. Floats are refused, even 2.0 (the dtype is wrong and
+    a fractional 2.5 would be truncated); the message gives the first
+    fractional value when there is one."""
+    if isinstance(x, jax.core.Tracer):
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise TypeError(f"{name} must be {expected}, got dtype {x.dtype}")
+        return None
+    try:
+        value = np.asarray(x)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be {expected}, got {type(x).__name__}: {error}") from None
+    if value.dtype.kind not in "iu":
+        detail = ""
+        if value.dtype.kind == "f" and value.size:
+            fractional = np.isfinite(value) & (value != np.trunc(value)) | ~np.isfinite(value)
+            if fractional.any():
+                where = _first_index(fractional)
+                detail = f" with value {value[where].item()!r} at index {where}"
+        dtype = "object (integers too large for int64?)" if value.dtype.kind == "O" else value.dtype
+        raise TypeError(f"{name} must be {expected}, got dtype {dtype}{detail}")
+    return value
+
+
+def as_int_array(name: str, x, value) -> jax.Array:
+    """`x` as a JAX array once `integer_values` accepted it: refuse a value
+    that the cast to JAX's integer type (int32 unless `jax_enable_x64`) would
+    change, e.g. an int64 2**32 + 2 read as 2."""
+    if value is not None and not isinstance(x, jax.Array):
+        target = jax.dtypes.canonicalize_dtype(value.dtype)
+        if target != value.dtype and value.size:
+            info = np.iinfo(target)
+            lossy = (value < info.min) | (value > info.max)
+            if lossy.any():
+                where = _first_index(lossy)
+                raise ValueError(f"{name} must fit in {target.name} (JAX's integer type; jax_enable_x64 is off), "
+                                 f"got {value[where].item()} at index {where}")
+    return jnp.asarray(x)
+
+
+def as_integer_array(name: str, x, expected: str) -> jax.Array:
+    """`x` as a JAX integer array, its values checked before the cast
+    (`integer_values`, then `as_int_array`): floats, bools-as-floats and
+    values the cast would change are refused naming `name`."""
+    return as_int_array(name, x, integer_values(name, x, expected))
+
+
 def as_lengths(lengths, batch_shape: tuple[int, ...], max_length: int, name: str = "lengths") -> jax.Array:
-    """Lengths `[*batch_shape]` of ints in `[0, max_length]`; `None` means full length."""
+    """Lengths `[*batch_shape]` of ints in `[0, max_length]`; `None` means full length.
+    Values are checked before the cast to int32, so none wraps around."""
     if lengths is None:
         return jnp.full(batch_shape, max_length, jnp.int32)
-    lengths = jnp.asarray(lengths)
-    if not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array of shape {batch_shape}, got dtype {lengths.dtype}")
-    if lengths.shape != tuple(batch_shape):
+    value = integer_values(name, lengths, f"an integer array of shape {tuple(batch_shape)}")
+    shape = tuple(np.shape(lengths)) if value is None else value.shape
+    if shape != tuple(batch_shape):
         raise ValueError(f"{name} must have shape {tuple(batch_shape)} (the batch shape of the potentials), "
-                         f"got shape {lengths.shape}")
-    value = concrete(lengths)
+                         f"got shape {shape}")
     if value is not None and value.size and (value.min() < 0 or value.max() > max_length):
         bad = value[(value < 0) | (value > max_length)].flat[0]
         raise ValueError(f"{name} must lie in [0, {max_length}] (the number of positions T), got {int(bad)}")
-    return lengths
+    return as_int_array(name, lengths, value)
 
 
 def as_labels(labels, shape: tuple[int, ...], num_labels: int, lengths, name: str = "labels") -> jax.Array:
-    """Labels of `shape` with values in `[0, num_labels)` inside each length."""
-    labels = jnp.asarray(labels)
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array of shape {shape}, got dtype {labels.dtype}")
-    if labels.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} ([..., T] matching the potentials), got shape {labels.shape}")
-    value, length_value = concrete(labels), concrete(lengths)
+    """Labels of `shape` with values in `[0, num_labels)` inside each length
+    (checked before the cast to int32; padding outside must fit int32)."""
+    value = integer_values(name, labels, f"an integer array of shape {tuple(shape)}")
+    given = tuple(np.shape(labels)) if value is None else value.shape
+    if given != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} ([..., T] matching the potentials), got shape {given}")
+    length_value = concrete(lengths)
     if value is not None and length_value is not None and value.size:
         inside = np.arange(shape[-1]) < length_value[..., None]
         bad = inside & ((value < 0) | (value >= num_labels))
         if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            where = _first_index(bad)
             raise ValueError(f"{name} must lie in [0, {num_labels}) inside each sequence's length, "
                              f"got {int(value[where])} at index {where}")
-    return labels
+    return as_int_array(name, labels, value)
 
 
 def available_memory_bytes() -> int | None:

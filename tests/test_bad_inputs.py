@@ -9,6 +9,7 @@ names the check to add (strict, so the suite flags it once it is added).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -19,12 +20,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lossfns import checkpoint, corpora, debug, losses, optimizers, semirings
+from lossfns import checkpoint, corpora, debug, hmm, losses, optimizers, semirings
 from lossfns.corpora import Sentence
 from lossfns.features import templates
 from lossfns.lattices import chain, dag
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.optimizers import reranking
+from lossfns.checkpoint import CheckpointError, ModelFileError
+from lossfns.lattices.sparse_chain import SparsePotentials
+from lossfns.models import LinearChainModel
 from lossfns.tagger import Tagger
 
 T, L = 3, 2
@@ -97,6 +101,61 @@ def _not_a_tagger(tmp_path):
 
 _SENTENCE = Sentence((("El", "DA"), ("rey", "NC")), ("O", "O"))
 
+
+_TINY_CORPUS = [Sentence((("El", "DA"), ("rey", "NC"), ("Juan", "NP")), ("O", "O", "B-PER")),
+                Sentence((("Ana", "NP"), ("vive", "VM")), ("B-PER", "O"))]
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_tagger():
+    return Tagger("crfsuite_ner", l2=1.0, max_iterations=2, num_buckets=1, progress=False).fit(_TINY_CORPUS)
+
+
+def _damaged_model_file(tmp_path, damage):
+    """Save the tiny tagger, apply `damage(bytes) -> bytes`, load it back."""
+    path = tmp_path / "ner.tagger"
+    _tiny_tagger().save(path)
+    path.write_bytes(damage(path.read_bytes()))
+    return Tagger.load(path)
+
+
+def _flip_bit(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:]
+
+
+def _fit_in_locked_directory(tmp_path):
+    with checkpoint.DirectoryLock(tmp_path / "run"):
+        return Tagger("crfsuite_ner", max_iterations=1, num_buckets=1, progress=False).fit(
+            _TINY_CORPUS, checkpoint_dir=tmp_path / "run")
+
+
+def _conll_bytes(tmp_path, data: bytes):
+    path = tmp_path / "bad.conll"
+    path.write_bytes(data)
+    return corpora.read_conll(str(path))
+
+
+def _sparse(**changes):
+    fields = dict(unary=jnp.zeros((2, T, L)), pair_weights=jnp.zeros((2, T, 2)), pair_previous=jnp.array([0, 1]),
+                  pair_next=jnp.array([1, 0]))
+    fields.update(changes)
+    return SparsePotentials(**fields)
+
+
+_HMM = hmm.initial_params(2, 4, order=1, key=jax.random.PRNGKey(0), noise=0.5)
+
+
+def _x32(call):
+    """Run `call` with jax_enable_x64 off (the default outside this test
+    suite), where JAX's integer type is int32 and an int64 value could wrap."""
+    with jax.enable_x64(False):
+        return call()
+
+
+_WIDE = 2**32 + 2  # an int64 that int32 reads as 2
+_ARCS = [(0, 1, 0), (0, 1, 1), (1, 2, 0)]
+
 GOOD = _potentials
 NAN = float("nan")
 INF = float("inf")
@@ -131,6 +190,11 @@ CASES = [
      ValueError, ["lengths", "[0, 3]", "4"]),
     ("lengths-too-long-kbest", "a length above T (kbest)", lambda _: chain.kbest(GOOD(), jnp.array([9, 1]), 2),
      ValueError, ["lengths", "9"]),
+    ("lengths-wrap", "an int64 length 2**32 + 2 (int32 would read 2)",
+     lambda _: _x32(lambda: chain.log_partition(GOOD(), np.array([_WIDE, 3]))),
+     ValueError, ["lengths", "[0, 3]", "4294967298"]),
+    ("lengths-fractional", "a fractional length 2.5",
+     lambda _: chain.log_partition(GOOD(), np.array([2.5, 3.0])), TypeError, ["lengths", "integer", "2.5", "(0,)"]),
     # --- labels ---
     ("labels-shape", "labels not [..., T]", lambda _: chain.score(GOOD(), jnp.zeros((2, T + 1), jnp.int32)),
      ValueError, ["labels", "(2, 3)", "(2, 4)"]),
@@ -141,6 +205,14 @@ CASES = [
     ("labels-negative", "a label -1 inside the length",
      lambda _: chain.score(GOOD(), jnp.array([[0, -1, -1], [0, 0, 0]]), jnp.array([2, 3])),
      ValueError, ["labels", "-1", "(0, 1)"]),
+    ("labels-wrap", "an int64 label 2**32 + 1 (int32 would read 1)",
+     lambda _: _x32(lambda: chain.score(GOOD(), np.array([[0, 2**32 + 1, 0], [0, 0, 0]]))),
+     ValueError, ["labels", "[0, 2)", "4294967297", "(0, 1)"]),
+    ("labels-padding-wrap", "an int64 label beyond int32 in the padding outside the length",
+     lambda _: _x32(lambda: chain.score(GOOD(), np.array([[0, 0, _WIDE], [0, 0, 0]]), np.array([2, 3]))),
+     ValueError, ["labels", "int32", "4294967298", "(0, 2)"]),
+    ("labels-fractional", "a fractional label 0.5",
+     lambda _: chain.score(GOOD(), np.array([[0, 0.5, 0], [0, 0, 0]])), TypeError, ["labels", "integer", "0.5"]),
     # --- factored potentials ---
     ("unary-rank", "unary of rank 1", lambda _: chain.log_partition(_factored(unary=jnp.zeros(L))),
      ValueError, ["unary", "[..., T, L]"]),
@@ -167,6 +239,7 @@ CASES = [
      lambda _: chain.log_partition(GOOD(), semiring=semirings.Max), ValueError, ["semiring", "Log or Real"]),
     ("kmax-k-zero", "k = 0 for the k-max semiring", lambda _: semirings.KMax(0), ValueError, ["k", "0"]),
     ("kmax-k-float", "a float k", lambda _: semirings.KMax(2.5), ValueError, ["k", "2.5"]),
+    ("kmax-k-bool", "k = True for the k-max semiring", lambda _: semirings.KMax(True), ValueError, ["k", "True"]),
     ("kbest-k", "k = 0 for kbest", lambda _: chain.kbest(GOOD(), None, 0), ValueError, ["k", "0"]),
     ("forward-semiring", "a string instead of a semiring",
      lambda _: chain.forward("log", GOOD()), TypeError, ["semiring", "Semiring"]),
@@ -186,6 +259,19 @@ CASES = [
      lambda _: dag.log_partition(_lattice(), jnp.zeros(4)), ValueError, ["arc_scores", "[..., 3]"]),
     ("dag-arc-scores-nan", "NaN in arc_scores", lambda _: dag.viterbi(_lattice(), jnp.array([0.0, NAN, 0.0])),
      ValueError, ["arc_scores", "NaN"]),
+    ("dag-float-ids", "a fractional state id 1.7 in an arc",
+     lambda _: dag.from_arcs([(0, 1.7, 0), (0, 1, 1), (1, 2, 0)], final=[2]),
+     TypeError, ["arcs", "integer", "1.7", "(0, 1)"]),
+    ("dag-float-final", "a fractional final state id", lambda _: dag.from_arcs(_ARCS, final=[2.5]),
+     TypeError, ["final", "state ids", "2.5"]),
+    ("dag-final-mask", "a boolean final mask not of length num_states",
+     lambda _: dag.from_arcs(_ARCS, final=[False, True]), ValueError, ["final", "boolean mask", "[3]", "(2,)"]),
+    ("dag-num-states-float", "a float num_states", lambda _: dag.from_arcs(_ARCS, final=[2], num_states=3.0),
+     TypeError, ["num_states", "int", "3.0"]),
+    ("dag-float-symbols", "a fractional symbol in from_string", lambda _: dag.from_string([1, 1.7]),
+     TypeError, ["symbols", "integer", "1.7"]),
+    ("dag-traced-arcs", "arcs traced inside jit", lambda _: jax.jit(lambda a: dag.from_arcs(a, final=[2]))(
+        jnp.array(_ARCS)), TypeError, ["arcs", "traced", "outside the traced function"]),
     ("dag-lattice-type", "potentials instead of a lattice", lambda _: dag.log_partition(GOOD(), jnp.zeros(3)),
      TypeError, ["lattice", "dag.Lattice"]),
     # --- lossfns.losses ---
@@ -235,6 +321,20 @@ CASES = [
      ValueError, ["learning_rate", "> 0", "0.0"]),
     ("sgd-learning-rate-string", "a string as learning rate", lambda _: optimizers.sgd_l1("fast", 0.1),
      TypeError, ["learning_rate", "a number > 0", "'fast'"]),
+    ("sgd-learning-rate-inf", "an infinite learning rate for SGD-L1", lambda _: optimizers.sgd_l1(INF, 0.1),
+     ValueError, ["learning_rate", "> 0", "finite", "inf"]),
+    ("sgd-learning-rate-bool", "True as a learning rate", lambda _: optimizers.sgd_l1(True, 0.1),
+     TypeError, ["learning_rate", "a number > 0", "True"]),
+    ("owlqn-l1-inf", "an infinite l1 for OWL-QN", lambda _: optimizers.owlqn(INF),
+     ValueError, ["l1", ">= 0", "finite", "inf"]),
+    ("owlqn-l2-nan", "a NaN l2 for OWL-QN", lambda _: optimizers.owlqn(0.1, l2=NAN), ValueError, ["l2", "nan"]),
+    ("owlqn-memory-size-bool", "memory_size = True", lambda _: optimizers.owlqn(0.1, memory_size=True),
+     TypeError, ["memory_size", "int", "True"]),
+    ("owlqn-int-params", "integer parameters for OWL-QN",
+     lambda _: optimizers.owlqn(0.1).init({"w": jnp.zeros(2, jnp.int32)}),
+     TypeError, ["params", "floating point", "int32", "['w']"]),
+    ("decay-initial-rate-inf", "an infinite initial rate", lambda _: optimizers.decaying_schedule(INF, 10),
+     ValueError, ["initial_rate", "finite", "inf"]),
     ("sgd-l2", "a negative l2 for SGD-L1", lambda _: optimizers.sgd_l1(0.1, 0.1, l2=-1.0),
      ValueError, ["l2", ">= 0", "-1.0"]),
     ("calibrate-candidates", "no candidate learning rates to calibrate",
@@ -254,6 +354,14 @@ CASES = [
     ("minimize-optimizer", "an optax constructor not called (optax.adam)",
      lambda _: optimizers.minimize(_squares, jnp.ones(2), optax.adam, max_steps=5),
      TypeError, ["optimizer", "GradientTransformation", "function adam"]),
+    ("minimize-int-params", "integer parameters for L-BFGS (an OverflowError in optax)",
+     lambda _: optimizers.minimize(_squares, jnp.ones(2, jnp.int32), optax.lbfgs(), max_steps=5),
+     TypeError, ["params", "floating point", "int32"]),
+    ("minimize-int-params-owlqn", "integer parameters for OWL-QN via minimize",
+     lambda _: optimizers.minimize(_squares, jnp.ones(2, jnp.int32), optimizers.owlqn(0.1), max_steps=5),
+     TypeError, ["params", "floating point", "int32"]),
+    ("status-name", "an unknown status code", lambda _: optimizers.status_name(7),
+     ValueError, ["code", "minimize status", "7"]),
     ("minimize-tol", "a negative tolerance", lambda _: optimizers.minimize(_squares, jnp.ones(2), optax.sgd(0.1),
                                                                            max_steps=5, tol=-1e-3),
      ValueError, ["tol", ">= 0", "-0.001"]),
@@ -265,6 +373,10 @@ CASES = [
      lambda _: optimizers.minimize_stochastic(_squares, jnp.ones(2), optax.sgd(0.1), _EXAMPLES, key=jax.random.key(0),
                                               batch_size=2.5, num_epochs=1),
      TypeError, ["batch_size", "int", "float 2.5"]),
+    ("stochastic-int-params", "integer parameters for SGD-L1",
+     lambda _: optimizers.minimize_stochastic(_squares, jnp.ones(2, jnp.int32), optimizers.sgd_l1(0.1, 0.1), _EXAMPLES,
+                                              key=jax.random.key(0), batch_size=2, num_epochs=1),
+     TypeError, ["params", "floating point", "int32"]),
     ("stochastic-num-epochs", "num_epochs = 0",
      lambda _: optimizers.minimize_stochastic(_squares, jnp.ones(2), optax.sgd(0.1), _EXAMPLES, key=jax.random.key(0),
                                               batch_size=2, num_epochs=0),
@@ -281,6 +393,17 @@ CASES = [
      ValueError, ["num_sweeps", ">= 1", "0"]),
     ("bcd-lengths", "a BCD length above T", lambda _: _bcd_data(lengths=(5,)),
      ValueError, ["lengths", "[0, 3]", "got 5"]),
+    ("bcd-lengths-fractional", "a fractional BCD length", lambda _: _bcd_data(lengths=(2.5,)),
+     TypeError, ["lengths", "integer", "2.5"]),
+    ("bcd-lengths-wrap", "an int64 BCD length 2**32 + 2",
+     lambda _: optimizers.bcd_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), np.array([_WIDE]), 2),
+     ValueError, ["lengths", "[0, 3]", "4294967298"]),
+    ("sparse-perceptron-ids", "a fractional feature id for the sparse perceptron",
+     lambda _: optimizers.sparse_sequence_data([[[0, 1.5], [2]]], [[0, 1]], 3),
+     TypeError, ["feature_ids[0][0]", "integer", "1.5"]),
+    ("sparse-perceptron-id-range", "a feature id equal to num_features (the padding id)",
+     lambda _: optimizers.sparse_sequence_data([[[0, 3], [2]]], [[0, 1]], 3),
+     ValueError, ["feature ids", "[0, 3)", "got 3"]),
     ("bcd-num-labels", "bcd_init with 0 labels", lambda _: optimizers.bcd_init(2, 0),
      ValueError, ["num_labels", ">= 1", "0"]),
     ("perceptron-num-epochs", "num_epochs = 0 for the perceptron",
@@ -313,6 +436,9 @@ CASES = [
                                        num_steps=5), TypeError, ["data", "RerankingData", "got "]),
     ("rerank-reference", "a reranking reference >= C", lambda _: _reranking_data(reference=(0, 3)),
      ValueError, ["reference", "[0, 3)", "got 3 at index 1"]),
+    ("rerank-reference-wrap", "an int64 reranking reference 2**32 + 1 (int32 would read 1)",
+     lambda _: _x32(lambda: reranking.reranking_data(jnp.zeros((2, 3, 4)), np.array([0, 2**32 + 1]))),
+     ValueError, ["reference", "int32", "4294967297"]),
     ("rerank-reference-absent", "a reranking reference that valid marks absent",
      lambda _: _reranking_data(valid=jnp.array([[1, 1, 1], [1, 0, 1]])), ValueError, ["reference", "valid", "got 1"]),
     ("rerank-features-nan", "NaN in reranking features",
@@ -353,6 +479,47 @@ CASES = [
      TypeError, ["sentences", "list or tuple", "str"]),
     ("tagger-load", "Tagger.load of a file that is not a tagger", _not_a_tagger,
      ValueError, ["bad.tagger", "not a lossfns tagger file"]),
+    # --- model files, checkpoint directories, corpora ---
+    ("model-file-bit-flip", "a model file with one flipped bit",
+     lambda tmp: _damaged_model_file(tmp, _flip_bit), ModelFileError, ["ner.tagger"]),
+    ("model-file-truncated", "a truncated model file",
+     lambda tmp: _damaged_model_file(tmp, lambda data: data[:-7]), ModelFileError, ["ner.tagger"]),
+    ("model-file-missing", "Tagger.load of a missing file", lambda tmp: Tagger.load(tmp / "none.tagger"),
+     ModelFileError, ["none.tagger"]),
+    ("checkpoint-dir-in-use", "a second training run on one checkpoint_dir", _fit_in_locked_directory,
+     CheckpointError, ["run", "in use"]),
+    ("conll-label-column-dropped", "a later CoNLL sentence without its label column",
+     lambda tmp: _conll_bytes(tmp, b"El DA O\nrey NC O\n\nMadrid NP\n"), ValueError, ["bad.conll:4", "columns"]),
+    ("conll-latin-1", "a latin-1 corpus read as UTF-8",
+     lambda tmp: _conll_bytes(tmp, b"El DA O\nEspa\xf1a NP B-LOC\n"), ValueError, ["bad.conll:2", "latin-1"]),
+    # --- label and id arrays checked before any cast ---
+    ("hamming-float", "float predicted labels for hamming_loss",
+     lambda _: losses.hamming_loss(np.array([[0.0, 1.5]]), np.array([[0, 1]])), TypeError, ["predicted", "integer"]),
+    ("hamming-wide", "an int64 gold label int32 would wrap",
+     lambda _: _x32(lambda: losses.hamming_loss(np.array([[0, 1]]), np.array([[_WIDE, 1]]))),
+     ValueError, ["gold", "int32", str(_WIDE)]),
+    ("rerank-reference-wide", "an int64 reranking reference int32 would wrap",
+     lambda _: _x32(lambda: losses.reranking_exp_loss(jnp.zeros((2, 3)), np.array([_WIDE, 0]))),
+     ValueError, ["reference", str(_WIDE)]),
+    ("hmm-word-range", "a word id outside the HMM's vocabulary",
+     lambda _: hmm.log_likelihood(_HMM, [[0, 5, 1]]), ValueError, ["words", "[0, 4)", "5", "(0, 1)"]),
+    ("hmm-word-float", "float word ids", lambda _: hmm.log_likelihood(_HMM, [[0.5, 1.0]]),
+     TypeError, ["words", "integer", "0.5"]),
+    ("model-ids-float", "float feature ids for a model",
+     lambda _: LinearChainModel.zeros(4, 2)(np.array([[[0.0, 1.0]]])), TypeError, ["unigram_ids", "integer", "float"]),
+    ("model-pair-mask-shape", "a pair mask of the wrong shape",
+     lambda _: LinearChainModel.zeros(4, 2, 3).with_pair_mask(np.ones((3, 2, 3), bool)),
+     ValueError, ["pair_mask", "(3, 2, 2)", "(3, 2, 3)"]),
+    # --- lossfns.lattices.sparse_chain ---
+    ("sparse-pair-label", "a sparse pair support label outside [0, L)",
+     lambda _: chain.log_partition(_sparse(pair_previous=jnp.array([0, 2]))), ValueError, ["pair_previous", "[0, 2)"]),
+    ("sparse-pair-weights-shape", "pair weights whose T differs from unary's",
+     lambda _: chain.log_partition(_sparse(pair_weights=jnp.zeros((2, T + 1, 2)))), ValueError, ["pair_weights", "T"]),
+    ("sparse-transitions-shape", "sparse transitions of the wrong shape",
+     lambda _: chain.log_partition(_sparse(transitions=jnp.zeros((L, L + 1)))), ValueError, ["transitions", "[..., 2, 2]"]),
+    ("sparse-nan-inside", "NaN in sparse unary scores inside the lengths",
+     lambda _: chain.log_partition(_sparse(unary=jnp.zeros((2, T, L)).at[1, 0, 1].set(NAN))),
+     ValueError, ["unary", "NaN", "(1, 0, 1)"]),
 ]
 
 
@@ -453,3 +620,171 @@ def test_a_dense_table_that_cannot_fit_is_refused_before_allocation():
 
     with pytest.raises(MemoryError, match="emission weights W of shape"):
         LinearChainModel.zeros(10**12, 45)
+
+
+# ---------------------------------------------------------------------------
+# Numpy integers are ints; checked ids and lengths are the ones used
+# ---------------------------------------------------------------------------
+
+def test_numpy_integers_are_accepted_wherever_ints_are():
+    scores, labels = chain.kbest(GOOD(), None, np.int64(2))
+    assert scores.shape == (2, 2) and labels.shape == (2, 2, T)
+    assert semirings.KMax(np.int32(3)).k == 3 and type(semirings.KMax(np.int32(3)).k) is int
+    optimizers.owlqn(0.1, memory_size=np.int64(3), max_linesearch_steps=np.int16(4))
+    result = optimizers.minimize(_squares, jnp.ones(2), optax.sgd(0.1), max_steps=np.int64(3))
+    assert result.trace.shape == (3,)
+
+
+def test_lengths_and_labels_in_range_pass_the_int32_cast_unchanged():
+    """The pre-cast check refuses only what would change: int64 values that
+    fit in int32 run as before, with x64 off."""
+    with jax.enable_x64(False):
+        lengths, labels = np.array([1, 3], np.int64), np.array([[1, 0, 2**31 - 1], [0, 1, 1]], np.int64)
+        np.testing.assert_array_equal(chain.score(GOOD(), labels, lengths),
+                                      chain.score(GOOD(), labels.astype(np.int32), lengths.astype(np.int32)))
+
+
+# ---------------------------------------------------------------------------
+# lossfns.lattices.dag: boolean final masks, and jit against eager
+# ---------------------------------------------------------------------------
+
+def test_a_boolean_final_mask_is_a_mask_not_state_ids():
+    by_mask = dag.from_arcs(_ARCS, final=[False, False, True])
+    by_ids = dag.from_arcs(_ARCS, final=[2])
+    np.testing.assert_array_equal(by_mask.final, [False, False, True])
+    for got, expected in zip(by_mask, by_ids):
+        np.testing.assert_array_equal(got, expected)
+    # a mask may mark states no arc names (num_states from its length)
+    assert dag.from_arcs(_ARCS, final=np.array([False, False, True, True])).num_states == 4
+
+
+def _padded_batch():
+    """Two lattices padded to 6 arcs; padding scores are NaN and +inf (ignored)."""
+    sizes = dict(num_states=3, num_arcs=6, num_levels=2, width=1, in_degree=2)
+    lattices = dag.stack([dag.pad(dag.from_arcs([(0, 1, 0), (0, 1, 1), (1, 2, 0), (0, 2, 3)], final=[2]), **sizes),
+                          dag.pad(dag.from_arcs([(0, 1, 0), (1, 2, 1)], final=[1, 2]), **sizes)])
+    assert lattices.arc_valid.tolist() == [[True] * 4 + [False] * 2, [True] * 2 + [False] * 4]
+    scores = jnp.array([[0.1, 0.2, -jnp.inf, -0.5, NAN, INF], [0.3, 1.5, NAN, INF, NAN, -jnp.inf]])
+    return lattices, scores
+
+
+@pytest.mark.parametrize("semiring", [semirings.Log, semirings.Real], ids=["log", "real"])
+def test_jit_and_eager_give_the_same_finite_log_z_and_marginals(semiring):
+    lattices, scores = _padded_batch()
+    log_z = lambda lat, s: dag.log_partition(lat, s, semiring=semiring)
+    marginals = lambda lat, s: dag.arc_marginals(lat, s, semiring=semiring)
+    eager_z, eager_m = log_z(lattices, scores), marginals(lattices, scores)
+    jit_z, jit_m = jax.jit(log_z)(lattices, scores), jax.jit(marginals)(lattices, scores)
+    assert np.isfinite(eager_z).all() and np.isfinite(eager_m).all()
+    np.testing.assert_allclose(jit_z, eager_z, rtol=1e-12)
+    np.testing.assert_allclose(jit_m, eager_m, rtol=1e-12, atol=1e-15)
+    # By hand: lattice 0's only allowed path is arc 3 (arcs 0 and 1 lead to the forbidden arc 2);
+    # lattice 1 accepts arc 0 (0.3) and arcs 0, 1 (1.8).
+    np.testing.assert_allclose(eager_z, [-0.5, np.logaddexp(0.3, 1.8)], rtol=1e-12)
+    np.testing.assert_allclose(eager_m[0], [0, 0, 0, 1, 0, 0], atol=1e-15)
+
+
+def test_invalid_scores_under_jit_give_nan_marginals_not_zeros():
+    """+inf or NaN on a real arc: eager refuses it; under jit (no check) the
+    result must not look like a lattice without paths (NaN log Z with zero
+    marginals): every derivative is NaN too."""
+    lattice = dag.from_arcs([(0, 1, 0), (0, 1, 1), (1, 2, 0), (0, 2, 3)], final=[2])
+    for bad in (INF, NAN):
+        scores = jnp.array([bad, 0.2, 0.3, -0.5])
+        with pytest.raises(ValueError, match="arc_scores contains"):
+            dag.log_partition(lattice, scores)
+        for semiring in (semirings.Log, semirings.Real):
+            assert np.isnan(jax.jit(lambda s: dag.log_partition(lattice, s, semiring=semiring))(scores))
+            assert np.isnan(jax.jit(lambda s: dag.arc_marginals(lattice, s, semiring=semiring))(scores)).all()
+
+
+# ---------------------------------------------------------------------------
+# Optimizer status: every result says why the run stopped
+# ---------------------------------------------------------------------------
+
+_OPTIMIZERS = {"owlqn": lambda: optimizers.owlqn(0.0, max_linesearch_steps=3), "lbfgs": optax.lbfgs,
+               "sgd": lambda: optax.sgd(0.1)}
+
+
+def _bowl(params):
+    return jnp.sum((params - 3.0) ** 2)
+
+
+def _cliff(params):
+    """Finite at the start (all ones) only: every trial step is NaN."""
+    return jnp.where(jnp.all(params == 1.0), jnp.sum(params ** 2), NAN)
+
+
+def _nan_everywhere(params):
+    return jnp.sum(params ** 2) + NAN
+
+
+def _run(objective, name, max_steps, jit):
+    run = lambda p: optimizers.minimize(objective, p, _OPTIMIZERS[name](), max_steps=max_steps)
+    return (jax.jit(run) if jit else run)(jnp.ones(2))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_status_converged(name, jit):
+    result = _run(_bowl, name, 200, jit)
+    assert int(result.status) == optimizers.CONVERGED and optimizers.status_name(result.status) == "CONVERGED"
+    assert int(result.num_steps) < 200
+    np.testing.assert_allclose(result.params, 3.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_status_iteration_limit(name, jit):
+    result = _run(_bowl, name, 1, jit)
+    assert optimizers.status_name(result.status) == "ITERATION_LIMIT" and int(result.num_steps) == 1
+
+
+@pytest.mark.parametrize("objective", [_nan_everywhere, lambda p: _bowl(p) + INF], ids=["nan", "inf"])
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_status_non_finite_objective_at_the_start_stops_at_once(name, objective):
+    with pytest.warns(RuntimeWarning, match="NON_FINITE_OBJECTIVE"):
+        result = _run(objective, name, 20, jit=False)
+    assert optimizers.status_name(result.status) == "NON_FINITE_OBJECTIVE"
+    assert int(result.num_steps) == 1 and not np.isfinite(result.trace[0])
+    np.testing.assert_array_equal(result.params, jnp.ones(2))  # untouched, not NaN
+    jitted = _run(objective, name, 20, jit=True)  # inside jit: no warning, the status is the signal
+    assert int(jitted.status) == optimizers.NON_FINITE_OBJECTIVE
+    if name == "owlqn":  # one evaluation at the start, no line search
+        assert int(result.state.count) == 1 and int(result.state.status) == optimizers.NON_FINITE_OBJECTIVE
+
+
+def test_owlqn_does_not_search_from_a_non_finite_start():
+    calls = []
+
+    def counted(params):
+        jax.debug.callback(lambda: calls.append(1))
+        return _nan_everywhere(params)
+
+    with pytest.warns(RuntimeWarning):
+        optimizers.minimize(counted, jnp.ones(2), optimizers.owlqn(0.1), max_steps=5)
+    assert len(calls) == 1  # the start only: no trial of the line search, no second step
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", ["owlqn", "lbfgs"])
+def test_status_line_search_failed(name, jit):
+    if jit:
+        result = _run(_cliff, name, 20, jit=True)
+    else:
+        with pytest.warns(RuntimeWarning, match="LINE_SEARCH_FAILED"):
+            result = _run(_cliff, name, 20, jit=False)
+    assert optimizers.status_name(result.status) == "LINE_SEARCH_FAILED"
+    assert int(result.num_steps) == 1  # another step would repeat the same failed search
+    np.testing.assert_array_equal(result.params, jnp.ones(2))
+
+
+def test_stochastic_status_non_finite_when_sgd_diverges():
+    with pytest.warns(RuntimeWarning, match="NON_FINITE_OBJECTIVE"):
+        result = optimizers.minimize_stochastic(_squares, jnp.ones(2), optimizers.sgd_l1(1e30, 0.0),
+                                                jnp.zeros((4, 2)), key=jax.random.key(0), batch_size=2, num_epochs=50)
+    assert optimizers.status_name(result.status) == "NON_FINITE_OBJECTIVE"
+    assert int(result.num_steps) < 50
+    fine = optimizers.minimize_stochastic(_squares, jnp.ones(2), optimizers.sgd_l1(0.01, 0.0), jnp.zeros((4, 2)),
+                                          key=jax.random.key(0), batch_size=2, num_epochs=3)
+    assert optimizers.status_name(fine.status) == "ITERATION_LIMIT"

@@ -288,6 +288,87 @@ def test_latest_checkpoint_ignores_temporaries_and_skips_damaged_files(tmp_path)
         checkpoint.checkpoint_path(tmp_path, -1)
 
 
+def _header_and_payload(data):
+    start = len(checkpoint.MAGIC) + 8
+    size = int.from_bytes(data[len(checkpoint.MAGIC):start], "little")
+    return data[:start + size], data[start + size:]
+
+
+def test_payload_of_one_checkpoint_under_the_header_of_another_is_rejected(tmp_path):
+    tree, path, data = _saved_bytes(tmp_path)
+    other = checkpoint.save(tmp_path / "other.ckpt", {"w": jnp.arange(5, 10, dtype=jnp.float32), "step": 9})
+    header, _ = _header_and_payload(data)
+    _, payload = _header_and_payload(other.read_bytes())
+    assert len(payload) == len(_header_and_payload(data)[1])  # same size: only the checksum can tell
+    swapped = tmp_path / "swapped.ckpt"
+    swapped.write_bytes(header + payload)
+    _assert_rejected(swapped, tree, "checksum")
+    # A valid checksum over a header whose leaves do not fit the payload (a buggy writer).
+    stored = checkpoint.read_header(path)
+    body = {"structure": stored["structure"], "leaves": stored["leaves"]}
+    swapped.write_bytes(checkpoint.pack_file(checkpoint.CHECKPOINT, body, payload[:-4]))
+    _assert_rejected(swapped, tree, "header does not match its payload")
+
+
+KILLED_SAVE = """
+import os, signal, sys
+import numpy as np
+from lossfns import checkpoint
+def die(fd):  # the temporary file is written, not yet renamed
+    print("killing", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.os.fsync = die
+checkpoint.save(sys.argv[1], {"w": np.zeros(5, np.float32), "step": 4})
+print("not killed", flush=True)
+"""
+
+
+def test_a_save_killed_mid_write_keeps_the_previous_file_and_the_lock_cleans_up(tmp_path):
+    tree = {"w": jnp.arange(5, dtype=jnp.float32), "step": 3}
+    path = checkpoint.save(checkpoint.checkpoint_path(tmp_path, 3), tree)
+    data = path.read_bytes()
+    environment = dict(_environment(), PYTHONPATH=str(SCRIPT.parents[1]))
+    process = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(path)], env=environment, capture_output=True,
+                             text=True, timeout=120)
+    assert process.returncode == -9 and process.stdout.strip() == "killing", process
+    assert path.read_bytes() == data
+    orphans = [p for p in tmp_path.iterdir() if p != path]
+    assert len(orphans) == 1 and orphans[0].name.startswith(f".{path.name}.") and orphans[0].name.endswith(".tmp")
+    assert checkpoint.latest_checkpoint(tmp_path) == path
+    _assert_bit_identical(checkpoint.load(path, like=tree), tree)
+    with checkpoint.DirectoryLock(tmp_path):  # taking the lock removes the orphan
+        assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.LOCK_NAME, path.name]
+
+
+def test_failed_rename_keeps_the_previous_file(tmp_path, monkeypatch):
+    tree, path, data = _saved_bytes(tmp_path)
+
+    def crash(*args):
+        raise OSError("rename failed")
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash)
+    with pytest.raises(OSError, match="rename failed"):
+        checkpoint.save(path, {"w": jnp.zeros(5, jnp.float32), "step": 4})
+    assert path.read_bytes() == data
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_two_writers_on_one_directory(tmp_path):
+    """The second run (another open lock: flock locks belong to open file
+    descriptions) is refused with the directory's name; the first saves and
+    prunes undisturbed, and leaves the directory free."""
+    directory = tmp_path / "run"
+    with checkpoint.DirectoryLock(directory):
+        with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint directory {directory} is in use"):
+            with checkpoint.DirectoryLock(directory):
+                pass
+        for step in (1, 2, 3):
+            checkpoint.save(checkpoint.checkpoint_path(directory, step), {"w": jnp.zeros(2)})
+        checkpoint.prune_checkpoints(directory, keep=2)
+        assert checkpoint.latest_checkpoint(directory) == checkpoint.checkpoint_path(directory, 3)
+    assert checkpoint.DirectoryLock(directory).acquire().release() is None
+
+
 def _kill_at(directory, out, seed, kill_step):
     """Start a run and SIGKILL it right after it reports `kill_step`."""
     from tests.conftest import sigkill_after  # not at the top: this file also runs as the training script

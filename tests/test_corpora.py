@@ -147,3 +147,68 @@ def test_shuffled_is_a_deterministic_permutation():
     assert not np.array_equal(first, other)
     # Pinned: the order must not change across runs, numpy versions or platforms.
     np.testing.assert_array_equal(corpora.shuffled(5, 0), [2, 4, 3, 0, 1])
+
+
+# ---------------------------------------------------------------------------
+# File errors: columns across the whole file, byte-order marks, encodings
+# ---------------------------------------------------------------------------
+
+
+def _write(tmp_path, name, data: bytes):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_a_sentence_that_drops_its_label_column_is_an_error(tmp_path):
+    # Read per sentence, the second sentence would silently get its POS tags as labels.
+    text = "El DA O\nrey NC O\n\nMadrid NP\nes VS\n"
+    path = _write(tmp_path, "bad.conll", text.encode())
+    with pytest.raises(ValueError) as error:
+        corpora.read_conll(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}:4: expected 3 columns") and "got 2" in message, message
+    assert "line 1 has 3" in message and "label column" in message, message
+    with pytest.raises(ValueError, match=r"<lines>:4: expected 3 columns .*got 2"):
+        corpora.parse_conll(text.splitlines())
+    with pytest.raises(ValueError, match=r"<lines>:4: expected 2 columns .*got 3"):  # and the other way round
+        corpora.parse_conll(["a B", "", "-DOCSTART- -X- O", "c D E"])
+
+
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_token(tmp_path):
+    path = _write(tmp_path, "bom.conll", "\ufeffEl DA O\nrey NC O\n".encode("utf-8"))
+    sentences = corpora.read_conll(path)
+    assert sentences[0].tokens[0] == ("El", "DA")
+    assert corpora.parse_conll(["\ufeffEl DA O"])[0].tokens[0] == ("El", "DA")
+
+
+def test_latin1_bytes_name_file_and_line_with_an_encoding_hint(tmp_path):
+    path = _write(tmp_path, "latin.conll", "El DA O\n\nLa DA O\nCoruña NC B-LOC\n".encode("latin-1"))
+    with pytest.raises(ValueError) as error:
+        corpora.read_conll(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}:4: byte 0xf1 at column 5 is not valid utf-8"), message
+    assert "encoding='latin-1'" in message, message
+    assert corpora.read_conll(path, encoding="latin-1")[1].tokens[1] == ("Coruña", "NC")
+
+
+def test_windows_line_endings_still_read(tmp_path):
+    path = _write(tmp_path, "crlf.conll", b"El DA O\r\nrey NC O\r\n\r\nMadrid NP B-LOC\r\n")
+    assert [s.labels for s in corpora.read_conll(path)] == [("O", "O"), ("B-LOC",)]
+
+
+def test_template_file_with_a_byte_order_mark_is_accepted(tmp_path):
+    from lossfns.features import templates
+
+    path = _write(tmp_path, "bom.tpl", "\ufeffU00:%x[0,0]\nB\n".encode("utf-8"))
+    parsed = templates.read_templates(path)
+    assert [t.name for t in parsed.unigram] == ["U00"] and parsed.transitions
+    assert templates.parse_templates("\ufeff# comment\nU00:%x[0,0]\n").unigram[0].name == "U00"
+
+
+def test_template_file_in_latin1_names_file_and_line(tmp_path):
+    from lossfns.features import templates
+
+    path = _write(tmp_path, "latin.tpl", "U00:%x[0,0]\n# años\nU01:%x[1,0]\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"^{path}:2: byte 0xf1 at column 4 is not valid utf-8.*encoding"):
+        templates.read_templates(path)

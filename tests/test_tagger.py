@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from conftest import corpus_or_fail
-from lossfns import corpora, metrics
+from lossfns import corpora, losses, metrics
 from lossfns.features import pad_batch
 from lossfns.lattices import chain
 from lossfns.losses.sequence import sequence_log_loss
@@ -188,3 +188,28 @@ def test_argument_errors(ner_data):
         Tagger("crfsuite_ner", max_iterations=0)
     with pytest.raises(ValueError, match="sentences must hold at least one"):
         Tagger("crfsuite_ner").fit([])
+
+
+def test_fit_reports_why_training_stopped():
+    """`Tagger.status`: the iteration limit, convergence, and a non-finite
+    objective (a loss that is NaN), which stops at once with a warning and
+    keeps the last finite parameters."""
+    import warnings
+
+    from lossfns.optimizers import Status
+
+    corpus = [corpora.Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),
+              corpora.Sentence((("Ana", "NP"),), ("B-PER",))]
+    limited = Tagger("crfsuite_ner", l2=1.0, max_iterations=2, tol=0.0, num_buckets=1, progress=False).fit(corpus)
+    assert limited.status == Status.ITERATION_LIMIT and len(limited.history) == 2
+    converged = Tagger("crfsuite_ner", l2=1.0, max_iterations=500, tol=1e-2, period=1, num_buckets=1,
+                       progress=False).fit(corpus)
+    assert converged.status == Status.CONVERGED and len(converged.history) < 500
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        broken = Tagger("crfsuite_ner", loss=lambda p, y, n: losses.sequence_log_loss(p, y, n) * jnp.float32(jnp.nan),
+                        l2=1.0,
+                        max_iterations=5, num_buckets=1, progress=False).fit(corpus)
+    assert broken.status == Status.NON_FINITE_OBJECTIVE and broken.history == []
+    assert any("NON_FINITE_OBJECTIVE" in str(w.message) for w in caught)
+    assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree_util.tree_leaves(broken.model))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Sequence, Union
 
+from ..corpora import read_lines
 from .extraction import TokenFeatures
 
 _MACRO = re.compile(r'%([xXtTmM])\[\s*(-?\d+)\s*,\s*(\d+)\s*(?:,\s*"((?:[^"\\]|\\.)*)"\s*)?\]')
@@ -97,7 +98,10 @@ def _parse_body(body: str, source: str, line_number: int, line: str) -> tuple[Un
 
 
 def parse_templates(text: str, source: str = "<templates>") -> Templates:
-    """Parse the text of a CRF++/Wapiti template file (see the module docstring)."""
+    """Parse the text of a CRF++/Wapiti template file (see the module
+    docstring); a leading UTF-8 byte-order mark is dropped."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
     unigram: list[Template] = []
     pair: list[Template] = []
     transitions = False
@@ -137,8 +141,8 @@ def parse_templates(text: str, source: str = "<templates>") -> Templates:
 
 
 def read_templates(path: str) -> Templates:
-    """Parse a template file; errors name the file and line."""
-    with open(path, encoding="utf-8") as handle:
+    """Parse a UTF-8 template file; errors (invalid UTF-8 included) name the file and line."""
+    with read_lines(path) as handle:
         return parse_templates(handle.read(), source=path)
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from .. import semirings
 from ..lattices import chain
 from ..semirings import Semiring
-from ..validation import as_lengths
+from ..validation import as_integer_array, as_lengths
 from ._chain_inputs import chain_inputs
 
 
@@ -23,10 +23,9 @@ def hamming_loss(predicted, gold, lengths=None):
     predicted, gold: integer labels `[..., T]` of the same shape (values past
     each length are ignored); lengths: `[...]`, default `T`.
     """
-    predicted, gold = jnp.asarray(predicted), jnp.asarray(gold)
+    predicted = as_integer_array("predicted", predicted, "an integer array [..., T]")
+    gold = as_integer_array("gold", gold, "an integer array [..., T]")
     for name, labels in (("predicted", predicted), ("gold", gold)):
-        if not jnp.issubdtype(labels.dtype, jnp.integer):
-            raise TypeError(f"{name} must be an integer array [..., T], got dtype {labels.dtype}")
         if labels.ndim < 1:
             raise ValueError(f"{name} must have shape [..., T] (rank >= 1), got shape {labels.shape}")
     if predicted.shape != gold.shape:

@@ -15,7 +15,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from ..semirings import logsumexp
-from ..validation import as_float_array, check_finite_or_neg_inf, concrete
+from ..validation import as_integer_array, as_float_array, check_finite_or_neg_inf, concrete
 
 
 def _candidate_inputs(scores, reference, mask):
@@ -24,9 +24,7 @@ def _candidate_inputs(scores, reference, mask):
     if scores.shape[-1] == 0:
         raise ValueError(f"scores needs at least one candidate (shape [..., N] with N >= 1), got shape {scores.shape}")
     batch_shape = scores.shape[:-1]
-    reference = jnp.asarray(reference)
-    if not jnp.issubdtype(reference.dtype, jnp.integer):
-        raise TypeError(f"reference must be an integer array of shape {batch_shape}, got dtype {reference.dtype}")
+    reference = as_integer_array("reference", reference, f"an integer array of shape {batch_shape}")
     if reference.shape != batch_shape:
         raise ValueError(f"reference must have shape {batch_shape} (scores' [..., N] without N), got shape {reference.shape}")
     mask = jnp.ones(scores.shape, bool) if mask is None else jnp.asarray(mask)

@@ -45,7 +45,7 @@ from ..features.design import SparseDesign, bucket_slices, design_matmul, scatte
 from ..features.index import FeatureBatch
 from ..lattices.chain import FactoredPotentials
 from ..lattices.sparse_chain import SparsePotentials
-from ..validation import check_allocation, concrete
+from ..validation import as_integer_array, check_allocation, concrete
 
 
 @jax.custom_vjp
@@ -288,9 +288,7 @@ SPARSE_MAX_FRACTION = 0.5
 
 
 def _check_ids(name: str, ids, size: int) -> jax.Array:
-    ids = jnp.asarray(ids)
-    if not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array [..., T, F], got dtype {ids.dtype}")
+    ids = as_integer_array(name, ids, "an integer array [..., T, F]")
     if ids.ndim < 2:
         raise ValueError(f"{name} must have shape [..., T, F] (rank >= 2), got shape {ids.shape}")
     value = concrete(ids)

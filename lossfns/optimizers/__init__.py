@@ -12,9 +12,10 @@ use them from this package (`lossfns.optimizers.minimize(...)`).
 
 from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, sparse_potentials
 from .finetune import active_mask, finetune
-from .minimize import (LoopState, MinimizeResult, drive, epoch_step_fn, gradient_step_fn, init_loop, minimize,
-                       minimize_stochastic, num_examples, optimizer_update, relative_change_below, run_loop,
-                       run_loop_jit, update_and_value)
+from .minimize import (CONVERGED, ITERATION_LIMIT, LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, LoopState,
+                       MinimizeResult, Status, drive, epoch_step_fn, gradient_step_fn, halt_on_failure, init_loop,
+                       minimize, minimize_stochastic, num_examples, optimizer_update, relative_change_below,
+                       run_loop, run_loop_jit, status_name, update_and_value)
 from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
 from .perceptron import (PerceptronState, SequenceData, averaged_params, perceptron, perceptron_epoch_fn,
                          perceptron_init, perceptron_update)
@@ -32,7 +33,8 @@ __all__ = [
     "active_mask", "finetune",
     "LoopState", "MinimizeResult", "drive", "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize",
     "minimize_stochastic", "num_examples", "optimizer_update", "relative_change_below", "run_loop", "run_loop_jit",
-    "update_and_value",
+    "update_and_value", "Status", "CONVERGED", "ITERATION_LIMIT", "NON_FINITE_OBJECTIVE", "LINE_SEARCH_FAILED",
+    "status_name", "halt_on_failure",
     "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
     "PerceptronState", "SequenceData", "averaged_params", "perceptron", "perceptron_epoch_fn", "perceptron_init",
     "perceptron_update",

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from ..lattices import chain
-from ..validation import concrete
+from ..validation import concrete, integer_values
 from .minimize import check_int, init_loop, relative_change_below, run_loop
 from .owlqn import check_penalties
 
@@ -57,15 +57,23 @@ def bcd_data(active, labels, lengths, num_observations: int) -> BcdData:
         raise ValueError(f"active must be an int array of shape [N, T, A], got {active_value.dtype} {active_value.shape}")
     if active_value.size and (active_value.min() < -1 or active_value.max() >= num_observations):
         raise ValueError(f"active must hold ids in [0, {num_observations}) or -1 for padding")
-    labels, lengths = jnp.asarray(labels, jnp.int32), jnp.asarray(lengths, jnp.int32)
-    if labels.shape != active_value.shape[:2] or lengths.shape != active_value.shape[:1]:
+    # Checked in their own dtype before the int32 cast (no truncated 2.7, no wrapped 2**32 + 2).
+    label_value = integer_values("labels", labels, f"an integer array of shape [N, T] = {active_value.shape[:2]}")
+    length_value = integer_values("lengths", lengths, f"an integer array of shape [N] = {active_value.shape[:1]}")
+    if label_value is None or length_value is None:
+        raise ValueError("labels and lengths must be concrete (not traced): the occurrence lists are built in numpy")
+    if label_value.shape != active_value.shape[:2] or length_value.shape != active_value.shape[:1]:
         raise ValueError(f"labels must have shape [N, T] = {active_value.shape[:2]} and lengths [N] = "
-                         f"{active_value.shape[:1]}, got {labels.shape} and {lengths.shape}")
-    length_value = np.asarray(lengths)
+                         f"{active_value.shape[:1]}, got {label_value.shape} and {length_value.shape}")
     outside = (length_value < 0) | (length_value > active_value.shape[1])
     if outside.any():
         raise ValueError(f"lengths must lie in [0, {active_value.shape[1]}] (the number of positions T of active), "
                          f"got {int(length_value[outside][0])} at index {int(np.argmax(outside))}")
+    wide = (label_value < np.iinfo(np.int32).min) | (label_value > np.iinfo(np.int32).max)
+    if wide.any():
+        where = tuple(int(i) for i in np.argwhere(wide)[0])
+        raise ValueError(f"labels must fit in int32, got {label_value[where].item()} at index {where}")
+    labels, lengths = jnp.asarray(label_value, jnp.int32), jnp.asarray(length_value, jnp.int32)
     inside = np.arange(active_value.shape[1])[None, :, None] < np.asarray(lengths)[:, None, None]
     present = np.zeros((num_observations, active_value.shape[0]), bool)
     sequence, _, _ = np.nonzero(inside & (active_value >= 0))

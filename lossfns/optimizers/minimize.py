@@ -22,8 +22,10 @@ those with a line search that take `value=`, `grad=`, `value_fn=`
 
 from __future__ import annotations
 
+import enum
 import functools
 import numbers
+import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import optax
 
 from .. import checkpoint
+from .. import validation
 from ..validation import concrete
 
 
@@ -40,13 +43,7 @@ from ..validation import concrete
 # scalars and concrete arrays; traced values pass unchecked)
 # ---------------------------------------------------------------------------
 
-def check_int(name: str, value, minimum: int = 1) -> int:
-    """`value` as an int `>= minimum`, else a `TypeError`/`ValueError` naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
+check_int = validation.check_int  # ints, numpy ints included; bool refused
 
 
 def _interval(low, high, low_open, high_open) -> str:
@@ -58,13 +55,14 @@ def _interval(low, high, low_open, high_open) -> str:
 
 
 def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False) -> None:
-    """Reject a concrete `value` that is not a real scalar inside the interval
-    (NaN included); a traced value (under `jit`/`vmap`) is left unchecked."""
+    """Reject a concrete `value` that is not a finite real scalar inside the
+    interval (NaN, +-inf and bools included); a traced value (under
+    `jit`/`vmap`) is left unchecked."""
     expected = f"a number {_interval(low, high, low_open, high_open)}"
     array = concrete(value)
     if array is None:
         return
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "iuf":  # bool refused: True is not a learning rate
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
     if array.ndim != 0:
         raise ValueError(f"{name} must be {expected} (a scalar), got an array of shape {array.shape}")
@@ -73,6 +71,8 @@ def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = Fals
     above = high is not None and (number >= high if high_open else number > high)
     if number != number or below or above:
         raise ValueError(f"{name} must be {expected}, got {number!r}")
+    if number in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be {expected} and finite, got {number!r}")
 
 
 def check_optimizer(optimizer, name: str = "optimizer") -> None:
@@ -82,6 +82,92 @@ def check_optimizer(optimizer, name: str = "optimizer") -> None:
         hint = f" (call the constructor: {given}(...), not {given})" if callable(optimizer) and given else ""
         raise TypeError(f"{name} must be an optax GradientTransformation (with .init and .update){hint}, "
                         f"got {type(optimizer).__name__}{' ' + given if given else ''}")
+
+
+def check_float_params(params, name: str = "params") -> None:
+    """Refuse parameters that are not floating point (an int array cannot take
+    a fractional step: optax would fail deep inside with `OverflowError:
+    cannot convert float infinity to integer`)."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    if not leaves:
+        raise ValueError(f"{name} must hold at least one floating-point array, got {type(params).__name__} {params!r}")
+    for path, leaf in leaves:
+        dtype = jnp.result_type(leaf)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            where = f" at {jax.tree_util.keystr(path)}" if path else ""
+            raise TypeError(f"{name} must be floating point (the optimizers take fractional steps), got dtype "
+                            f"{dtype}{where}; pass e.g. jnp.asarray(params, jnp.float32)")
+
+
+class Status(enum.IntEnum):
+    """Why an optimisation loop stopped: `MinimizeResult.status` holds the
+    code as a `[]` int32 array (inside `jit` a run cannot raise, so the status
+    is the signal); `status_name(code)` spells it."""
+
+    CONVERGED = 0  # the stopping test fired (relative change below tol)
+    ITERATION_LIMIT = 1  # max_steps / num_epochs used up
+    NON_FINITE_OBJECTIVE = 2  # the objective was NaN or +-inf (at the start: nothing done)
+    LINE_SEARCH_FAILED = 3  # no trial step decreased the objective (the parameters stay put)
+
+
+CONVERGED, ITERATION_LIMIT, NON_FINITE_OBJECTIVE, LINE_SEARCH_FAILED = (
+    Status.CONVERGED, Status.ITERATION_LIMIT, Status.NON_FINITE_OBJECTIVE, Status.LINE_SEARCH_FAILED)
+
+
+def status_name(code) -> str:
+    """`'CONVERGED'`, `'ITERATION_LIMIT'`, `'NON_FINITE_OBJECTIVE'` or
+    `'LINE_SEARCH_FAILED'` for a status code (an int or a concrete `[]` array)."""
+    value = concrete(code)
+    if value is None:
+        raise TypeError("status_name needs a concrete status code, got a traced value (call it outside jit)")
+    try:
+        return Status(int(value)).name
+    except ValueError:
+        raise ValueError(f"code must be one of {[int(s) for s in Status]} (a minimize status), "
+                         f"got {int(value)}") from None
+
+
+def optimizer_status(opt_state) -> jax.Array:
+    """`[]` int32 from the optimizer's own state: `LINE_SEARCH_FAILED` or
+    `NON_FINITE_OBJECTIVE` when its last update could not move (`owlqn`'s
+    `status`; an `optax.lbfgs` zoom line search that ended with a zero step
+    and no sufficient decrease), else `CONVERGED` (no failure to report)."""
+    def field(name):
+        try:
+            return optax.tree.get(opt_state, name)
+        except KeyError:  # several fields of that name (a chain of transformations): no single signal
+            return None
+
+    code = field("status")
+    if code is not None:
+        return jnp.asarray(code, jnp.int32)
+    rate, decrease_error = field("learning_rate"), field("decrease_error")
+    if rate is None or decrease_error is None:
+        return jnp.asarray(CONVERGED, jnp.int32)
+    failed = (rate == 0) & (decrease_error > 0)
+    return jnp.where(failed, jnp.int32(LINE_SEARCH_FAILED), jnp.int32(CONVERGED))
+
+
+def halt_on_failure(inner, value) -> jax.Array:
+    """`run_loop`'s `halt_fn` for `minimize` and `minimize_stochastic`: stop
+    at a non-finite objective or a failed line search (another step would
+    repeat the same failure)."""
+    return ~jnp.isfinite(value) | (optimizer_status(inner[1]) >= NON_FINITE_OBJECTIVE)
+
+
+def loop_status(loop: LoopState) -> jax.Array:
+    """The `Status` code `[]` int32 of a finished `minimize` loop."""
+    failure = optimizer_status(loop.inner[1])
+    return jnp.where(~jnp.isfinite(loop.value), jnp.int32(NON_FINITE_OBJECTIVE),
+                     jnp.where(failure == LINE_SEARCH_FAILED, jnp.int32(LINE_SEARCH_FAILED),
+                               jnp.where(loop.done, jnp.int32(CONVERGED), jnp.int32(ITERATION_LIMIT))))
+
+
+def _warn_on_failure(status) -> None:
+    value = concrete(status)
+    if value is not None and int(value) >= NON_FINITE_OBJECTIVE:
+        warnings.warn(f"optimisation stopped early with status {status_name(value)} "
+                      "(see MinimizeResult.status and .trace)", RuntimeWarning, stacklevel=3)
 
 
 def check_callable(name: str, value) -> None:
@@ -128,10 +214,12 @@ def relative_change_below(tol: float) -> Callable:
     return stop
 
 
-def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: Callable) -> LoopState:
+def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: Callable,
+             halt_fn: Optional[Callable] = None) -> LoopState:
     """Advance `loop` with `step_fn` until `until` steps in total, the trace is
-    full, or `stop_fn(previous_value, value)` fires. Jit-able (`until` may be
-    traced; `step_fn` and `stop_fn` are static).
+    full, or `stop_fn(previous_value, value)` fires (or `halt_fn(inner,
+    value)`, e.g. `halt_on_failure`). Jit-able (`until` may be traced;
+    `step_fn`, `stop_fn` and `halt_fn` are static).
 
     step_fn: `(inner, step) -> (inner, objective)`; `step` is the int32 step index.
     """
@@ -145,6 +233,8 @@ def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: Callable) -> Lo
         inner, value = step_fn(state.inner, state.step)
         value = jnp.asarray(value, state.value.dtype)
         done = stop_fn(state.value, value)
+        if halt_fn is not None:
+            done = done | halt_fn(inner, value)
         return LoopState(inner, state.step + 1, value, state.trace.at[state.step].set(value), done)
 
     return jax.lax.while_loop(cond, body, loop)
@@ -191,7 +281,23 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
     """
     def step_fn(inner, step):
         params, opt_state = inner
-        params, opt_state, value = update_and_value(optimizer, fun, params, opt_state)
+        if getattr(opt_state, "evaluates_objective", False):
+            # owlqn evaluates `fun` itself and takes no step from a non-finite value.
+            params, opt_state, value = update_and_value(optimizer, fun, params, opt_state)
+        else:
+            start, grad = _value_and_grad(fun, opt_state)(params)
+
+            def move(_):
+                updates, new_state = optimizer.update(grad, opt_state, params, value=start, grad=grad, value_fn=fun)
+                new_params = optax.apply_updates(params, updates)
+                stored = optax.tree.get(new_state, "value")
+                value = fun(new_params) if stored is None else stored
+                return new_params, new_state, jnp.asarray(value, jnp.result_type(start))
+
+            # A NaN/inf objective at `params`: no update (it would spread NaN
+            # into the parameters); the loop's `halt_on_failure` stops there.
+            params, opt_state, value = jax.lax.cond(
+                jnp.isfinite(start), move, lambda _: (params, opt_state, jnp.asarray(start)), None)
         return (params, opt_state), value if penalty is None else value + penalty(params)
 
     return step_fn
@@ -200,12 +306,15 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
 class MinimizeResult(NamedTuple):
     """params: the final parameters; state: the final optimizer state;
     trace: `[max_steps]` objective after each step (NaN past `num_steps`);
-    num_steps: `[]` steps taken."""
+    num_steps: `[]` steps taken; status: `[]` int32 `Status` code
+    (`CONVERGED`, `ITERATION_LIMIT`, `NON_FINITE_OBJECTIVE`,
+    `LINE_SEARCH_FAILED`; `status_name(result.status)` spells it)."""
 
     params: Any
     state: Any
     trace: jax.Array
     num_steps: jax.Array
+    status: jax.Array
 
 
 def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, max_steps: int,
@@ -216,18 +325,29 @@ def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, 
     the objective's relative change falls below `tol`. Jit-able as a whole
     (make `fun`, `optimizer`, `max_steps`, `tol`, `penalty` static).
 
+    `result.status` says why the run stopped (`status_name` spells it). A
+    NaN or infinite objective stops it (`NON_FINITE_OBJECTIVE`); at the start
+    no update is made and the parameters are those given (line-search
+    optimizers, `owlqn` and `optax.lbfgs`, never accept a non-finite trial
+    point; a plain gradient step can reach one). A failed line search stops
+    it with `LINE_SEARCH_FAILED` (another step would repeat it). Outside
+    `jit` these two also give a `RuntimeWarning`.
+
     Returns:
-      `MinimizeResult(params, state, trace [max_steps], num_steps)`.
+      `MinimizeResult(params, state, trace [max_steps], num_steps, status)`.
     """
     check_callable("fun", fun)
     check_optimizer(optimizer)
     check_int("max_steps", max_steps)
+    check_float_params(params)
     relative_change_below(tol)
     step_fn = gradient_step_fn(fun, optimizer, penalty)
     loop = init_loop((params, optimizer.init(params)), max_steps, _float_dtype(params))
-    loop = run_loop(step_fn, loop, max_steps, relative_change_below(tol))
+    loop = run_loop(step_fn, loop, max_steps, relative_change_below(tol), halt_on_failure)
     (params, state) = loop.inner
-    return MinimizeResult(params, state, loop.trace, loop.step)
+    status = loop_status(loop)
+    _warn_on_failure(status)
+    return MinimizeResult(params, state, loop.trace, loop.step, status)
 
 
 def _float_dtype(tree):
@@ -299,16 +419,19 @@ def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransfor
     check_callable("fun", fun)
     check_optimizer(optimizer)
     check_int("num_epochs", num_epochs)
+    check_float_params(params)
     relative_change_below(tol)
     step_fn = epoch_step_fn(fun, optimizer, data, batch_size=batch_size, penalty=penalty)
     loop = init_loop((params, optimizer.init(params), key), num_epochs, _float_dtype(params))
-    loop = run_loop(step_fn, loop, num_epochs, relative_change_below(tol))
+    loop = run_loop(step_fn, loop, num_epochs, relative_change_below(tol), halt_on_failure)
     params, state, _ = loop.inner
-    return MinimizeResult(params, state, loop.trace, loop.step)
+    status = loop_status(loop)
+    _warn_on_failure(status)
+    return MinimizeResult(params, state, loop.trace, loop.step, status)
 
 
-run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3))
-run_loop_jit.__doc__ = """`run_loop` compiled once per `(step_fn, stop_fn)` pair (pass the same objects to re-use it)."""
+run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3, 4))
+run_loop_jit.__doc__ = """`run_loop` compiled once per `(step_fn, stop_fn, halt_fn)` (pass the same objects to re-use it)."""
 
 
 def drive(step_fn: Callable, loop: LoopState, *, stop_fn: Callable, chunk_steps: int = 100,
@@ -327,26 +450,28 @@ def drive(step_fn: Callable, loop: LoopState, *, stop_fn: Callable, chunk_steps:
     check_int("keep", keep)
     if until is not None:
         check_int("until", until, 0)
-    if checkpoint_dir is not None:
-        checkpoint_dir = Path(checkpoint_dir)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        latest = checkpoint.latest_checkpoint(checkpoint_dir)
-        if latest is not None:
-            loop = checkpoint.load(latest, loop)
-    max_steps = loop.trace.shape[0]
-    until = max_steps if until is None else min(until, max_steps)
-    bar = _progress_bar(max_steps, int(loop.step)) if progress else None
-    while int(loop.step) < until and not bool(loop.done):
-        before = int(loop.step)
-        loop = run_loop_jit(step_fn, loop, min(before + chunk_steps, until), stop_fn)
-        if bar is not None:
-            bar.update(int(loop.step) - before)
-            bar.set_postfix(objective=float(loop.value))
+    # One writer per checkpoint directory (`checkpoint.DirectoryLock`, which
+    # creates it): a second run on it gets a CheckpointError naming it.
+    with checkpoint.locked(checkpoint_dir):
         if checkpoint_dir is not None:
-            checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), loop)
-            checkpoint.prune_checkpoints(checkpoint_dir, keep)
-    if bar is not None:
-        bar.close()
+            checkpoint_dir = Path(checkpoint_dir)
+            latest = checkpoint.latest_checkpoint(checkpoint_dir)
+            if latest is not None:
+                loop = checkpoint.load(latest, loop)
+        max_steps = loop.trace.shape[0]
+        until = max_steps if until is None else min(until, max_steps)
+        bar = _progress_bar(max_steps, int(loop.step)) if progress else None
+        while int(loop.step) < until and not bool(loop.done):
+            before = int(loop.step)
+            loop = run_loop_jit(step_fn, loop, min(before + chunk_steps, until), stop_fn)
+            if bar is not None:
+                bar.update(int(loop.step) - before)
+                bar.set_postfix(objective=float(loop.value))
+            if checkpoint_dir is not None:
+                checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), loop)
+                checkpoint.prune_checkpoints(checkpoint_dir, keep)
+        if bar is not None:
+            bar.close()
     return loop
 
 

@@ -30,20 +30,24 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from .. import losses
-from .minimize import check_int, check_scalar
+from .minimize import LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, check_float_params, check_int, check_scalar
 
 
 class OwlqnState(NamedTuple):
     """count: `[]` int32 updates done; params_diffs, grad_diffs: `[memory_size,
     n]` L-BFGS pairs (newest last, zeros when unused); value: `[]` f at the
     current params (`inf` before the first update); grad: `f`'s gradient
-    there (the params' pytree structure)."""
+    there (the params' pytree structure); status: `[]` int32, 0 when the last
+    update moved (or none was made), `minimize.NON_FINITE_OBJECTIVE` when the
+    objective at its start was NaN or +-inf (no trial evaluated, params
+    unchanged), `minimize.LINE_SEARCH_FAILED` when no trial was accepted."""
 
     count: jax.Array
     params_diffs: jax.Array
     grad_diffs: jax.Array
     value: jax.Array
     grad: optax.Params
+    status: jax.Array
 
     # `update(None, state, params, value_fn=f)` evaluates f itself (see `owlqn`).
     evaluates_objective = True
@@ -171,10 +175,11 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
     check_scalar("shrink", shrink, 0, 1, low_open=True, high_open=True)
 
     def init(params):
+        check_float_params(params)
         flat, _ = ravel_pytree(params)
         memory = jnp.zeros((memory_size,) + flat.shape, flat.dtype)
         return OwlqnState(jnp.zeros((), jnp.int32), memory, memory, jnp.asarray(jnp.inf, flat.dtype),
-                          jax.tree_util.tree_map(jnp.zeros_like, params))
+                          jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
 
     def update(grads, state, params=None, *, value=None, grad=None, value_fn=None, **extra_args):
         del grad  # `grads` is the same gradient of f
@@ -214,8 +219,9 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
         step = jnp.where(known, search.step, 0.0)
 
         def cond(carry):
-            _, count, _, _, _, _, accept, _ = carry
-            return (count < max_linesearch_steps) & ~accept
+            search, count, _, _, _, _, accept, known = carry
+            # A non-finite objective at theta: no trial can be compared with it.
+            return (count < max_linesearch_steps) & ~accept & (~known | jnp.isfinite(search.start_objective))
 
         def body(carry):
             search, count, step_size, x, _, _, _, known = carry
@@ -238,8 +244,10 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
         f_grad = jnp.where(accept, f_grad, search.f_grad)
         params_diffs, grad_diffs = push_pair(state.params_diffs, state.grad_diffs, x - theta,
                                              f_grad + l2 * weight * x - search.smooth_grad)
+        status = jnp.where(~jnp.isfinite(search.start_objective), jnp.int32(NON_FINITE_OBJECTIVE),
+                           jnp.where(accept, jnp.int32(0), jnp.int32(LINE_SEARCH_FAILED)))
         new_state = OwlqnState(state.count + 1, params_diffs, grad_diffs, f_value,
-                               ravel_pytree(grads)[1](f_grad))
+                               ravel_pytree(grads)[1](f_grad), status)
         return unravel(x - theta), new_state
 
     return optax.GradientTransformationExtraArgs(init, update)

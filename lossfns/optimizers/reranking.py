@@ -37,7 +37,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ..validation import as_float_array, concrete
+from ..validation import as_float_array, as_int_array, concrete
 from .minimize import check_int, check_scalar, init_loop, relative_change_below, run_loop
 from .scalar_newton import newton_minimize
 
@@ -90,7 +90,10 @@ class RerankingState(NamedTuple):
 def reranking_data(features, reference, valid=None) -> RerankingData:
     """`RerankingData` from candidate features `[N, C, K]`, `reference [N]`, `valid [N, C]`."""
     features = as_float_array("features", features, 3, "[N, C, K]")
-    reference = jnp.asarray(reference)
+    raw = concrete(reference)
+    # An int64 reference beyond int32 is refused, not wrapped (jax_enable_x64 off).
+    reference = as_int_array("reference", reference, raw) if raw is not None and raw.dtype.kind in "iu" \
+        else jnp.asarray(reference)
     if reference.shape != features.shape[:1] or not jnp.issubdtype(reference.dtype, jnp.integer):
         raise ValueError(f"reference must be an int array of shape [N] = {features.shape[:1]}, "
                          f"got {reference.dtype} {reference.shape}")

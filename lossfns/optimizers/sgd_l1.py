@@ -23,7 +23,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from ..validation import concrete
-from .minimize import check_int, check_scalar, epoch_step_fn, num_examples
+from .minimize import check_float_params, check_int, check_scalar, epoch_step_fn, num_examples
 from .owlqn import check_penalties, elastic_net_penalty, penalised_vector
 
 
@@ -67,6 +67,7 @@ def sgd_l1(learning_rate, l1: float, l2: float = 0.0, *,
     schedule = learning_rate if callable(learning_rate) else optax.constant_schedule(learning_rate)
 
     def init(params):
+        check_float_params(params)
         flat, _ = ravel_pytree(params)
         return SgdL1State(jnp.zeros((), jnp.int32), jnp.zeros((), flat.dtype), jnp.zeros_like(flat))
 
@@ -102,6 +103,7 @@ def calibrate_learning_rate(fun: Callable, params, data, l1: float, *, key, l2: 
     leading example axis `N`. Returns `[]`, the chosen rate.
     """
     check_penalties(l1, l2)
+    check_float_params(params)
     check_int("batch_size", batch_size)
     check_int("sample_size", sample_size)
     _check_candidates(candidates)

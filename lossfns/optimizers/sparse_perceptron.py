@@ -45,6 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..validation import integer_values
+from .minimize import check_int
+
 # Rows per max-plus group and the int16 range of the narrow decoder (see above).
 _GROUP = 8
 _NARROW_WEIGHT = 4096
@@ -100,20 +103,31 @@ def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: Optiona
         raise ValueError("sparse_sequence_data needs at least one sentence and no empty sentence")
     if [len(y) for y in labels] != lengths.tolist():
         raise ValueError("labels must hold one label per token of each sentence")
+    num_features = check_int("num_features", num_features)
     width = max(len(token) for sentence in feature_ids for token in sentence)
     total = int(lengths.sum())
     pad = int(lengths.max() if pad_to is None else pad_to)
-    ids = np.full((total + pad, max(width, 1)), num_features, np.int32)
+    # Filled as int64 from checked integer arrays, range-checked, then cast:
+    # no float id truncated, no int64 id wrapped by the int32 cast.
+    ids = np.full((total + pad, max(width, 1)), num_features, np.int64)
     row = 0
-    for sentence in feature_ids:
-        for token in sentence:
-            ids[row, :len(token)] = token
+    for i, sentence in enumerate(feature_ids):
+        for t, token in enumerate(sentence):
+            if len(token):
+                ids[row, :len(token)] = integer_values(f"feature_ids[{i}][{t}]", token, "a list of integer ids")
             row += 1
-    flat_labels = np.zeros(total + pad, np.int32)
-    flat_labels[:total] = np.concatenate([np.asarray(y, np.int32) for y in labels])
+    real = np.arange(ids.shape[1]) < np.array([len(token) for sentence in feature_ids for token in sentence])[:, None]
+    bad = real & ((ids[:total] < 0) | (ids[:total] >= num_features))
+    if bad.any():
+        raise ValueError(f"feature ids must lie in [0, {num_features}), got {ids[:total][bad][0]}")
+    flat_labels = np.zeros(total + pad, np.int64)
+    flat_labels[:total] = np.concatenate([integer_values(f"labels[{i}]", y, "a list of integer label ids").reshape(-1)
+                                          for i, y in enumerate(labels)])
+    wide = (flat_labels < 0) | (flat_labels > np.iinfo(np.int32).max)
+    if wide.any():
+        raise ValueError(f"labels must be label ids in [0, 2**31), got {flat_labels[wide][0]}")
+    ids, flat_labels = ids.astype(np.int32), flat_labels.astype(np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
-    if ids.size and (ids.min() < 0 or ids.max() > num_features):
-        raise ValueError(f"feature ids must lie in [0, {num_features})")
     return SparseSequenceData(jnp.asarray(ids), jnp.asarray(flat_labels), jnp.asarray(offsets), jnp.asarray(lengths))
 
 

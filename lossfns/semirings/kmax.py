@@ -1,7 +1,10 @@
 """The k-max semiring: the k best scores, kept in a leading axis."""
 
+import numbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .base import Semiring, finite_max
 
@@ -27,9 +30,10 @@ class KMaxSemiring(Semiring):
     name = "kmax"
 
     def __init__(self, k: int):
-        if not isinstance(k, int) or k < 1:
+        # numpy integers are ints too; bool is not (KMax(True) is a mistake).
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        self.k = k
+        self.k = int(k)
 
     def __repr__(self):
         return f"KMaxSemiring(k={self.k})"
