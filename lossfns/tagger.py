@@ -28,6 +28,7 @@ one, and a header that does not describe its weights.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import io
@@ -48,10 +49,12 @@ import optax
 from . import checkpoint, metrics, semirings
 from .corpora import Sentence
 from .features.design import bucket_design
-from .features.index import FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, pack, pack_rows
+from .features.index import (FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples,
+                             pack, pack_rows)
 from .features.presets import PRESETS, Preset, preset
 from .features.templates import Templates, parse_templates
 from .lattices import chain
+from .lattices.sparse_chain import SparsePotentials
 from .losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .models.linear_chain import LinearChainModel
 from .optimizers.minimize import Status, check_callable, check_int, check_optimizer, check_scalar, update_and_value
@@ -301,6 +304,11 @@ class Tagger:
             mask = observed_label_pairs(_unpacked_batches(packed), self.index.num_unigram, len(self.labels))
         self.model = LinearChainModel.zeros(self.index.num_unigram, len(self.labels), self.index.num_pair,
                                             emission_mask=mask, dtype=self.dtype)
+        if self.observed_pairs_only and self.index.num_pair:
+            # Label-pair-observation weights only for the triples seen: on few
+            # label pairs the model trains on the sparse form (Lavergne 4.1).
+            self.model = self.model.with_pair_mask(
+                observed_label_triples(_unpacked_batches(packed), self.index.num_pair, len(self.labels)))
         self._train(self._training_data(packed), checkpoint_dir, checkpoint_every, _fingerprint(self, sentences))
         return self
 
@@ -326,8 +334,8 @@ class Tagger:
         emission = weights.emission
         if emission_pairs is not None:
             emission = jnp.zeros(self.model.emission.shape, emission.dtype).at[emission_pairs].set(emission)
-        return LinearChainModel(emission, weights.transitions, weights.start, weights.pair_emission,
-                                self.model.emission_mask)
+        return dataclasses.replace(self.model, emission=emission, transitions=weights.transitions,
+                                   start=weights.start, pair_emission=weights.pair_emission)
 
     def _train(self, data, checkpoint_dir, checkpoint_every: int, fingerprint: np.ndarray):
         # One writer per checkpoint directory: a second run on it gets a CheckpointError.
@@ -436,7 +444,8 @@ class Tagger:
                   "num_unigram": self.index.num_unigram, "num_pair": self.index.num_pair,
                   "hashed": self.index.hashed, "vocabulary": vocabulary,
                   "dtype": str(jnp.dtype(self.model.emission.dtype)),
-                  "masked": self.model.emission_mask is not None, "num_buckets": self.num_buckets}
+                  "masked": self.model.emission_mask is not None, "pair_masked": self.model.pair_mask is not None,
+                  "num_buckets": self.num_buckets}
         checkpoint.write_atomically(path, checkpoint.pack_file(MODEL_FILE, header, _serialised(self.model)))
 
     @classmethod
@@ -470,6 +479,8 @@ class Tagger:
         K, L = header["num_unigram"], len(tagger.labels)
         like = LinearChainModel.zeros(K, L, header["num_pair"], dtype=jnp.dtype(header["dtype"]),
                                       emission_mask=np.zeros((K, L), bool) if header["masked"] else None)
+        if header.get("pair_masked", False):
+            like = like.with_pair_mask(np.zeros((header["num_pair"], L, L), bool))
         described = (f"the header describes {K} features x {L} labels, {header['num_pair']} pair features, "
                      f"{header['dtype']}{', masked' if header['masked'] else ''}")
         expected = len(_serialised(like))
@@ -485,6 +496,8 @@ class Tagger:
         if not matches:
             raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}, "
                                             "but the stored arrays have other shapes, dtypes or memory order")
+        if tagger.model.pair_mask is not None:  # the sparse support is derived from the mask
+            tagger.model = tagger.model.with_pair_mask(np.asarray(tagger.model.pair_mask))
         return tagger
 
 
@@ -512,8 +525,9 @@ def _check_model_header(header: dict) -> None:
         raise ValueError(f"labels repeat a label: {labels!r}")
     num_unigram, num_pair = count("num_unigram"), count("num_pair")
     count("num_buckets")
-    if not isinstance(header["hashed"], bool) or not isinstance(header["masked"], bool):
-        raise ValueError(f"hashed and masked must be true or false, got {header['hashed']!r}, {header['masked']!r}")
+    if not all(isinstance(header.get(flag, False), bool) for flag in ("hashed", "masked", "pair_masked")):
+        raise ValueError(f"hashed, masked and pair_masked must be true or false, got {header['hashed']!r}, "
+                         f"{header['masked']!r}, {header.get('pair_masked')!r}")
     if not jnp.issubdtype(jnp.dtype(header["dtype"]), jnp.floating):
         raise ValueError(f"dtype must be a floating-point dtype, got {header['dtype']!r}")
     if not isinstance(header["features"], dict):
@@ -553,11 +567,18 @@ def _weights_of(model: LinearChainModel) -> _Weights:
 
 
 def _unpacked_batches(packed: PackedCorpus):
-    """Per-bucket `FeatureBatch` views of a packed corpus, for `observed_label_pairs`."""
+    """Per-bucket `FeatureBatch` views of a packed corpus, for
+    `observed_label_pairs` and `observed_label_triples` (pair ids are -1 at
+    each sentence's first position, where pair features do not apply)."""
     # Position -1 (padding) reads the appended last row, whose ids are all -1.
     padded_ids = np.concatenate([packed.unigram_ids, np.full((1, packed.unigram_ids.shape[1]), -1, np.int32)])
-    for positions, lengths, labels in zip(packed.positions, packed.lengths, packed.labels):
-        yield FeatureBatch(padded_ids[positions], packed.pair_ids[:0], lengths, labels)
+    padded_pairs = np.concatenate([packed.pair_ids, np.full((1, packed.pair_ids.shape[1]), -1, np.int32)])
+    starts = packed.starts if packed.starts is not None else (None,) * len(packed.positions)
+    for positions, lengths, labels, first in zip(packed.positions, packed.lengths, packed.labels, starts):
+        pair_ids = padded_pairs[positions]
+        if first is not None:
+            pair_ids = np.where(np.asarray(first)[..., None], -1, pair_ids)
+        yield FeatureBatch(padded_ids[positions], pair_ids, lengths, labels)
 
 
 def _iob_allowed(labels: Sequence[str]):
@@ -577,6 +598,10 @@ def _constrain(potentials, allowed):
     transitions, start = allowed
     if isinstance(potentials, chain.FactoredPotentials):
         return potentials._replace(transitions=jnp.where(transitions, potentials.transitions, -jnp.inf),
+                                   start=jnp.where(start, potentials.start, -jnp.inf))
+    if isinstance(potentials, SparsePotentials):  # the forbidden moves join as a shared transition matrix
+        shared = jnp.zeros((), potentials.unary.dtype) if potentials.transitions is None else potentials.transitions
+        return potentials._replace(transitions=jnp.where(transitions, shared, -jnp.inf),
                                    start=jnp.where(start, potentials.start, -jnp.inf))
     first = jnp.where(start, potentials[..., :1, :, :], -jnp.inf)
     rest = jnp.where(transitions, potentials[..., 1:, :, :], -jnp.inf)

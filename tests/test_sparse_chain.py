@@ -243,3 +243,21 @@ def test_transitions_rows_decoding_and_scores_match_the_dense_form():
                                chain.row_log_partition(dense_rows, starts, lengths), rtol=1e-12)
     np.testing.assert_allclose(chain.row_score(potentials, labels, starts, lengths),
                                chain.row_score(dense_rows, labels, starts, lengths), rtol=1e-12)
+
+
+def test_every_chain_loss_takes_the_sparse_form():
+    """The losses of `lossfns.losses` give the dense form's values for sparse potentials."""
+    from lossfns import losses
+
+    rng = np.random.default_rng(12)
+    previous, following = sparse_chain.random_support(jax.random.PRNGKey(6), 4, 0.3)
+    potentials = SparsePotentials(jnp.asarray(rng.normal(size=(2, 5, 4))),
+                                  jnp.asarray(rng.normal(size=(2, 5, previous.shape[0]))), previous, following,
+                                  jnp.asarray(rng.normal(size=4)))
+    dense = sparse_chain.to_dense(potentials)
+    labels, lengths = jnp.asarray(rng.integers(0, 4, size=(2, 5))), jnp.array([5, 3])
+    for loss in (losses.sequence_log_loss, losses.sequence_exp_loss, losses.pointwise_log_loss,
+                 losses.pointwise_exp_loss, losses.perceptron_loss, losses.structured_hinge_loss,
+                 losses.expected_hamming_loss):
+        np.testing.assert_allclose(loss(potentials, labels, lengths), loss(dense, labels, lengths), rtol=1e-10,
+                                   err_msg=loss.__name__)

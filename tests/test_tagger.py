@@ -213,3 +213,35 @@ def test_fit_reports_why_training_stopped():
     assert broken.status == Status.NON_FINITE_OBJECTIVE and broken.history == []
     assert any("NON_FINITE_OBJECTIVE" in str(w.message) for w in caught)
     assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree_util.tree_leaves(broken.model))
+
+
+def test_pair_features_train_on_the_sparse_form_and_survive_save_and_load(tmp_path):
+    """With pair templates and the default `observed_pairs_only`, the model's
+    pair weights exist only for the (feature, previous label, label) triples
+    seen, on few label pairs, so it trains on `SparsePotentials`; a saved and
+    loaded tagger keeps the mask, the sparse form and its predictions."""
+    from lossfns.lattices.sparse_chain import SparsePotentials
+
+    labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+    rng = np.random.default_rng(3)
+    words = ["el", "rey", "juan", "carlos", "en", "madrid", "ana", "vive", "roma", "y"]
+    patterns = [("O", "B-PER", "I-PER"), ("B-LOC", "O"), ("O", "O", "B-LOC", "I-LOC")]  # 6 label bigrams of 25
+    corpus = []
+    for _ in range(30):
+        tags = patterns[int(rng.integers(len(patterns)))]
+        corpus.append(corpora.Sentence(tuple((words[int(rng.integers(len(words)))],) for _ in tags), tags))
+    templates = "U00:%x[0,0]\nU01:%x[-1,0]\nB\nB01:%x[0,0]\n"
+    tagger = Tagger(templates, l1=0.1, l2=0.1, max_iterations=15, num_buckets=1, progress=False).fit(corpus)
+    model = tagger.model
+    assert model.pair_mask is not None and model.pair_support is not None
+    assert len(model.pair_support[0]) <= 0.5 * len(labels) ** 2
+    assert np.all(np.asarray(model.pair_emission)[~np.asarray(model.pair_mask)] == 0)
+    batch = tagger.index.encode(tagger.extractor(corpus[0].tokens))
+    from lossfns.features import pad_batch
+    padded = pad_batch([batch])
+    assert isinstance(model(jnp.asarray(padded.unigram_ids), jnp.asarray(padded.pair_ids)), SparsePotentials)
+    path = tmp_path / "pairs.tagger"
+    tagger.save(path)
+    loaded = Tagger.load(path)
+    assert loaded.model.pair_support == model.pair_support
+    assert loaded.predict(corpus) == tagger.predict(corpus)

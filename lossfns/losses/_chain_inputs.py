@@ -8,6 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from ..lattices.chain import FactoredPotentials
+from ..lattices.sparse_chain import SparsePotentials
+
+# Forms whose label scores are a `unary [..., T, L]` field.
+_UNARY_FORMS = (FactoredPotentials, SparsePotentials)
 from ..validation import as_float_array, as_labels, as_lengths
 
 
@@ -17,7 +21,7 @@ def chain_inputs(potentials, labels, lengths):
     `inside[..., t]` is `t < length`; gold labels outside may be anything
     (e.g. -1 padding) and are never read there.
     """
-    if isinstance(potentials, FactoredPotentials):
+    if isinstance(potentials, _UNARY_FORMS):
         unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
         batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
     else:
@@ -37,8 +41,8 @@ def gold_label_scores(per_label: jax.Array, labels: jax.Array, inside: jax.Array
 
 def add_to_label_scores(potentials, extra: jax.Array):
     """Add `extra [..., T, L]` to the score of choosing label `j` at `t`,
-    for either form of potentials (keeping the potentials' dtype)."""
-    if isinstance(potentials, FactoredPotentials):
+    for any form of potentials (keeping the potentials' dtype)."""
+    if isinstance(potentials, _UNARY_FORMS):
         unary = jnp.asarray(potentials.unary)
         return potentials._replace(unary=unary + extra.astype(unary.dtype))
     potentials = jnp.asarray(potentials)
