@@ -106,3 +106,14 @@ def test_rejects_bad_input():
         optimizers.bcd_data(np.zeros((24, 5, 1), np.int32), crf.labels[:3], crf.lengths, NUM_TESTS)
     with pytest.raises(ValueError, match="l1"):
         optimizers.bcd_sweep_fn(_data(), -1.0)
+
+
+def test_every_loop_result_carries_a_status():
+    """`LoopState.status`: BCD stopped by its tolerance is CONVERGED, by its
+    sweep count ITERATION_LIMIT, and a NaN objective reads NON_FINITE_OBJECTIVE."""
+    converged = optimizers.bcd(_data(), optimizers.bcd_init(NUM_TESTS, NUM_LABELS), 0.1, num_sweeps=200, tol=1e-3)
+    assert optimizers.status_name(converged.status) == "CONVERGED"
+    limited = optimizers.bcd(_data(), optimizers.bcd_init(NUM_TESTS, NUM_LABELS), 0.1, num_sweeps=1, tol=0.0)
+    assert optimizers.status_name(limited.status) == "ITERATION_LIMIT"
+    broken = limited._replace(value=jnp.asarray(jnp.nan))
+    assert optimizers.status_name(broken.status) == "NON_FINITE_OBJECTIVE"

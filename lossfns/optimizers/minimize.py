@@ -191,6 +191,17 @@ class LoopState(NamedTuple):
     trace: jax.Array
     done: jax.Array
 
+    @property
+    def status(self) -> jax.Array:
+        """Why the loop stopped, a `Status` code `[]` int32, for every loop
+        (BCD, the perceptrons, boosting, the rerankers): a non-finite last
+        objective, else the stopping test fired (`CONVERGED`), else the
+        iteration limit. (`minimize`'s result also knows a failed line search.)"""
+        return jnp.where(self.step > 0, jnp.where(~jnp.isfinite(self.value), jnp.int32(NON_FINITE_OBJECTIVE),
+                                                  jnp.where(self.done, jnp.int32(CONVERGED),
+                                                            jnp.int32(ITERATION_LIMIT))),
+                         jnp.int32(ITERATION_LIMIT))
+
 
 def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
     """A fresh `LoopState` around the optimizer state `inner`."""
