@@ -74,13 +74,16 @@ def featurise(sentences, num_buckets: int = 3):
 
 def train(model: LinearChainModel, batches, l1: float, max_steps: int, tol: float):
     params, static = model.trainable()
-    # The data is an argument of the compiled programs, never baked into them as constants.
-    device = tuple(jax.tree_util.tree_map(jnp.asarray, b) for b in batches)
+    # The data and the masks are arguments of the compiled programs, never
+    # baked into them as constants (XLA would constant-fold the masks).
+    masks, static = eqx.partition(static, eqx.is_array)
+    device = tuple(jax.tree_util.tree_map(jnp.asarray, b) for b in batches), masks
 
     def loss(p, data):
-        m = eqx.combine(p, static)
+        batches, masks = data
+        m = eqx.combine(p, masks, static)
         return sum(jnp.sum(losses.sequence_log_loss(m(b.unigram_ids, b.pair_ids), b.labels, b.lengths))
-                   for b in data)
+                   for b in batches)
 
     def minimized(p, data, steps):
         return optimizers.minimize(lambda q: loss(q, data), p, optimizers.owlqn(l1=l1), max_steps=steps, tol=tol)
@@ -98,7 +101,7 @@ def train(model: LinearChainModel, batches, l1: float, max_steps: int, tol: floa
     return {"seconds_to_first_objective": first_objective, "seconds_compile_run": compile_run,
             "seconds_run": total, "steps": steps, "seconds_per_step": total / max(steps, 1),
             "final_objective": float(result.trace[steps - 1]), "status": str(getattr(result, "status", "")),
-            "pair_weights_zero_fraction": float(np.mean(np.asarray(eqx.combine(result.params, static).pair_emission)[
+            "pair_weights_zero_fraction": float(np.mean(np.asarray(result.params.pair_emission)[
                 np.asarray(model.pair_mask)] == 0))}
 
 

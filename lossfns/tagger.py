@@ -252,7 +252,7 @@ class Tagger:
         smooth_l2 = 0.0 if self._uses_owlqn() else self.l2
 
         def objective(params, data):
-            model = self._model_of(params, data["emission_pairs"])
+            model = self._model_of(params, data["emission_pairs"], data["masks"])
             buckets = model.packed_potentials(data["design"], data["pair_ids"], data["positions"],
                                               data.get("starts"))
             if "starts" in data:
@@ -326,16 +326,20 @@ class Tagger:
         the `(rows [P], cols [P])` of the emission weights that exist (None: all)."""
         mask = self.model.emission_mask
         pairs = None if mask is None else tuple(jnp.asarray(i, jnp.int32) for i in np.nonzero(np.asarray(mask)))
-        return dict(self._device_data(packed, True), emission_pairs=pairs)
+        # The masks travel as data, never baked into the compiled objective as constants.
+        masks = (mask, self.model.pair_mask)
+        return dict(self._device_data(packed, True), emission_pairs=pairs, masks=masks)
 
-    def _model_of(self, weights: "_Weights", emission_pairs) -> LinearChainModel:
+    def _model_of(self, weights: "_Weights", emission_pairs, masks) -> LinearChainModel:
         """The model of optimisation variables `weights`: the emission table
-        `[K, L]` is zero except at the `emission_pairs`, which hold `weights.emission`."""
+        `[K, L]` is zero except at the `emission_pairs`, which hold
+        `weights.emission`; `masks` are the model's `(emission_mask, pair_mask)`."""
         emission = weights.emission
         if emission_pairs is not None:
             emission = jnp.zeros(self.model.emission.shape, emission.dtype).at[emission_pairs].set(emission)
         return dataclasses.replace(self.model, emission=emission, transitions=weights.transitions,
-                                   start=weights.start, pair_emission=weights.pair_emission)
+                                   start=weights.start, pair_emission=weights.pair_emission,
+                                   emission_mask=masks[0], pair_mask=masks[1])
 
     def _train(self, data, checkpoint_dir, checkpoint_every: int, fingerprint: np.ndarray):
         # One writer per checkpoint directory: a second run on it gets a CheckpointError.
@@ -394,7 +398,7 @@ class Tagger:
         self.training_seconds = time.perf_counter() - start
         if bar is not None:
             bar.close()
-        self.model = self._model_of(params, data["emission_pairs"])
+        self.model = self._model_of(params, data["emission_pairs"], data["masks"])
 
     # -- inference ----------------------------------------------------------
 
