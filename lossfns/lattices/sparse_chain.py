@@ -80,17 +80,10 @@ class SparsePotentials(NamedTuple):
     transitions: Optional[jax.Array] = None
 
     # -- the form protocol of `lattices.forms` (unbatched) ------------------
-    @property
-    def num_steps(self) -> int:
-        return self.unary.shape[-2]
-
-    @property
-    def num_labels(self) -> int:
-        return self.unary.shape[-1]
-
-    @property
-    def dtype(self):
-        return self.unary.dtype
+    # Sizes and dtype come from `unary [..., T, L]`, as for the factored form.
+    num_steps = forms.FactoredPotentials.num_steps
+    num_labels = forms.FactoredPotentials.num_labels
+    dtype = forms.FactoredPotentials.dtype
 
     def masked(self, valid):
         return self._replace(unary=jnp.where(valid[:, None], self.unary, 0.0),
