@@ -74,6 +74,7 @@ from lossfns.lattices import chain
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 from lossfns.optimizers.reranking import (SparseRerankingData, blasso_step_fn, boosting_with_shrinkage_step_fn,
                                           exp_loss, fslr_step_fn, reranking_init, sparse_reranking_data)
+from lossfns.checkpoint import ModelFileError
 from lossfns.tagger import Tagger
 
 from . import synthetic
@@ -193,15 +194,16 @@ def split_domain(sentences: list, num_test: int, num_dev: int, seed: int = SEED)
 
 def train_baseline(path: str, sentences: list, iterations: int, progress: bool) -> Tagger:
     """The baseline tagger, read from `path` when a previous (interrupted)
-    run saved it there."""
+    run saved it there (a file of an older model format is retrained)."""
     if os.path.exists(path):
-        return Tagger.load(path)
+        try:
+            return Tagger.load(path)
+        except ModelFileError as error:
+            print(f"retraining the baseline: {error}")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tagger = Tagger(BASELINE_PRESET, l2=BASELINE_L2, max_iterations=iterations, num_buckets=4, progress=progress)
     tagger.fit(sentences)
-    temporary = path + ".tmp"
-    tagger.save(temporary)
-    os.replace(temporary, path)  # a killed run never leaves a half-written model
+    tagger.save(path)  # atomic: a killed run never leaves a half-written model
     return tagger
 
 
