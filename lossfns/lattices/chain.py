@@ -48,7 +48,8 @@ from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf, concrete
 from . import kernel
 from . import sparse_chain
-from .forms import BATCH_AXIS, DensePotentials, FactoredPotentials, _time_major, materialize
+from .forms import BATCH_AXIS, DensePotentials, FactoredPotentials, _time_major
+from .forms import materialize  # noqa: F401  (public as chain.materialize)
 from .sparse_chain import SparsePotentials
 
 ALGORITHMS = ("sequential", "parallel")
