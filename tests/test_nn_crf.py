@@ -19,9 +19,10 @@ from lossfns import testing
 from lossfns.lattices import constraints
 from lossfns.nn import CRF, possible_tags
 
-# Brute-force size: 3 tags, 4 positions (81 sequences), lengths 4, 2, 1, 0.
+# Brute-force size: 3 tags, 4 positions (81 sequences); most tests share this
+# one shape [6, T, L] (or [2, 3, T, L]), so that they share compilations.
 L, T = 3, 4
-LENGTHS = np.array([4, 2, 1, 0])
+LENGTHS = np.array([4, 2, 1, 0, 3, 4])
 IOB2 = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
 
 
@@ -89,7 +90,7 @@ def problem():
     allowed = constraints.allowed_transitions(("O", "B-X", "I-X"))
     crf = random_crf(L, 0, allowed=allowed)
     emissions = random_emissions((len(LENGTHS), T, L), 1)
-    tags = np.array([[1, 2, 0, 1], [0, 1, -1, -1], [1, -1, -1, -1], [-1, -1, -1, -1]])
+    tags = np.array([[1, 2, 0, 1], [0, 1, -1, -1], [1, -1, -1, -1], [-1, -1, -1, -1], [0, 0, 1, -1], [0, 1, 2, 2]])
     return crf, emissions, tags, prefix_mask(LENGTHS, T)
 
 
@@ -98,10 +99,9 @@ def problem():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", [(5, 7, 4), (3, 12, 9)])
-def test_log_likelihood_gradients_and_paths_equal_pytorch_crf(shape):
+def test_log_likelihood_gradients_and_paths_equal_pytorch_crf():
     torch, torchcrf_module = torchcrf()
-    B, T_, L_ = shape
+    shape = B, T_, L_ = (5, 9, 6)
     torch.manual_seed(0)
     peer = torchcrf_module.CRF(L_, batch_first=True).double()
     with torch.no_grad():  # larger than its initialisation, so that paths differ from the emissions' argmax
@@ -220,7 +220,7 @@ def test_partial_labels_sum_over_the_compatible_sequences(problem):
     assert np.all(np.asarray(possible_tags(holes, L)).sum(-1) == np.where(holes < 0, L, 1))
     assert_close(crf.partial_log_likelihood(emissions, possible_tags(np.maximum(tags, 0), L), mask),
                  crf.log_likelihood(emissions, tags, mask))
-    assert_close(crf.partial_log_likelihood(emissions, np.ones((len(LENGTHS), T, L), bool), mask), np.zeros(4))
+    assert_close(crf.partial_log_likelihood(emissions, np.ones((len(LENGTHS), T, L), bool), mask), np.zeros(len(LENGTHS)))
 
 
 @pytest.mark.parametrize("cost", [1.5, np.array([0.5, 2.0, 3.0]), np.array([[0.0, 1.0, 4.0], [2.0, 0.0, 1.0],
@@ -251,7 +251,7 @@ def test_gradients_match_finite_differences(problem):
                 + 0.25 * jnp.sum(model.softmax_margin_loss(emissions, tags, mask, cost=jnp.array([0.5, 1.0, 2.0]))))
 
     testing.check_gradients(objective, (crf.transitions, crf.start_transitions, crf.end_transitions, emissions),
-                            order=2, modes=("rev",))
+                            order=1, modes=("rev",))
 
 
 # ---------------------------------------------------------------------------
@@ -369,10 +369,10 @@ def test_a_bare_allowed_mask_forbids_only_transitions():
     allowed[0, 1] = False
     crf = random_crf(L, 9, allowed=allowed)
     assert crf.allowed.start.all() and crf.allowed.end.all()
-    emissions = random_emissions((1, 2, L), 10)
-    _, scores = enumerate_paths(crf, emissions[0], 2)
-    assert np.isneginf(scores).sum() == 1
-    assert_close(crf.log_partition(emissions), [log_sum_exp(scores)])
+    emissions = random_emissions((len(LENGTHS), T, L), 10)
+    paths, scores = enumerate_paths(crf, emissions[0], T)
+    assert np.array_equal(np.isfinite(scores), ~((paths[:, :-1] == 0) & (paths[:, 1:] == 1)).any(1))
+    assert_close(crf.log_partition(emissions)[0], log_sum_exp(scores))
 
 
 # ---------------------------------------------------------------------------
@@ -380,71 +380,60 @@ def test_a_bare_allowed_mask_forbids_only_transitions():
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def batched():
-    crf = random_crf(L, 11)
-    emissions = random_emissions((2, 3, 5, L), 12)
-    lengths = np.array([[5, 0, 2], [1, 4, 5]])
-    tags = np.random.default_rng(13).integers(0, L, size=(2, 3, 5))
-    return crf, emissions, tags, lengths
-
-
-def test_leading_batch_shapes_equal_a_loop(batched):
-    crf, emissions, tags, lengths = batched
-    mask = prefix_mask(lengths, 5)
-    value = crf.log_likelihood(emissions, tags, mask)
+def test_leading_batch_shapes_equal_a_loop(problem):
+    crf, emissions, tags, _ = problem
+    emissions, tags, lengths = emissions.reshape(2, 3, T, L), tags.reshape(2, 3, T), LENGTHS.reshape(2, 3)
+    value = crf.log_likelihood(emissions, tags, prefix_mask(lengths, T))
     scores, paths = crf.decode(emissions, lengths=lengths)
-    assert value.shape == (2, 3) and paths.shape == (2, 3, 5)
-    assert crf.marginals(emissions, mask).shape == (2, 3, 5, L) and crf.kbest(emissions, 2, mask)[1].shape == (2, 3, 2, 5)
+    assert value.shape == (2, 3) and paths.shape == (2, 3, T)
+    assert crf.marginals(emissions, lengths=lengths).shape == (2, 3, T, L)
+    assert crf.kbest(emissions, 2, lengths=lengths)[1].shape == (2, 3, 2, T)
     for i, j in itertools.product(range(2), range(3)):
         n = lengths[i, j]
         assert_close(value[i, j], crf.log_likelihood(emissions[i, j], tags[i, j], lengths=n))
-        single_score, single_path = crf.decode(emissions[i, j, :n])
+        single_score, single_path = crf.decode(emissions[i, j], lengths=n)
         assert_close(scores[i, j], single_score)
-        assert np.array_equal(np.asarray(paths[i, j, :n]), np.asarray(single_path))
+        assert np.array_equal(np.asarray(paths[i, j]), np.asarray(single_path))
 
 
-def test_jit_filter_jit_and_vmap_equal_eager(batched):
-    crf, emissions, tags, lengths = batched
-    flat_emissions, flat_tags, flat_lengths = emissions.reshape(6, 5, L), tags.reshape(6, 5), lengths.reshape(6)
-    mask = prefix_mask(flat_lengths, 5)
-    eager = crf.log_likelihood(flat_emissions, flat_tags, mask)
-    jitted = jax.jit(lambda c, e, y, m: c.log_likelihood(e, y, m))(crf, flat_emissions, flat_tags, mask)
-    filtered = eqx.filter_jit(CRF.log_likelihood)(crf, flat_emissions, flat_tags, mask)
-    mapped = jax.vmap(crf.log_likelihood)(flat_emissions, flat_tags, mask)
-    for other in (jitted, filtered, mapped):
+def test_filter_jit_and_vmap_equal_eager(problem):
+    crf, emissions, tags, mask = problem
+    eager = crf.log_likelihood(emissions, tags, mask)
+    filtered = eqx.filter_jit(CRF.log_likelihood)(crf, emissions, tags, mask)
+    mapped = jax.vmap(crf.log_likelihood)(emissions, tags, mask)
+    for other in (filtered, mapped):
         assert_close(other, eager)
-    decoded = jax.vmap(lambda e, m: crf.decode(e, m)[1])(flat_emissions, mask)
-    assert np.array_equal(np.asarray(decoded), np.asarray(crf.decode(flat_emissions, mask)[1]))
+    decoded = jax.vmap(lambda e, m: crf.decode(e, m)[1])(emissions, mask)
+    assert np.array_equal(np.asarray(decoded), np.asarray(crf.decode(emissions, mask)[1]))
     # An ensemble of heads, mapped over their parameters.
-    heads = eqx.filter_vmap(lambda seed: CRF(L, key=jax.random.key(seed)))(jnp.arange(2))
-    both = eqx.filter_vmap(lambda head: head.log_partition(flat_emissions, mask))(heads)
-    assert both.shape == (2, 6) and np.isfinite(np.asarray(both)).all()
+    heads = eqx.filter_vmap(lambda seed: CRF(L, key=jax.random.key(seed), dtype=jnp.float64))(jnp.arange(2))
+    both = eqx.filter_vmap(lambda head: head.log_partition(emissions, mask))(heads)
+    assert_close(both[1], eqx.filter_jit(CRF.log_partition)(CRF(L, key=jax.random.key(1), dtype=jnp.float64),
+                                                            emissions, mask))
 
 
-def test_masks_and_lengths():
-    crf = random_crf(L, 14)
-    emissions = random_emissions((2, 4, L), 15)
-    mask = prefix_mask([3, 0], 4)
-    assert_close(crf.log_partition(emissions, mask), crf.log_partition(emissions, lengths=np.array([3, 0])))
-    assert_close(crf.log_partition(emissions, mask)[1], 0.0)  # length 0: one empty path
+def test_masks_and_lengths(problem):
+    crf, emissions, _, mask = problem
+    assert_close(crf.log_partition(emissions, mask), crf.log_partition(emissions, lengths=LENGTHS))
+    assert_close(crf.log_partition(emissions, mask)[3], 0.0)  # length 0: one empty path
     # Padding may hold anything.
-    padded = emissions.at[0, 3].set(jnp.nan).at[1].set(jnp.inf)
+    padded = emissions.at[1, 2].set(jnp.nan).at[3].set(jnp.inf)
     assert_close(crf.log_partition(padded, mask), crf.log_partition(emissions, mask))
-    holes = np.array([[True, False, True, False], [True, True, True, True]])
-    with pytest.raises(ValueError, match=r"mask must be a prefix mask.*index \(0, 2\)"):
-        crf.log_likelihood(emissions, np.zeros((2, 4), int), holes)
+    holes = mask.copy()
+    holes[1, 3] = True  # [True, True, False, True]
+    with pytest.raises(ValueError, match=r"mask must be a prefix mask.*index \(1, 3\)"):
+        crf.log_likelihood(emissions, np.zeros((len(LENGTHS), T), int), holes)
     # Under jit the mask is not known: that sequence's values are NaN, its tags -1.
     value = jax.jit(lambda e, m: crf.log_partition(e, m))(emissions, holes)
-    assert np.isnan(value[0]) and np.isfinite(value[1])
+    assert np.isnan(value[1]) and np.isfinite(np.delete(np.asarray(value), 1)).all()
     _, tags = eqx.filter_jit(CRF.decode)(crf, emissions, holes)
-    assert np.all(np.asarray(tags[0]) == -1) and np.all(np.asarray(tags[1]) >= 0)
+    assert np.all(np.asarray(tags[1]) == -1) and np.all(np.asarray(tags[0]) >= 0)
 
 
 def test_float32_is_nan_free_at_wide_scores_and_long_sequences():
     crf = CRF.from_labels(IOB2, key=jax.random.key(2))
-    emissions = random_emissions((2, 1500, 5), 16, scale=100.0).astype(jnp.float32)
-    mask = prefix_mask([1500, 700], 1500)
+    emissions = random_emissions((2, 1000, 5), 16, scale=100.0).astype(jnp.float32)
+    mask = prefix_mask([1000, 1], 1000)
     tags = np.asarray(crf.decode(emissions, mask)[1])
     loss = lambda model, e: -jnp.sum(model.log_likelihood(e, tags, mask))
     value, (gradient, emissions_gradient) = eqx.filter_value_and_grad(lambda args: loss(*args))((crf, emissions))

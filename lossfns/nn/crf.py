@@ -47,7 +47,8 @@ Any leading batch shape works (`[T, L]` unbatched too), under `jax.jit`,
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+import functools
+from typing import Optional, Sequence
 
 import equinox as eqx
 import jax
@@ -218,20 +219,19 @@ class CRF(eqx.Module):
         return FactoredPotentials(emissions + jnp.where(last[..., None], end, 0.0), transitions, start)
 
     def _prepare(self, emissions, mask, lengths):
+        """Checked `(emissions, lengths, prefix)` (`prefix` as in `_lengths`)."""
         emissions = self._emissions(emissions)
         lengths, prefix = self._lengths(emissions, mask, lengths)
         _check_inside("emissions", emissions, lengths)
-        return self._potentials(emissions, lengths), lengths, prefix
-
-    def _tags(self, tags, potentials, lengths):
-        return as_labels(tags, potentials.unary.shape[:-1], self.num_tags, lengths, name="tags")
+        return emissions, lengths, prefix
 
     # -- distribution over tag sequences --------------------------------------
+    # Each method checks its arguments here and computes in one compiled
+    # function below (inlined when called under the caller's own `jit`).
 
     def log_partition(self, emissions, mask=None, *, lengths=None) -> jax.Array:
         """`log Z`, the log of the summed exponentiated scores of every tag sequence, `[...]`."""
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        return _invalid(chain.log_partition(potentials, lengths), prefix)
+        return _log_partition(self, *self._prepare(emissions, mask, lengths))
 
     def log_likelihood(self, emissions, tags, mask=None, *, lengths=None) -> jax.Array:
         """`log P(tags | emissions)`, `[...]` (pytorch-crf's `forward` with
@@ -241,9 +241,9 @@ class CRF(eqx.Module):
         -1, past it). A gold sequence through a forbidden move gives -inf
         with a finite gradient.
         """
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        tags = self._tags(tags, potentials, lengths)
-        return _invalid(-losses.sequence_log_loss(potentials, tags, lengths), prefix)
+        emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
+        tags = as_labels(tags, emissions.shape[:-1], self.num_tags, lengths, name="tags")
+        return _log_likelihood(self, emissions, lengths, prefix, tags)
 
     def decode(self, emissions, mask=None, *, lengths=None):
         """The best tag sequence (Viterbi; ties go to the lowest tag index).
@@ -251,38 +251,27 @@ class CRF(eqx.Module):
         Returns `(scores [...], tags [..., T] int32)`, tags -1 past each
         sequence (and everywhere when no sequence is allowed: score -inf).
         """
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        scores, tags = chain.viterbi(potentials, lengths)
-        return _invalid(scores, prefix), _invalid_tags(tags, prefix)
+        return _decode(self, *self._prepare(emissions, mask, lengths))
 
     def kbest(self, emissions, k: int, mask=None, *, lengths=None):
         """The `k` best tag sequences, best first: `(scores [..., k], tags
         [..., k, T])`; scores -inf and tags -1 where fewer than `k` exist."""
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        scores, tags = chain.kbest(potentials, lengths, k=k)
-        expand = None if prefix is None else prefix[..., None]
-        return _invalid(scores, expand), _invalid_tags(tags, expand)
+        k = check_int("k", k)
+        return _kbest(self, *self._prepare(emissions, mask, lengths), k=k)
 
     def marginals(self, emissions, mask=None, *, lengths=None) -> jax.Array:
         """`P(y_t = j | emissions)`, `[..., T, L]` (0 past each sequence):
         the derivative of `log Z` with respect to the emissions."""
-        emissions = self._emissions(emissions)
-        lengths, prefix = self._lengths(emissions, mask, lengths)
-        _check_inside("emissions", emissions, lengths)
-        total = lambda e: jnp.sum(chain.log_partition(self._potentials(e, lengths), lengths))
-        expand = None if prefix is None else prefix[..., None, None]
-        return _invalid(jax.grad(total)(emissions), expand)
+        return _marginals(self, *self._prepare(emissions, mask, lengths))
 
     def sample(self, emissions, mask=None, *, key, lengths=None) -> jax.Array:
         """One exact sample from `P(tags | emissions)` per sequence, `[..., T]`
         int32, -1 past each sequence (and everywhere when none is allowed)."""
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        return _invalid_tags(chain.sample(key, potentials, lengths), prefix)
+        return _sample(self, *self._prepare(emissions, mask, lengths), key)
 
     def entropy(self, emissions, mask=None, *, lengths=None) -> jax.Array:
         """Entropy of `P(tags | emissions)` in nats, `[...]`."""
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        return _invalid(chain.entropy(potentials, lengths), prefix)
+        return _entropy(self, *self._prepare(emissions, mask, lengths))
 
     # -- training options -------------------------------------------------------
 
@@ -298,22 +287,17 @@ class CRF(eqx.Module):
         inside a sequence must allow some tag. With one possible tag
         everywhere this is `log_likelihood`; with all, 0.
         """
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        shape = potentials.unary.shape
+        emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         possible = jnp.asarray(possible)
-        if possible.dtype != jnp.bool_ or possible.shape != shape:
-            raise ValueError(f"possible must be a bool array of shape {shape} ([..., T, L], like emissions), got "
-                             f"dtype {possible.dtype} and shape {possible.shape}")
-        inside = jnp.arange(shape[-2]) < lengths[..., None]
+        if possible.dtype != jnp.bool_ or possible.shape != emissions.shape:
+            raise ValueError(f"possible must be a bool array of shape {emissions.shape} ([..., T, L], like "
+                             f"emissions), got dtype {possible.dtype} and shape {possible.shape}")
+        inside = jnp.arange(emissions.shape[-2]) < lengths[..., None]
         empty = concrete(inside & ~jnp.any(possible, -1))
         if empty is not None and empty.any():
             raise ValueError(f"possible must allow at least one tag at every position inside a sequence, got none "
                              f"at index {tuple(int(i) for i in np.argwhere(empty)[0])}")
-        restricted = potentials._replace(unary=jnp.where(possible, potentials.unary, -jnp.inf))
-        log_z = chain.log_partition(potentials, lengths)
-        # No allowed sequence at all: -inf, not -inf - (-inf).
-        value = chain.log_partition(restricted, lengths) - jnp.where(jnp.isfinite(log_z), log_z, 0.0)
-        return _invalid(value, prefix)
+        return _partial_log_likelihood(self, emissions, lengths, prefix, possible)
 
     def softmax_margin_loss(self, emissions, tags, mask=None, *, lengths=None, cost=1.0) -> jax.Array:
         """Softmax-margin (Gimpel & Smith 2010), `[...]`: `log sum_y
@@ -328,14 +312,75 @@ class CRF(eqx.Module):
           `[L, L]`: any `cost[i, j] >= 0` with a zero diagonal.
         With cost 0 this is `-log_likelihood`.
         """
-        potentials, lengths, prefix = self._prepare(emissions, mask, lengths)
-        tags = self._tags(tags, potentials, lengths)
-        matrix = _cost_matrix(cost, self.num_tags, potentials.unary.dtype)
-        inside = jnp.arange(tags.shape[-1]) < lengths[..., None]
-        augmented = matrix[jnp.where(inside, tags, 0)] * inside[..., None]
-        potentials = potentials._replace(unary=potentials.unary + augmented)
-        # The gold sequence costs nothing, so its augmented score is its score.
-        return _invalid(losses.sequence_log_loss(potentials, tags, lengths), prefix)
+        emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
+        tags = as_labels(tags, emissions.shape[:-1], self.num_tags, lengths, name="tags")
+        matrix = _cost_matrix(cost, self.num_tags, emissions.dtype)
+        return _softmax_margin_loss(self, emissions, lengths, prefix, tags, matrix)
+
+
+# ---------------------------------------------------------------------------
+# The computations, one compiled function each: `(crf, emissions [..., T, L],
+# lengths [...], prefix [...] bool or None, *rest)`.
+# ---------------------------------------------------------------------------
+
+
+@jax.jit
+def _log_partition(crf: CRF, emissions, lengths, prefix):
+    return _invalid(chain.log_partition(crf._potentials(emissions, lengths), lengths), prefix)
+
+
+@jax.jit
+def _log_likelihood(crf: CRF, emissions, lengths, prefix, tags):
+    return _invalid(-losses.sequence_log_loss(crf._potentials(emissions, lengths), tags, lengths), prefix)
+
+
+@jax.jit
+def _decode(crf: CRF, emissions, lengths, prefix):
+    scores, tags = chain.viterbi(crf._potentials(emissions, lengths), lengths)
+    return _invalid(scores, prefix), _invalid_tags(tags, prefix)
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def _kbest(crf: CRF, emissions, lengths, prefix, k: int):
+    scores, tags = chain.kbest(crf._potentials(emissions, lengths), lengths, k=k)
+    prefix = None if prefix is None else prefix[..., None]
+    return _invalid(scores, prefix), _invalid_tags(tags, prefix)
+
+
+@jax.jit
+def _marginals(crf: CRF, emissions, lengths, prefix):
+    total = lambda e: jnp.sum(chain.log_partition(crf._potentials(e, lengths), lengths))
+    return _invalid(jax.grad(total)(emissions), None if prefix is None else prefix[..., None, None])
+
+
+@jax.jit
+def _sample(crf: CRF, emissions, lengths, prefix, key):
+    return _invalid_tags(chain.sample(key, crf._potentials(emissions, lengths), lengths), prefix)
+
+
+@jax.jit
+def _entropy(crf: CRF, emissions, lengths, prefix):
+    return _invalid(chain.entropy(crf._potentials(emissions, lengths), lengths), prefix)
+
+
+@jax.jit
+def _partial_log_likelihood(crf: CRF, emissions, lengths, prefix, possible):
+    potentials = crf._potentials(emissions, lengths)
+    restricted = potentials._replace(unary=jnp.where(possible, potentials.unary, -jnp.inf))
+    log_z = chain.log_partition(potentials, lengths)
+    # No allowed sequence at all: -inf, not -inf - (-inf).
+    value = chain.log_partition(restricted, lengths) - jnp.where(jnp.isfinite(log_z), log_z, 0.0)
+    return _invalid(value, prefix)
+
+
+@jax.jit
+def _softmax_margin_loss(crf: CRF, emissions, lengths, prefix, tags, cost):
+    potentials = crf._potentials(emissions, lengths)
+    inside = jnp.arange(tags.shape[-1]) < lengths[..., None]
+    augmented = cost[jnp.where(inside, tags, 0)] * inside[..., None]
+    potentials = potentials._replace(unary=potentials.unary + augmented)
+    # The gold sequence costs nothing, so its augmented score is its score.
+    return _invalid(losses.sequence_log_loss(potentials, tags, lengths), prefix)
 
 
 def _cost_matrix(cost, num_tags: int, dtype) -> jax.Array:
