@@ -419,6 +419,8 @@ def test_masks_and_lengths(problem):
     # Padding may hold anything.
     padded = emissions.at[1, 2].set(jnp.nan).at[3].set(jnp.inf)
     assert_close(crf.log_partition(padded, mask), crf.log_partition(emissions, mask))
+    gradient = np.asarray(jax.grad(lambda e: jnp.sum(crf.log_partition(e, mask)))(padded))
+    assert np.isfinite(gradient).all() and np.all(gradient[~mask] == 0.0)
     holes = mask.copy()
     holes[1, 3] = True  # [True, True, False, True]
     with pytest.raises(ValueError, match=r"mask must be a prefix mask.*index \(1, 3\)"):
