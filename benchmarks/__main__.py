@@ -5,6 +5,7 @@ and a markdown summary to `benchmarks/results/`.
     python -m benchmarks --quick             # a smoke run: small shapes, few repeats
     python -m benchmarks --only chain        # one part: chain, crf, sparse, training or perceptron
     python -m benchmarks --only crf          # CRF loss plus gradient vs pytorch-crf
+    python -m benchmarks --only nn           # the nn.CRF layer vs pytorch-crf (masked, end transitions)
     python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
 
 Peers (torch==2.13.0 with torch-struct 0.5 and pytorch-crf 0.7.2, python-crfsuite) are installed
@@ -132,6 +133,10 @@ def markdown(report) -> str:
             lines.append(f"| {tuple(r['shape'])} | " + " | ".join(f"{v[n]['median_s'] * 1e3:.2f}" for n in names)
                          + f" | {peer} | " + " | ".join(speedups) + " |")
         lines += ["", "First calls (compilation included) are in the JSON (`first_call_s`).", ""]
+    if "nn" in report:
+        from benchmarks import nn_crf_benchmark
+
+        lines += nn_crf_benchmark.markdown(report["nn"])
     if "sparse" in report:
         lines += ["## Sparse forward-backward (Lavergne 4.1) vs dense, log Z plus gradients (float32)", "",
                   "| (B, T, L) | zero label-pair weights | sparse ms | dense ms (from weights) | dense ms (given matrices) "
@@ -174,7 +179,7 @@ def write(report, stem):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("chain", "crf", "sparse", "training", "perceptron"), action="append")
+    parser.add_argument("--only", choices=("chain", "crf", "nn", "sparse", "training", "perceptron"), action="append")
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
@@ -213,6 +218,12 @@ def main(argv=None):
     if "crf" in parts:
         shapes = ((4, 10, 5), (2, 200, 9)) if args.quick else chain_benchmark.CRF_SHAPES
         report["crf"] = chain_benchmark.benchmark_crf_loss(shapes, repeats, args.budget)
+        write(report, stem)
+    if "nn" in parts:
+        from benchmarks import nn_crf_benchmark
+
+        shapes = nn_crf_benchmark.QUICK_SHAPES if args.quick else nn_crf_benchmark.SHAPES
+        report["nn"] = nn_crf_benchmark.benchmark(shapes, repeats, args.budget)
         write(report, stem)
     if "sparse" in parts:
         shape = (2, 10, 50) if args.quick else (8, 40, 333)

@@ -14,4 +14,5 @@ EXPERIMENTS = {
     "gao2006": "experiments.gao2006",
     "lavergne2010": "experiments.lavergne2010",
     "smith_eisner2005": "experiments.smith_eisner2005",
+    "neural_tagger": "experiments.neural_tagger",
 }

@@ -29,6 +29,8 @@ from lossfns.optimizers import reranking
 from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.lattices.sparse_chain import SparsePotentials
 from lossfns.models import LinearChainModel
+from lossfns.lattices import constraints
+from lossfns.nn import CRF, possible_tags
 from lossfns.tagger import Tagger
 
 T, L = 3, 2
@@ -157,6 +159,7 @@ _WIDE = 2**32 + 2  # an int64 that int32 reads as 2
 _ARCS = [(0, 1, 0), (0, 1, 1), (1, 2, 0)]
 
 GOOD = _potentials
+_CRF = CRF(L, key=jax.random.key(0))
 NAN = float("nan")
 INF = float("inf")
 
@@ -520,6 +523,44 @@ CASES = [
     ("sparse-nan-inside", "NaN in sparse unary scores inside the lengths",
      lambda _: chain.log_partition(_sparse(unary=jnp.zeros((2, T, L)).at[1, 0, 1].set(NAN))),
      ValueError, ["unary", "NaN", "(1, 0, 1)"]),
+    # --- lossfns.nn.CRF and lossfns.lattices.constraints ---
+    ("crf-num-tags", "a CRF with 0 tags", lambda _: CRF(0, key=jax.random.key(0)), ValueError, ["num_tags", ">= 1"]),
+    ("crf-emissions-tags", "emissions whose last axis is not the CRF's number of tags",
+     lambda _: _CRF.log_partition(jnp.zeros((2, T, L + 1))), ValueError, ["emissions", f"[..., T, {L}]"]),
+    ("crf-emissions-rank", "emissions of rank 1", lambda _: _CRF.decode(jnp.zeros(L)),
+     ValueError, ["emissions", "[..., T, L]"]),
+    ("crf-emissions-nan", "NaN in emissions inside the mask",
+     lambda _: _CRF.log_partition(jnp.zeros((2, T, L)).at[1, 0, 1].set(NAN)), ValueError, ["emissions", "NaN", "(1, 0, 1)"]),
+    ("crf-mask-holes", "a mask that is not a prefix mask (a hole inside a sequence)",
+     lambda _: _CRF.log_likelihood(jnp.zeros((2, T, L)), jnp.zeros((2, T), int), jnp.array([[True, False, True]] * 2)),
+     ValueError, ["mask", "prefix", "(0, 2)"]),
+    ("crf-mask-int", "an integer mask", lambda _: _CRF.decode(jnp.zeros((2, T, L)), jnp.ones((2, T), jnp.int32)),
+     TypeError, ["mask", "bool"]),
+    ("crf-mask-shape", "a mask not of shape [..., T]", lambda _: _CRF.decode(jnp.zeros((2, T, L)), jnp.ones((2, T + 1), bool)),
+     ValueError, ["mask", "(2, 3)"]),
+    ("crf-mask-and-lengths", "both a mask and lengths",
+     lambda _: _CRF.entropy(jnp.zeros((2, T, L)), jnp.ones((2, T), bool), lengths=jnp.array([1, 2])),
+     ValueError, ["mask", "lengths"]),
+    ("crf-tags-range", "a tag >= L inside the mask",
+     lambda _: _CRF.log_likelihood(jnp.zeros((2, T, L)), jnp.array([[0, 1, 2], [0, 0, 0]])), ValueError, ["tags", "[0, 2)"]),
+    ("crf-kbest-k", "k = 0 best sequences", lambda _: _CRF.kbest(jnp.zeros((2, T, L)), 0), ValueError, ["k", ">= 1"]),
+    ("crf-allowed-shape", "an allowed-transition mask of the wrong shape",
+     lambda _: CRF(L, key=jax.random.key(0), allowed=jnp.ones((L, L + 1), bool)), ValueError, ["allowed.transitions", "(2, 2)"]),
+    ("crf-parameters-inf", "a -inf transition given as a parameter (forbid with allowed=)",
+     lambda _: CRF.from_parameters(jnp.full((L, L), -jnp.inf), jnp.zeros(L), jnp.zeros(L)), ValueError,
+     ["transitions", "finite", "allowed"]),
+    ("crf-cost-diagonal", "a softmax-margin cost matrix with a non-zero diagonal",
+     lambda _: _CRF.softmax_margin_loss(jnp.zeros((2, T, L)), jnp.zeros((2, T), int), cost=jnp.ones((L, L))),
+     ValueError, ["cost", "diagonal"]),
+    ("crf-possible-empty", "partial labels allowing no tag at a position inside the mask",
+     lambda _: _CRF.partial_log_likelihood(jnp.zeros((2, T, L)), jnp.ones((2, T, L), bool).at[0, 1].set(False)),
+     ValueError, ["possible", "at least one", "(0, 1)"]),
+    ("crf-possible-tags-range", "partial tags below -1", lambda _: possible_tags(jnp.array([[0, -2, 1]]), L),
+     ValueError, ["tags", "[-1, 2)", "-2"]),
+    ("constraints-scheme", "an unknown tagging scheme", lambda _: constraints.allowed_transitions(["O"], "IOB3"),
+     ValueError, ["scheme", "IOB2", "IOB3"]),
+    ("constraints-label", "a label outside the scheme", lambda _: constraints.allowed_transitions(["O", "E-PER"], "IOB2"),
+     ValueError, ["labels", "'E-PER'", "IOB2"]),
 ]
 
 
