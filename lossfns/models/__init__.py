@@ -1,5 +1,11 @@
-"""Models mapping featurised sentences to chain potentials."""
+"""Models mapping featurised sentences to chain potentials: the linear-chain
+CRF over sparse features (which owns its masked parameterisation), its loss
+and decoding over a packed corpus, and label-scheme constraints."""
 
-from .linear_chain import LinearChainModel
+from . import constraints, packed
+from .constraints import SCHEMES, AllowedMoves, allowed_moves, constrain, scheme_of
+from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
+from .packed import corpus_loss, corpus_potentials
 
-__all__ = ["LinearChainModel"]
+__all__ = ["constraints", "packed", "SCHEMES", "AllowedMoves", "allowed_moves", "constrain", "scheme_of",
+           "ChainStructure", "ChainWeights", "LinearChainModel", "corpus_loss", "corpus_potentials"]
