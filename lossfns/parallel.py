@@ -90,6 +90,12 @@ def shard_leading_axis(data, mesh: Mesh):
     return _place(data, NamedSharding(mesh, PartitionSpec(data_axis(mesh))))
 
 
+def single_block(fn: Callable) -> Callable:
+    """`fn(params, data)` as a function of a block of one stacked example
+    `[1, ...]` (`features.pack_shards` gives one block per device)."""
+    return lambda params, block: fn(params, jax.tree_util.tree_map(lambda x: x[0], block))
+
+
 def sum_over_shards(fn: Callable, mesh: Mesh) -> Callable:
     """`(params, data) -> sum over the data's blocks of fn(params, block)`.
 

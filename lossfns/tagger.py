@@ -12,59 +12,37 @@ objective trace, a device mesh) -> decoding (`models.packed`: Viterbi,
 k-best, marginals, label-scheme constraints) -> a model file (`model_file`).
 
 The objective is `sum_i loss_i + l1 ||w||_1 + l2 / 2 ||w||^2 (+ regularizer(w))`,
-a sum over sentences (as CRFsuite, CRF++ and Wapiti define it, so their
-penalty weights carry over; see `crfsuite_elastic_net`). Full-batch
-training: with `l1 > 0` the default optimizer is OWL-QN
-(`lossfns.optimizers.owlqn`, which applies the whole elastic net itself),
-else `optax.lbfgs`; any optax transformation can be passed instead. It
-stops like CRFsuite: after `max_iterations`, or when the objective improved
-by less than `tol` (relative) over the last `period` iterations
-(`optimizers.relative_improvement_below`).
+a sum over sentences, as in CRFsuite, CRF++ and Wapiti, trained full-batch
+by OWL-QN when `l1 > 0`, else `optax.lbfgs` or the optax transformation
+given (`optimizers.elastic_net_training`). It stops like CRFsuite: after
+`max_iterations`, or when the objective improved by less than `tol`
+(relative) over the last `period` iterations.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import metrics, model_file
+from . import metrics, model_file, parallel
 from .corpora import Sentence
-from .features.corpus import (CorpusArrays, build_index, check_sentences, corpus_arrays, encode, extractor,
-                              extractor_spec, in_corpus_order, label_ids, pack_shards, padded_buckets)
+from .features.corpus import (build_index, check_sentences, corpus_arrays, encode, extractor, extractor_spec,
+                              in_corpus_order, label_ids, pack_shards, padded_buckets)
 from .features.index import FeatureIndex, observed_label_pairs, observed_label_triples, pack, pack_rows
 from .models import packed
 from .models.constraints import allowed_moves, scheme_of
-from .models.linear_chain import ChainStructure, LinearChainModel
-from .models.packed import corpus_loss
-from .optimizers import Status, elastic_net_penalty, owlqn, relative_improvement_below, train
-from .optimizers.minimize import check_callable, check_optimizer, check_scalar
-from .parallel import num_shards
-from .validation import check_int
+from .models.linear_chain import LinearChainModel
+from .models.packed import TrainingData, weights_objective
+from .optimizers import (Status, check_elastic_net, crfsuite_elastic_net, elastic_net_training,
+                         relative_improvement_below, train)
+from .optimizers.minimize import check_callable, check_scalar
+from .validation import check_float_dtype, check_int
 
-
-def crfsuite_elastic_net(c1: float, c2: float) -> dict:
-    """CRFsuite's `c1`, `c2` as this module's `l1`, `l2`.
-
-    CRFsuite's L-BFGS trainer minimises `-sum_i log p(y_i | x_i) + c1 ||w||_1
-    + c2 ||w||^2` (train_lbfgs.c adds `c2 * ||w||^2` to the objective and
-    `2 c2 w` to the gradient), so `l1 = c1` and `l2 = 2 c2`.
-    """
-    if c1 < 0 or c2 < 0:
-        raise ValueError(f"c1 and c2 must be >= 0, got c1={c1}, c2={c2}")
-    return {"l1": float(c1), "l2": 2.0 * float(c2)}
-
-
-class TrainingData(NamedTuple):
-    """What the objective reads: the packed labelled corpus and the model's
-    masks (`ChainStructure`), both arguments of the compiled program. With a
-    mesh every leaf has a leading shard axis `[shards, ...]`."""
-
-    arrays: CorpusArrays
-    structure: ChainStructure
+__all__ = ["Tagger", "TrainingData", "crfsuite_elastic_net"]
 
 
 class Tagger:
@@ -94,33 +72,21 @@ class Tagger:
         fit one. Training is unconstrained either way.
     """
 
-    def __init__(self, features: Union[str, object] = "crfsuite_ner", *, loss: Optional[Callable] = None,
+    def __init__(self, features="crfsuite_ner", *, loss: Optional[Callable] = None,
                  l1: float = 0.0, l2: float = 0.0, regularizer: Optional[Callable] = None,
                  optimizer: Optional[optax.GradientTransformation] = None, max_iterations: int = 100,
                  tol: float = 1e-5, period: int = 10, memory_size: int = 6, min_count: int = 1,
                  hash_size: Optional[int] = None, observed_pairs_only: bool = True, num_buckets: int = 6,
                  dtype=jnp.float32, progress: Optional[bool] = None, iob_constraints: Optional[bool] = None):
-        for name, value in (("l1", l1), ("l2", l2), ("tol", tol)):
-            check_scalar(name, value, 0)
-        for name, value in (("loss", loss), ("regularizer", regularizer)):
-            if value is not None:
-                check_callable(name, value)
-        if optimizer is not None:
-            check_optimizer(optimizer)
-            if l1 > 0:
-                raise ValueError("l1 > 0 needs optimizer=None (OWL-QN); a custom optimizer only sees the smooth "
-                                 "objective")
+        check_elastic_net(l1, l2, optimizer, regularizer)
+        check_scalar("tol", tol, 0)
+        if loss is not None:
+            check_callable("loss", loss)
         for name, value in (("max_iterations", max_iterations), ("period", period), ("memory_size", memory_size),
                             ("min_count", min_count), ("hash_size", hash_size), ("num_buckets", num_buckets)):
             if value is not None:
                 check_int(name, value)
-        try:
-            given = jnp.dtype(dtype)
-        except TypeError:
-            given = None
-        if given is None or not jnp.issubdtype(given, jnp.floating):
-            raise TypeError("dtype must be a floating-point dtype (jnp.float32 or jnp.float64), "
-                            f"got {given.name if given is not None else repr(dtype)}")
+        check_float_dtype("dtype", dtype)
         self.extractor = extractor(features)
         self.loss, self.l1, self.l2, self.regularizer, self.optimizer = loss, float(l1), float(l2), regularizer, optimizer
         self.max_iterations, self.tol, self.period, self.memory_size = max_iterations, tol, period, memory_size
@@ -157,24 +123,18 @@ class Tagger:
         self.labels = tuple(sorted({label for s in sentences for label in s.labels}))
         self.index = build_index(extracted, min_count=self.min_count, hash_size=self.hash_size)
         encoded, ids = [self.index.encode(f) for f in extracted], label_ids(sentences, self.labels)
-        packed_corpus = pack_rows(encoded, ids) if self.loss is None else pack(encoded, ids, self.num_buckets)
+        packed_corpus = self._pack(encoded, ids)
         self.model = self._initial_model(padded_buckets(packed_corpus))
         if mesh is None:
             data = TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), self.model.structure())
         else:
-            data = self._sharded(encoded, ids, num_shards(mesh))
-        owlqn_applies = self.optimizer is None and self.l1 > 0
-        optimizer = self.optimizer or (owlqn(self.l1, self.l2, memory_size=self.memory_size) if owlqn_applies
-                                       else optax.lbfgs(memory_size=self.memory_size))
-        objective = self.objective()
-        if mesh is not None:  # each device reads its block, `[1, ...]`
-            objective = lambda weights, block, whole=objective: whole(weights, jax.tree_util.tree_map(
-                lambda x: x[0], block))
-        result = train(objective, self.model.weights(), optimizer, data, max_steps=self.max_iterations,
-                       stop=relative_improvement_below(self.tol, self.period),
-                       regularizer=None if owlqn_applies else self._smooth_penalty(),
-                       penalty=elastic_net_penalty(self.l1, self.l2) if owlqn_applies else None, mesh=mesh,
-                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            data = self._sharded(encoded, ids, parallel.num_shards(mesh))
+        training = elastic_net_training(self.l1, self.l2, self.optimizer, memory_size=self.memory_size,
+                                        regularizer=self.regularizer)
+        objective = self.objective() if mesh is None else parallel.single_block(self.objective())
+        result = train(objective, self.model.weights(), training.optimizer, data, max_steps=self.max_iterations,
+                       stop=relative_improvement_below(self.tol, self.period), regularizer=training.regularizer,
+                       penalty=training.penalty, mesh=mesh, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                        settings=self._settings(), callback=callback, description="Tagger.fit",
                        progress=self.max_iterations > 20 if self.progress is None else self.progress)
         trace = np.asarray(result.trace)[: int(result.num_steps)]
@@ -204,38 +164,23 @@ class Tagger:
         index, labels and masks (e.g. to time a gradient: `benchmarks`)."""
         self._require_model()
         check_sentences(sentences)
-        encoded, ids = encode(self.index, self.extractor, sentences), label_ids(sentences, self.labels)
-        packed_corpus = pack_rows(encoded, ids) if self.loss is None else pack(encoded, ids, self.num_buckets)
+        packed_corpus = self._pack(encode(self.index, self.extractor, sentences), label_ids(sentences, self.labels))
         return TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), self.model.structure())
+
+    def _pack(self, encoded, ids):
+        """Rows of back-to-back sentences for the default log-loss, else length buckets."""
+        return pack_rows(encoded, ids) if self.loss is None else pack(encoded, ids, self.num_buckets)
 
     def objective(self) -> Callable:
         """`(ChainWeights, TrainingData) -> []`: the loss summed over the
-        sentences (the penalties apart: `l1`, `l2`, `regularizer`); the
-        variables are `model.weights()`."""
-        model, loss = self.model, self.loss
-
-        def objective(weights, data: TrainingData):
-            return corpus_loss(model.with_weights(weights, data.structure), data.arrays, loss)
-
-        return objective
-
-    def _smooth_penalty(self) -> Optional[Callable]:
-        """`l2 / 2 ||w||^2 + regularizer(w)` for optimizers other than OWL-QN."""
-        if not self.l2 and self.regularizer is None:
-            return None
-
-        def penalty(weights):
-            total = 0.5 * self.l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(weights))
-            return total if self.regularizer is None else total + self.regularizer(weights)
-
-        return penalty
+        sentences, penalties apart (`models.weights_objective`)."""
+        return weights_objective(self.model, self.loss)
 
     def _settings(self) -> list:
         """What a checkpoint must have been written with, besides the data."""
-        return [self.labels, extractor_spec(self.extractor), self.index.num_unigram, self.index.num_pair, self.l1,
-                self.l2, self.max_iterations, self.tol, self.period, self.memory_size, self.min_count,
-                self.hash_size, self.observed_pairs_only, self.num_buckets, str(jnp.dtype(self.dtype)), self.loss,
-                self.optimizer, self.regularizer]
+        names = ("labels", "l1", "l2", "max_iterations", "tol", "period", "memory_size", "min_count", "hash_size",
+                 "observed_pairs_only", "num_buckets", "loss", "optimizer", "regularizer")
+        return [getattr(self, name) for name in names] + [extractor_spec(self.extractor), str(jnp.dtype(self.dtype))]
 
     # -- inference ----------------------------------------------------------
 
@@ -243,34 +188,26 @@ class Tagger:
         if self.model is None:
             raise ValueError("the tagger has no model yet: call fit() or Tagger.load() first")
 
-    def _decoding(self, sentences):
-        """`(packed corpus, device arrays, label-scheme moves or None)` of unlabelled sentences."""
-        packed_corpus = pack(encode(self.index, self.extractor, sentences), None, self.num_buckets)
-        arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(packed_corpus, self.index.num_unigram))
-        scheme = scheme_of(self.labels)
-        constrained = scheme is not None if self.iob_constraints is None else self.iob_constraints
-        return packed_corpus, arrays, allowed_moves(self.labels, scheme or "IOB2") if constrained else None
-
-    def _checked(self, sentences) -> bool:
+    def _decode(self, sentences, decode: Callable, *arguments):
+        """`(packed corpus, decode(model, arrays, *arguments, moves))` for
+        unlabelled `sentences`, per bucket (`moves`: the label scheme's, or None)."""
         check_sentences(sentences, labelled=False)
         self._require_model()
-        return len(sentences) > 0
+        corpus = pack(encode(self.index, self.extractor, sentences), None, self.num_buckets)
+        arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(corpus, self.index.num_unigram))
+        scheme = scheme_of(self.labels)
+        constrained = scheme is not None if self.iob_constraints is None else self.iob_constraints
+        moves = allowed_moves(self.labels, scheme or "IOB2") if constrained else None
+        return corpus, decode(self.model, arrays, *arguments, moves)
 
     def predict(self, sentences: Sequence[Sentence]) -> list[tuple[str, ...]]:
         """Viterbi label sequences, one tuple of label strings per sentence."""
-        if not self._checked(sentences):
-            return []
-        corpus, arrays, moves = self._decoding(sentences)
-        return [tuple(self.labels[j] for j in row)
-                for row in in_corpus_order(corpus, packed.viterbi(self.model, arrays, moves))]
+        corpus, buckets = self._decode(sentences, packed.viterbi)
+        return [tuple(self.labels[j] for j in row) for row in in_corpus_order(corpus, buckets)]
 
     def predict_kbest(self, sentences: Sequence[Sentence], k: int) -> list[list[tuple[tuple[str, ...], float]]]:
         """Per sentence, up to `k` `(labels, log-probability)`, best first."""
-        check_int("k", k)
-        if not self._checked(sentences):
-            return []
-        corpus, arrays, moves = self._decoding(sentences)
-        buckets = packed.kbest(self.model, arrays, k, moves)
+        corpus, buckets = self._decode(sentences, packed.kbest, check_int("k", k))
         paths = in_corpus_order(corpus, [labels for _, labels in buckets], time_axis=2)
         scores = in_corpus_order(corpus, [scores for scores, _ in buckets], time_axis=None)
         return [[(tuple(self.labels[j] for j in path), float(score)) for path, score in zip(rows, values)
@@ -278,10 +215,7 @@ class Tagger:
 
     def predict_marginals(self, sentences: Sequence[Sentence]) -> list[np.ndarray]:
         """Per sentence, `P(y_t = labels[j] | x)` as `[T, L]` (`self.labels` order)."""
-        if not self._checked(sentences):
-            return []
-        corpus, arrays, moves = self._decoding(sentences)
-        return in_corpus_order(corpus, packed.marginals(self.model, arrays, moves))
+        return in_corpus_order(*self._decode(sentences, packed.marginals))
 
     def evaluate(self, sentences: Sequence[Sentence]) -> dict:
         """Token accuracy and (for IOB labels) conlleval entity precision, recall and F1."""

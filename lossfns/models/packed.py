@@ -1,5 +1,6 @@
 """A `LinearChainModel` over a packed corpus (`features.CorpusArrays`): the
-summed training loss, and decoding (Viterbi, k-best, marginals).
+summed training loss (also as a function of the model's optimisation
+variables, `weights_objective`), and decoding (Viterbi, k-best, marginals).
 
 A corpus is packed once (`features.index.pack` into length buckets, or
 `pack_rows` into rows of back-to-back sentences) and read bucket by bucket;
@@ -13,7 +14,7 @@ corpus order.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from ..features.corpus import CorpusArrays
 from ..lattices import chain
 from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .constraints import AllowedMoves, constrain
-from .linear_chain import LinearChainModel
+from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
 
 
 def corpus_potentials(model: LinearChainModel, arrays: CorpusArrays) -> tuple:
@@ -48,6 +49,26 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Optional[Ca
                    for p, labels, starts, lengths in zip(buckets, arrays.labels, arrays.starts, arrays.lengths))
     loss = functools.partial(sequence_log_loss, semiring=semirings.Real) if loss is None else loss
     return sum(jnp.sum(loss(p, labels, lengths)) for p, labels, lengths in zip(buckets, arrays.labels, arrays.lengths))
+
+
+class TrainingData(NamedTuple):
+    """What `weights_objective` reads: the packed labelled corpus and the
+    model's masks (`ChainStructure`), both arguments of the compiled
+    program, never constants in it. For data-parallel training every leaf
+    has a leading shard axis `[shards, ...]` (`features.pack_shards`)."""
+
+    arrays: CorpusArrays
+    structure: ChainStructure
+
+
+def weights_objective(model: LinearChainModel, loss: Optional[Callable] = None) -> Callable:
+    """`(ChainWeights, TrainingData) -> []`: `corpus_loss` of `model` with
+    those weights (`model.with_weights`); the optimisation variables are
+    `model.weights()`. Nothing of `model` but its shapes enters the result."""
+    def objective(weights: ChainWeights, data: TrainingData) -> jax.Array:
+        return corpus_loss(model.with_weights(weights, data.structure), data.arrays, loss)
+
+    return objective
 
 
 def _constrained(model, arrays, moves: Optional[AllowedMoves]) -> tuple:

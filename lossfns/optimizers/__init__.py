@@ -15,6 +15,7 @@ use them from this package (`lossfns.optimizers.minimize(...)`).
 
 from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, sparse_potentials
 from .finetune import active_mask, finetune
+from .elastic_net import ElasticNetTraining, check_elastic_net, crfsuite_elastic_net, elastic_net_training
 from .driver import DriveResult, Report, TrainResult, describe, drive, fingerprint, train
 from .minimize import (CONVERGED, ITERATION_LIMIT, LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, GradientSteps, LoopState,
                        MinimizeResult, RelativeChange, RelativeImprovement, Status, StopRule, advance,
@@ -36,6 +37,7 @@ from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_
 __all__ = [
     "BcdData", "bcd", "bcd_data", "bcd_init", "bcd_loss", "bcd_sweep_fn", "sparse_potentials",
     "active_mask", "finetune",
+    "ElasticNetTraining", "check_elastic_net", "crfsuite_elastic_net", "elastic_net_training",
     "DriveResult", "Report", "TrainResult", "describe", "drive", "fingerprint", "train",
     "GradientSteps", "LoopState", "MinimizeResult", "RelativeChange", "RelativeImprovement", "StopRule", "advance",
     "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize", "minimize_stochastic", "num_examples",
