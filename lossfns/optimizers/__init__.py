@@ -23,8 +23,8 @@ from .minimize import (CONVERGED, ITERATION_LIMIT, LINE_SEARCH_FAILED, NON_FINIT
                        num_examples, optimizer_update, relative_change_below, relative_improvement_below, run_loop,
                        run_loop_jit, status_name, update_and_value)
 from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
-from .perceptron import (PerceptronState, SequenceData, averaged_params, perceptron, perceptron_epoch_fn,
-                         perceptron_init, perceptron_update)
+from .perceptron import (PerceptronState, SequenceData, averaged_params, no_mistakes, perceptron,
+                         perceptron_epoch_fn, perceptron_init, perceptron_update)
 from .reranking import (RerankingData, RerankingState, SparseRerankingData, blasso_step_fn,
                         boosting_with_shrinkage_step_fn, exp_loss, fslr_step_fn, lasso_loss, reranking_data,
                         reranking_init, run_reranker, sparse_reranking_data)
@@ -45,7 +45,7 @@ __all__ = [
     "update_and_value", "Status", "CONVERGED", "ITERATION_LIMIT", "NON_FINITE_OBJECTIVE", "LINE_SEARCH_FAILED",
     "status_name", "halt_on_failure",
     "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
-    "PerceptronState", "SequenceData", "averaged_params", "perceptron", "perceptron_epoch_fn", "perceptron_init",
+    "PerceptronState", "SequenceData", "averaged_params", "no_mistakes", "perceptron", "perceptron_epoch_fn", "perceptron_init",
     "perceptron_update",
     "RerankingData", "RerankingState", "SparseRerankingData", "blasso_step_fn", "boosting_with_shrinkage_step_fn",
     "exp_loss", "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
