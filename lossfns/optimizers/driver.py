@@ -225,7 +225,9 @@ def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, un
         if checkpoint_dir is not None:
             checkpoint_dir, stamp = Path(checkpoint_dir), fingerprint(data, settings)
             loop = _resume(checkpoint_dir, loop, stamp)
-        if mesh is not None:
+        if mesh is None:  # on the device once, not copied from the host by every chunk
+            data = jax.device_put(data)
+        else:
             data, loop = parallel.shard_leading_axis(data, mesh), parallel.replicate(loop, mesh)
         step, saved = int(loop.step), int(loop.step)
         bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
