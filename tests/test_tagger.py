@@ -19,7 +19,6 @@ import pytest
 from conftest import corpus_or_fail
 from lossfns import corpora, losses, metrics
 from lossfns.features import pad_batch
-from lossfns.lattices import chain
 from lossfns.losses.sequence import sequence_log_loss
 from lossfns.tagger import Tagger, crfsuite_elastic_net
 
