@@ -25,13 +25,12 @@ import json
 import os
 import time
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lossfns import corpora, losses, optimizers
-from lossfns.features import FeatureIndex, observed_label_triples, pad_batch, parse_templates, preset
+from lossfns import corpora, features, losses, optimizers
+from lossfns.features import observed_label_triples, parse_templates, preset
 from lossfns.models import LinearChainModel
 
 PAIR_TEMPLATES = "B01:%x[0,0]"
@@ -60,47 +59,36 @@ def load(num_sentences: int, task: str):
 
 
 def featurise(sentences, num_buckets: int = 3):
+    """Padded length buckets (`features.pack`, `features.padded_buckets`), the index and the labels."""
     unigram, pairs = preset("lavergne_pos"), parse_templates(PAIR_TEMPLATES)
     extracted = [unigram(s.tokens)._replace(pair=pairs(s.tokens).pair) for s in sentences]
-    index = FeatureIndex.build(extracted)
+    index = features.build_index(extracted)
     labels = sorted({label for s in sentences for label in s.labels})
-    label_of = {label: i for i, label in enumerate(labels)}
-    encoded = [index.encode(f) for f in extracted]
-    ids = [[label_of[label] for label in s.labels] for s in sentences]
-    batches = tuple(pad_batch([encoded[i] for i in members], [ids[i] for i in members], length)
-                    for members, length in corpora.length_buckets([len(x) for x in ids], num_buckets))
-    return batches, index, labels
+    packed = features.pack([index.encode(f) for f in extracted], features.label_ids(sentences, labels), num_buckets)
+    return features.padded_buckets(packed), index, labels
 
 
 def train(model: LinearChainModel, batches, l1: float, max_steps: int, tol: float):
-    params, static = model.trainable()
-    # The data and the masks are arguments of the compiled programs, never
-    # baked into them as constants (XLA would constant-fold the masks).
-    masks, static = eqx.partition(static, eqx.is_array)
-    device = tuple(jax.tree_util.tree_map(jnp.asarray, b) for b in batches), masks
+    """OWL-QN from the model's zero weights through the driver, as one chunk.
+    The data and the masks (`model.structure()`) are arguments of the compiled
+    programs, never baked into them as constants (XLA would constant-fold the masks)."""
+    device = tuple(jax.tree_util.tree_map(jnp.asarray, b) for b in batches), model.structure()
 
-    def loss(p, data):
-        batches, masks = data
-        m = eqx.combine(p, masks, static)
+    def loss(weights, data):
+        batches, structure = data
+        m = model.with_weights(weights, structure)
         return sum(jnp.sum(losses.sequence_log_loss(m(b.unigram_ids, b.pair_ids), b.labels, b.lengths))
                    for b in batches)
 
-    def minimized(p, data, steps):
-        return optimizers.minimize(lambda q: loss(q, data), p, optimizers.owlqn(l1=l1), max_steps=steps, tol=tol)
-
     began = time.perf_counter()
-    jax.block_until_ready(jax.jit(jax.value_and_grad(loss))(params, device))
+    jax.block_until_ready(jax.jit(jax.value_and_grad(loss))(model.weights(), device))
     first_objective = time.perf_counter() - began
-    began = time.perf_counter()
-    run = jax.jit(lambda p, data: minimized(p, data, max_steps)).lower(params, device).compile()
-    compile_run = time.perf_counter() - began
-    began = time.perf_counter()
-    result = jax.block_until_ready(run(params, device))
-    total = time.perf_counter() - began
+    result = optimizers.train(loss, model.weights(), optimizers.owlqn(l1=l1), device, max_steps=max_steps,
+                              stop=optimizers.relative_change_below(tol), chunk_steps=max_steps, progress=False)
     steps = int(result.num_steps)
-    return {"seconds_to_first_objective": first_objective, "seconds_compile_run": compile_run,
-            "seconds_run": total, "steps": steps, "seconds_per_step": total / max(steps, 1),
-            "final_objective": float(result.trace[steps - 1]), "status": str(getattr(result, "status", "")),
+    return {"seconds_to_first_objective": first_objective, "seconds_compile_run": result.compile_seconds,
+            "seconds_run": result.run_seconds, "steps": steps, "seconds_per_step": result.run_seconds / max(steps, 1),
+            "final_objective": float(result.trace[steps - 1]), "status": str(result.status),
             "pair_weights_zero_fraction": float(np.mean(np.asarray(result.params.pair_emission)[
                 np.asarray(model.pair_mask)] == 0))}
 

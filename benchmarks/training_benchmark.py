@@ -18,6 +18,7 @@ Needs NLTK_DATA pointing at the corpora and python-crfsuite.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -35,8 +36,8 @@ from lossfns.features.design import bucket_design, bucket_slices, design_matmul
 from lossfns.features.index import FeatureIndex, pack
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.losses.sequence import sequence_log_loss
-from lossfns.models.linear_chain import _sum_rows
-from lossfns.tagger import Tagger, _weights_of, crfsuite_elastic_net
+from lossfns.models import LinearChainModel
+from lossfns.tagger import Tagger, crfsuite_elastic_net
 
 
 def _crfsuite(train, test, extractor, c1, c2, iterations):
@@ -74,10 +75,7 @@ def _one_gradient(tagger, train, c1, c2, repeats):
     """Median seconds of one full-batch value-and-gradient of log-loss plus
     elastic net at the trained weights, and its compile time."""
     # The Tagger's own objective, variables and packed data: exactly what its optimizer evaluates.
-    params = _weights_of(tagger.model)
-    objective = tagger._objective()
-    packed = tagger._pack_labelled([tagger.index.encode(tagger.extractor(s.tokens)) for s in train], train)
-    data = tagger._training_data(packed)
+    params, objective, data = tagger.model.weights(), tagger.objective(), tagger.training_data(train)
     penalty = crfsuite_elastic_net(c1, c2)
 
     def full(params, data):
@@ -134,7 +132,10 @@ def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: in
     weight_gradient = jax.jit(lambda design, cotangent: jax.vjp(lambda w: design_matmul(design, w), weights)[1](cotangent)[0])
     token_ids = jnp.asarray(packed.unigram_ids)
     token_cotangent = jnp.asarray(rng.standard_normal((token_ids.shape[0], len(labels))), jnp.float32)
-    scatter = jax.jit(lambda w, c: jax.vjp(lambda w: _sum_rows(w, token_ids), w)[1](c)[0])
+    # The gather path: the model's emission scores of the token rows (a sum of gathered rows, scatter-add gradient).
+    model = LinearChainModel.zeros(num_features, len(labels))
+    gathered = lambda w: dataclasses.replace(model, emission=w).unary(token_ids)
+    scatter = jax.jit(lambda w, c: jax.vjp(gathered, w)[1](c)[0])
     out = {"num_features": num_features, "labels": len(labels), "tokens": int(token_ids.shape[0]),
            "nonzeros": int(design.indices.shape[0]), "repeats": repeats,
            "forward_backward_seconds": median_seconds(forward_backward, rows, repeats=repeats),

@@ -11,8 +11,8 @@ NLTK_DATA holds, the same shape with POS tagging:
   current word) trained on conll2000 WSJ train with its tags mapped to the
   universal tagset (the background domain);
 * candidates: its 20 best tag sequences (`kbest_candidates`:
-  `lattices.chain.kbest` over the tagger's potentials, the k best partial
-  scores per label with back-pointers) for sentences of Brown categories (the adaptation
+  `Tagger.predict_kbest`, the k best partial scores per label with
+  back-pointers) for sentences of Brown categories (the adaptation
   domains; Brown tags mapped to the universal tagset as NLTK does, unknown
   tags to X);
 * features: f_0 = the baseline's log-probability of the candidate, and
@@ -55,6 +55,7 @@ source sentences, 8 iterations, domain news, 60 training / 60 held-out /
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -67,11 +68,8 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 
-from lossfns import corpora
+from lossfns import corpora, optimizers
 from lossfns.corpora import Sentence
-from lossfns.features import index as feature_index
-from lossfns.lattices import chain
-from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 from lossfns.optimizers.reranking import (SparseRerankingData, blasso_step_fn, boosting_with_shrinkage_step_fn,
                                           exp_loss, fslr_step_fn, reranking_init, sparse_reranking_data)
 from lossfns.checkpoint import ModelFileError
@@ -96,9 +94,9 @@ PAPER_SIZES = ("800", "8K")
 
 FULL = dict(source_sentences=None, baseline_iterations=50, domains=("news", "learned", "fiction"),
             sizes=(200, 2000), num_dev=500, num_test=1000, num_steps=6000, eval_every=25,
-            figure_setting=("learned", 2000), kbest_buckets=4)
+            figure_setting=("learned", 2000))
 QUICK = dict(source_sentences=300, baseline_iterations=8, domains=("news",), sizes=(60,), num_dev=60,
-             num_test=100, num_steps=100, eval_every=25, figure_setting=("news", 60), kbest_buckets=2)
+             num_test=100, num_steps=100, eval_every=25, figure_setting=("news", 60))
 SYNTHETIC_DOMAINS = ("synthetic-A", "synthetic-B")
 NUM_CANDIDATES = 20
 BASELINE_PRESET = "altun_s2"
@@ -207,14 +205,6 @@ def train_baseline(path: str, sentences: list, iterations: int, progress: bool) 
     return tagger
 
 
-@jax.jit
-def _kbest_bucket(model, ids, lengths):
-    """`(log-probabilities [B, k], labels [B, k, T])` of a padded bucket."""
-    potentials = model(ids)
-    scores, labels = chain.kbest(potentials, lengths, NUM_CANDIDATES)
-    return scores - chain.log_partition(potentials, lengths)[:, None], labels
-
-
 class Candidates(NamedTuple):
     """The k best tag sequences of each sentence.
 
@@ -230,27 +220,22 @@ class Candidates(NamedTuple):
     tokens: np.ndarray
 
 
-def kbest_candidates(tagger: Tagger, sentences: list, num_buckets: int = 4) -> Candidates:
+def kbest_candidates(tagger: Tagger, sentences: list) -> Candidates:
     """The tagger's `NUM_CANDIDATES` best tag sequences per sentence and their
-    log-probabilities `s(y) - log Z`, best first (`chain.kbest` on the
-    tagger's potentials, in length buckets)."""
-    encoded = [tagger.index.encode(tagger.extractor(s.tokens)) for s in sentences]
-    lengths = [len(s.labels) for s in sentences]
-    labels, log_probability = [None] * len(sentences), np.full((len(sentences), NUM_CANDIDATES), -np.inf)
-    for members, padded in corpora.length_buckets(lengths, num_buckets):
-        batch = feature_index.pad_batch([encoded[i] for i in members], None, padded)
-        scores, paths = _kbest_bucket(tagger.model, jnp.asarray(batch.unigram_ids), jnp.asarray(batch.lengths))
-        scores, paths = np.asarray(scores), np.asarray(paths)
-        for row, sentence in enumerate(members):
-            log_probability[sentence] = scores[row]
-            labels[sentence] = paths[row, :, : lengths[sentence]]
+    log-probabilities `s(y) - log Z`, best first (`Tagger.predict_kbest`)."""
     tag_of = {tag: i for i, tag in enumerate(tagger.labels)}
+    labels, log_probability = [], np.full((len(sentences), NUM_CANDIDATES), -np.inf)
+    for i, (sentence, ranked) in enumerate(zip(sentences, tagger.predict_kbest(sentences, NUM_CANDIDATES))):
+        paths = np.full((NUM_CANDIDATES, len(sentence.labels)), -1, np.int64)
+        for c, (path, score) in enumerate(ranked):
+            paths[c], log_probability[i, c] = [tag_of[tag] for tag in path], score
+        labels.append(paths)
     errors = np.zeros(log_probability.shape, np.int64)
     for i, sentence in enumerate(sentences):
         gold = np.array([tag_of.get(tag, -1) for tag in sentence.labels])
         errors[i] = np.sum(labels[i] != gold[None, :], axis=1)
     errors[~np.isfinite(log_probability)] = 0
-    return Candidates(labels, log_probability, errors, np.asarray(lengths))
+    return Candidates(labels, log_probability, errors, np.asarray([len(s.labels) for s in sentences]))
 
 
 def select(candidates: Candidates, rows: slice) -> Candidates:
@@ -392,37 +377,45 @@ def error_rate(weights, evaluation: EvalSet) -> jax.Array:
     return 100.0 * jnp.sum(jnp.take_along_axis(evaluation.errors, chosen[:, None], 1)) / evaluation.tokens
 
 
-def _run_chunk(loop, until, data, dev, test, tolerance, method):
-    loop = run_loop(step_function(method, data, tolerance=tolerance), loop, until, relative_change_below(0.0))
-    weights = loop.inner.weights
-    return loop, jnp.stack([loop.value, jnp.sum(jnp.abs(weights[1:])), loop.inner.alpha,
-                            jnp.sum(weights[1:] != 0).astype(weights.dtype), error_rate(weights, dev),
-                            error_rate(weights, test)])
+@functools.lru_cache(maxsize=None)
+def _reranker_steps(method: str):
+    """`make_step` of `method` for the driver, `data = (SparseRerankingData,
+    BLasso tolerance)` (traced: every run of a method compiles once)."""
+    return lambda data: step_function(method, data[0], tolerance=data[1])
 
 
-_run_chunk_jit = jax.jit(_run_chunk, static_argnums=(6,))
+@jax.jit
+def _measures(value, state, dev: EvalSet, test: EvalSet) -> jax.Array:
+    """`[ExpLoss, L1 norm, alpha, non-zeros, dev error, test error]` of a reranker state."""
+    weights = state.weights
+    return jnp.stack([value, jnp.sum(jnp.abs(weights[1:])), state.alpha,
+                      jnp.sum(weights[1:] != 0).astype(weights.dtype), error_rate(weights, dev),
+                      error_rate(weights, test)])
 
 
 def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, method: str, num_steps: int,
                    eval_every: int) -> dict:
-    """Run `method` for `num_steps` steps from `reranking_init`, scoring the
-    held-out and test sets every `eval_every` steps; early stopping picks the
-    scored step with the lowest held-out error."""
+    """Run `method` for `num_steps` steps from `reranking_init` through the
+    driver, scoring the held-out and test sets every `eval_every` steps (its
+    callback, not timed); early stopping picks the scored step with the
+    lowest held-out error."""
     state = reranking_init(data)
-    loop = init_loop(state, num_steps, data.valid.dtype)
+    loop = optimizers.init_loop(state, num_steps, data.valid.dtype)
     # BLasso takes a backward step only if it lowers LassoLoss by more than
     # the tolerance. Right after a forward step, stepping back changes it by
     # exactly 0, so rounding (about 1e-16 of ExpLoss, which sums N C terms)
     # must not count as a decrease, or BLasso cycles forward and back.
     tolerance = BLASSO_TOLERANCE * float(exp_loss(data, state.margins))
-    start = time.perf_counter()
     points = [[0, float(exp_loss(data, state.margins)), 0.0, float("inf"), 0, float(error_rate(state.weights, dev)),
                float(error_rate(state.weights, test))]]
-    for until in range(eval_every, num_steps + eval_every, eval_every):
-        until = min(until, num_steps)
-        loop, measures = _run_chunk_jit(loop, jnp.asarray(until, jnp.int32), data, dev, test, tolerance, method)
-        points.append([until] + [float(v) for v in np.asarray(measures)])
-    seconds = time.perf_counter() - start
+
+    def score(report):
+        points.append([report.step] + [float(v) for v in np.asarray(_measures(report.value, report.inner, dev, test))])
+
+    run = optimizers.drive(_reranker_steps(method), loop, (data, jnp.asarray(tolerance, data.valid.dtype)),
+                           stop=optimizers.relative_change_below(0.0), chunk_steps=eval_every, callback=score,
+                           progress=False)
+    seconds = run.compile_seconds + run.run_seconds
     curve = {name: [point[i] for point in points]
              for i, name in enumerate(("step", "exp_loss", "l1_norm", "alpha", "nonzero", "dev_error", "test_error"))}
     best = int(np.argmin(curve["dev_error"]))  # first minimum: the earliest step
@@ -466,7 +459,7 @@ class _Context:
             start = time.perf_counter()
             # One k-best pass over all parts: one compiled shape per length bucket.
             everything = parts["test"] + parts["dev"] + parts["train"]
-            candidates = kbest_candidates(self.tagger(), everything, self.config["kbest_buckets"])
+            candidates = kbest_candidates(self.tagger(), everything)
             counts = featurize(everything, candidates, len(self.tagger().labels), self.word_ids)
             out, offset = {}, 0
             for part, sentences in parts.items():

@@ -42,6 +42,7 @@ Implementation choices, each exact:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -58,7 +59,7 @@ import tqdm
 
 import matplotlib.pyplot as plt
 
-from lossfns import checkpoint, corpora, hmm, metrics, optimizers, semirings
+from lossfns import corpora, hmm, metrics, optimizers, semirings
 from lossfns.lattices import dag, neighbourhoods, tagging
 from lossfns.losses import regularisers
 
@@ -450,50 +451,32 @@ def length_loss(params: tagging.TaggerParams, data) -> jax.Array:
     return jnp.sum(length_counts * normalisers) - total_log_partition(numerators, params, spelling_ids)
 
 
-def _lbfgs_steps(loop, until, data, l2_weight, *, loss, tol):
-    """Advance an L-BFGS loop (the loop of `optimizers.minimize`) to step
-    `until`; `l2_weight = 1 / sigma^2` is traced, so the smoothing trials of
-    one problem share one compilation."""
-    fun = lambda params: loss(params, data) + regularisers.l2(params, l2_weight)
-    step_fn = optimizers.gradient_step_fn(fun, optax.lbfgs())
-    return optimizers.run_loop(step_fn, loop, until, optimizers.relative_change_below(tol))
+@functools.lru_cache(maxsize=None)
+def _penalised(loss):
+    """`(params, (data, l2_weight)) -> loss + l2_weight / 2 ||params||^2`, one
+    function per loss: `l2_weight = 1 / sigma^2` is data (traced), so the
+    driver re-uses one compiled loop for the smoothing trials of a problem."""
+    return lambda params, data: loss(params, data[0]) + regularisers.l2(params, data[1])
 
 
-# The data is an argument, not a closure: jit would bake closed-over lattices
-# into the program as constants (slow to compile).
-_lbfgs_steps_jit = jax.jit(_lbfgs_steps, static_argnames=("loss", "tol"))
+_LBFGS = optax.lbfgs()
 _loss_jit = jax.jit(lambda params, data, loss: loss(params, data), static_argnums=2)
 
 
 def train_lbfgs(params, data, loss, l2_weight: float, *, max_steps: int, tol: float, checkpoint_dir: str,
                 progress: bool, chunks: int = 5):
     """Minimise `loss + l2_weight / 2 ||params||^2` from `params` with
-    `optax.lbfgs`, stopping when the relative change falls below `tol`; in
-    `chunks` jitted pieces with a checkpoint after each (removed at the end),
-    so that an interrupted unit resumes. Returns `(params, trace, seconds)`."""
-    loop = optimizers.init_loop((params, optax.lbfgs().init(params)), max_steps, params.emission.dtype)
-    # optax's initial state holds weakly typed scalars; the loop returns strong
-    # ones, which would compile the whole loop a second time for chunk two.
-    loop = jax.tree_util.tree_map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, loop)
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    latest = checkpoint.latest_checkpoint(checkpoint_dir)
-    if latest is not None:
-        loop = checkpoint.load(latest, loop)
+    `optax.lbfgs` through the driver (`optimizers.train`), stopping when the
+    relative change falls below `tol`; in `chunks` jitted pieces with a
+    checkpoint after each (removed at the end), so that an interrupted unit
+    resumes. Returns `(params, trace, seconds)` (compilation included)."""
     weight = jnp.asarray(l2_weight, params.emission.dtype)
-    bar = tqdm.tqdm(total=max_steps, initial=int(loop.step), disable=not progress, leave=False, unit="step")
-    start = time.perf_counter()
-    while int(loop.step) < max_steps and not bool(loop.done):
-        before = int(loop.step)
-        until = jnp.asarray(before + -(-max_steps // chunks), jnp.int32)
-        loop = _lbfgs_steps_jit(loop, until, data, weight, loss=loss, tol=tol)
-        bar.update(int(loop.step) - before)
-        bar.set_postfix(objective=float(loop.value))
-        checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), loop)
-        checkpoint.prune_checkpoints(checkpoint_dir, 1)
-    bar.close()
-    seconds = time.perf_counter() - start
+    result = optimizers.train(_penalised(loss), params, _LBFGS, (data, weight), max_steps=max_steps,
+                              stop=optimizers.relative_change_below(tol), chunk_steps=-(-max_steps // chunks),
+                              checkpoint_dir=checkpoint_dir, progress=progress, settings=["smith_eisner2005", tol])
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    return loop.inner[0], np.asarray(loop.trace)[: int(loop.step)], seconds
+    steps = int(result.num_steps)
+    return result.params, np.asarray(result.trace)[:steps], result.compile_seconds + result.run_seconds
 
 
 def hmm_as_tagger(params: hmm.HMMParams) -> tagging.TaggerParams:
@@ -511,21 +494,33 @@ def _em_statistics(params: hmm.HMMParams, batches):
     return jax.value_and_grad(lambda p: total_log_partition(batches, hmm_as_tagger(p), None))(params)
 
 
+def _em_iterations(data):
+    """`make_step` of EM for the driver: a step is an E-step (`_em_statistics`)
+    and an M-step; its objective is `sum_i log P(x_i)` before the M-step.
+    `data = (batches, smoothing, allowed [V, K])`."""
+    batches, smoothing, allowed = data
+
+    def step_fn(params, step):
+        value, counts = _em_statistics(params, batches)
+        return hmm.m_step(counts, smoothing, allowed), value
+
+    return step_fn
+
+
 def train_em(batches, allowed: np.ndarray, smoothing: float, *, iterations: int, tol: float, progress: bool):
     """EM for a second-order HMM from Merialdo's uniform start, with add-lambda
     smoothing in every M-step (`lossfns.hmm.m_step`), until the relative
-    change of the log-likelihood falls below `tol`. `allowed [V, K]`: the
-    emissions the dictionary allows. Returns `(params, trace, seconds)`."""
+    change of the log-likelihood falls below `tol`, through the driver.
+    `allowed [V, K]`: the emissions the dictionary allows. Returns `(params,
+    trace, seconds)` (compilation included)."""
     num_tags = allowed.shape[1]
     params = hmm.initial_params(num_tags, allowed.shape[0], order=2, tag_dictionary=allowed)
-    trace, start = [], time.perf_counter()
-    for _ in tqdm.trange(iterations, disable=not progress, leave=False, desc="EM", unit="iteration"):
-        value, counts = _em_statistics(params, batches)
-        params = hmm.m_step(counts, smoothing, allowed)
-        trace.append(float(value))
-        if len(trace) > 1 and abs(trace[-1] - trace[-2]) <= tol * max(abs(trace[-1]), 1.0):
-            break
-    return params, np.asarray(trace), time.perf_counter() - start
+    dtype = params.log_emission.dtype
+    loop = optimizers.init_loop(params, iterations, dtype)
+    run = optimizers.drive(_em_iterations, loop, (batches, jnp.asarray(smoothing, dtype), jnp.asarray(allowed)),
+                           stop=optimizers.relative_change_below(tol), progress=progress, description="EM")
+    steps = int(run.loop.step)
+    return run.loop.inner, np.asarray(run.loop.trace)[:steps], run.compile_seconds + run.run_seconds
 
 
 @jax.jit
@@ -1078,16 +1073,13 @@ def profile_objective(criterion: str = "TRANS1", words: int = 12000, num_batches
         jax.block_until_ready(value_and_grad(params, data, weight))
         times.append(time.perf_counter() - start)
     stats["value_grad_seconds"] = min(times)
-    loop = optimizers.init_loop((params, optax.lbfgs().init(params)), 100, jnp.float32)
-    loop = jax.tree_util.tree_map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, loop)
-    start = time.perf_counter()
-    loop = _lbfgs_steps_jit(loop, jnp.asarray(1, jnp.int32), data, weight, loss=loss, tol=FULL["tol"])
-    jax.block_until_ready(loop.value)
-    stats["lbfgs_first_step_with_compile"] = time.perf_counter() - start
-    start = time.perf_counter()
-    loop = _lbfgs_steps_jit(loop, jnp.asarray(1 + steps, jnp.int32), data, weight, loss=loss, tol=FULL["tol"])
-    jax.block_until_ready(loop.value)
-    stats["lbfgs_seconds_per_step"] = (time.perf_counter() - start) / steps
+    make_step, stop = optimizers.GradientSteps(_penalised(loss), _LBFGS), optimizers.relative_change_below(FULL["tol"])
+    loop = optimizers.init_loop((params, _LBFGS.init(params)), 100, jnp.float32)
+    first = optimizers.drive(make_step, loop, (data, weight), stop=stop, until=1, progress=False)
+    stats["lbfgs_first_step_with_compile"] = first.compile_seconds + first.run_seconds
+    more = optimizers.drive(make_step, first.loop, (data, weight), stop=stop, until=1 + steps, chunk_steps=steps,
+                            progress=False)
+    stats["lbfgs_seconds_per_step"] = more.run_seconds / steps
     for key, value in stats.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}", flush=True)
     return stats

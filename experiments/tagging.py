@@ -2,20 +2,23 @@
 features -> padded buckets -> potentials -> one of the Altun losses ->
 L-BFGS -> Viterbi -> accuracy or entity F1.
 
-Every feature set of a task is encoded at one shape (the weight table has
-the row count `K` of the largest feature set; rows a feature set never uses
-get no gradient from the loss and stay exactly 0 under the L2 prior), so
-that each (task, loss) pair compiles once. Models are
-`lossfns.models.linear_chain.LinearChainModel`s; metrics come from
-`lossfns.metrics`.
+Everything but the experiment's own objective (which composes the library's
+losses) is the library's: the corpus is batched by `features.pack` into
+length buckets and read as padded `FeatureBatch`es (`features.padded_buckets`),
+training runs through the one driver (`optimizers.train`, `optimizers.drive`:
+progress, checkpoints, resume), decoding is `chain.viterbi` on the model's
+potentials. Every feature set of a task is encoded at one shape (the weight
+table has the row count `K` of the largest feature set; rows a feature set
+never uses get no gradient from the loss and stay exactly 0 under the L2
+prior), so that each (task, loss) pair compiles once: the driver caches the
+compiled loop by its step function and shapes. Models are
+`lossfns.models.LinearChainModel`s; metrics come from `lossfns.metrics`.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import shutil
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -23,15 +26,12 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 import optax
-import tqdm
 
-from lossfns import checkpoint, corpora, metrics, semirings
-from lossfns.features import index as feature_index
+from lossfns import corpora, features, metrics, optimizers, semirings
 from lossfns.features import presets
 from lossfns.lattices import chain
 from lossfns.losses import pointwise, regularisers, sequence
-from lossfns.models.linear_chain import LinearChainModel
-from lossfns import optimizers
+from lossfns.models import LinearChainModel
 
 from . import synthetic
 
@@ -110,11 +110,11 @@ class EncodedTask(NamedTuple):
     num_features: int
 
 
-def _bucketise(encoded, label_ids, buckets, width) -> list[Bucket]:
+def _buckets(packed: features.PackedCorpus, width: int) -> list[Bucket]:
+    """The padded buckets of a packed corpus, ids widened to `width` columns."""
     out = []
-    for members, padded_length in buckets:
-        batch = feature_index.pad_batch([encoded[i] for i in members], [label_ids[i] for i in members], padded_length)
-        ids = np.full(batch.unigram_ids.shape[:2] + (width,), feature_index.PADDING_ID, np.int32)
+    for batch in features.padded_buckets(packed):
+        ids = np.full(batch.unigram_ids.shape[:2] + (width,), features.index.PADDING_ID, np.int32)
         ids[..., : batch.unigram_ids.shape[-1]] = batch.unigram_ids
         out.append(Bucket(jnp.asarray(ids), jnp.asarray(batch.labels), jnp.asarray(batch.lengths)))
     return out
@@ -122,28 +122,23 @@ def _bucketise(encoded, label_ids, buckets, width) -> list[Bucket]:
 
 def encode_task(data: TaskData, feature_sets, num_buckets: int) -> EncodedTask:
     """Featurise train and test with each feature set (index built on the
-    training set) into buckets of one shape per split across feature sets."""
-    label_of = {label: i for i, label in enumerate(data.labels)}
+    training set) into length buckets (`features.pack`) of one shape per
+    split across feature sets."""
     splits = {"train": data.train, "test": data.test}
-    labels = {name: [[label_of.get(label, -1) for label in s.labels] for s in sentences]
-              for name, sentences in splits.items()}
-    encoded, num_features = {}, 1
+    labels = {name: features.label_ids(sentences, data.labels) for name, sentences in splits.items()}
+    packed, num_features = {}, 1
     for set_name in feature_sets:
         extractor = presets.preset(FEATURE_SETS[set_name])
-        train_features = [extractor(sentence.tokens) for sentence in data.train]
-        index = feature_index.FeatureIndex.build(train_features)
+        index = features.build_index([extractor(sentence.tokens) for sentence in data.train])
         num_features = max(num_features, index.num_unigram)
-        encoded[set_name] = {"train": [index.encode(f) for f in train_features],
-                             "test": [index.encode(extractor(s.tokens)) for s in data.test]}
+        packed[set_name] = {split: features.pack(features.encode(index, extractor, sentences), labels[split],
+                                                 num_buckets) for split, sentences in splits.items()}
     out = {}
-    for split, sentences in splits.items():
-        buckets = corpora.length_buckets([len(s.labels) for s in sentences], num_buckets)
-        width = max(len(token) for set_name in feature_sets for unigram, _ in encoded[set_name][split]
-                    for token in unigram)
-        out[split] = {set_name: _bucketise(encoded[set_name][split], labels[split], buckets, width)
-                      for set_name in feature_sets}
-        if split == "test":
-            test_order = np.concatenate([members for members, _ in buckets])
+    for split in splits:
+        # Bucketing depends on the lengths only: every feature set has the same buckets.
+        width = max(packed[set_name][split].unigram_ids.shape[1] for set_name in feature_sets)
+        out[split] = {set_name: _buckets(packed[set_name][split], width) for set_name in feature_sets}
+    test_order = np.concatenate(packed[feature_sets[0]]["test"].members)
     return EncodedTask(out["train"], out["test"], test_order, num_features)
 
 
@@ -198,65 +193,32 @@ class TrainResult(NamedTuple):
     train_seconds: float
 
 
-def _run_steps(loop, until, data, *, loss: str, l2_weight: float, tol: float):
-    """Advance an L-BFGS `optimizers.LoopState` to step `until` (jit-able)."""
-    fun = lambda p: objective(p, data[0], data[1], loss, l2_weight)
-    step_fn = optimizers.gradient_step_fn(fun, optax.lbfgs())
-    return optimizers.run_loop(step_fn, loop, until, optimizers.relative_change_below(tol))
+@functools.lru_cache(maxsize=None)
+def _objective_of(loss: str, l2_weight: float):
+    """`(params, (buckets, weights)) -> objective`, one function per (loss,
+    prior), so the driver re-uses its compiled loop across feature sets."""
+    return lambda params, data: objective(params, data[0], data[1], loss, l2_weight)
 
 
-_COMPILED: dict = {}
-
-
-def _compiled_steps(loop, data, loss: str, l2_weight: float, tol: float):
-    """`_run_steps` compiled once per (loss, prior, tolerance, shapes) and
-    reused across feature sets and learning-curve subsets. The data is an
-    argument, not a closure: jit would bake closed-over arrays into the
-    program as constants (seconds of compilation per 100 MB)."""
-    signature = jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), (loop, data))
-    key = (loss, l2_weight, tol, str(signature))
-    if key not in _COMPILED:
-        until = jnp.zeros((), jnp.int32)
-        _COMPILED[key] = jax.jit(functools.partial(_run_steps, loss=loss, l2_weight=l2_weight, tol=tol)).lower(
-            loop, until, data).compile()
-    return _COMPILED[key]
+_LBFGS = optax.lbfgs()
 
 
 def train(params: LinearChainModel, buckets: list, weights: list, loss: str, *, l2_weight: float, max_steps: int,
           tol: float, checkpoint_dir: str | None, progress: bool, chunks: int = 5) -> TrainResult:
-    """Minimise `objective` with `optax.lbfgs` in the loop of
-    `lossfns.optimizers.minimize`, in `chunks` jitted pieces with a progress
-    bar and a checkpoint (`lossfns.checkpoint`) after each, so that an
-    interrupted run resumes from its last chunk. The checkpoints are removed
-    once the run is done."""
+    """Minimise `objective` with `optax.lbfgs` through the driver
+    (`optimizers.train`), in `chunks` jitted pieces with a progress bar and a
+    checkpoint after each, so that an interrupted run resumes from its last
+    chunk. The checkpoints are removed once the run is done."""
     data = (tuple(buckets), tuple(jnp.asarray(w, params.emission.dtype) for w in weights))
-    loop = optimizers.init_loop((params, optax.lbfgs().init(params)), max_steps, params.emission.dtype)
-    start = time.perf_counter()
-    run_steps = _compiled_steps(loop, data, loss, l2_weight, tol)
-    compile_seconds = time.perf_counter() - start
-    if checkpoint_dir is not None:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        latest = checkpoint.latest_checkpoint(checkpoint_dir)
-        if latest is not None:
-            loop = checkpoint.load(latest, loop)
-    bar = tqdm.tqdm(total=max_steps, initial=int(loop.step), disable=not progress, leave=False,
-                    desc=loss, unit="step")
-    start = time.perf_counter()
-    while int(loop.step) < max_steps and not bool(loop.done):
-        before = int(loop.step)
-        loop = run_steps(loop, jnp.asarray(before + -(-max_steps // chunks), jnp.int32), data)
-        bar.update(int(loop.step) - before)
-        bar.set_postfix(objective=float(loop.value))
-        if checkpoint_dir is not None:
-            checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), loop)
-            checkpoint.prune_checkpoints(checkpoint_dir, 1)
-    jax.block_until_ready(loop.inner[0])
-    train_seconds = time.perf_counter() - start
-    bar.close()
+    result = optimizers.train(_objective_of(loss, l2_weight), params, _LBFGS, data, max_steps=max_steps,
+                              stop=optimizers.relative_change_below(tol), chunk_steps=-(-max_steps // chunks),
+                              checkpoint_dir=checkpoint_dir, progress=progress, description=loss,
+                              settings=["altun2003", loss, l2_weight, tol])
     if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    trace = np.asarray(loop.trace)
-    return TrainResult(loop.inner[0], trace[: int(loop.step)], int(loop.step), compile_seconds, train_seconds)
+    steps = int(result.num_steps)
+    return TrainResult(result.params, np.asarray(result.trace)[:steps], steps, result.compile_seconds,
+                       result.run_seconds)
 
 
 @jax.jit
@@ -292,29 +254,27 @@ def evaluate(params: LinearChainModel, buckets: list, order: np.ndarray, data: T
 # ---------------------------------------------------------------------------
 
 
-@jax.jit
-def _perceptron_epoch(state, bucket: Bucket):
-    """One pass of `lossfns.optimizers.perceptron` over one bucket (data as
-    an argument, not a closure, for the reason given in `_compiled_steps`)."""
-    data = optimizers.SequenceData(bucket.ids, bucket.labels, bucket.lengths)
-    return optimizers.perceptron_epoch_fn(lambda model, ids: model(ids), data)(state, 0)
+def _perceptron_epochs(buckets):
+    """`make_step` of one averaged-perceptron epoch over every bucket in
+    turn (`optimizers.perceptron_epoch_fn`); the objective is the mistakes."""
+    def step_fn(state, step):
+        mistakes = 0
+        for bucket in buckets:
+            data = optimizers.SequenceData(bucket.ids, bucket.labels, bucket.lengths)
+            state, bucket_mistakes = optimizers.perceptron_epoch_fn(lambda model, ids: model(ids), data)(state, step)
+            mistakes = mistakes + bucket_mistakes
+        return state, mistakes
+
+    return step_fn
 
 
 def train_perceptron(params: LinearChainModel, buckets: list, *, num_epochs: int, progress: bool):
     """Averaged perceptron for up to `num_epochs` epochs (buckets in a fixed
-    order; stops after an epoch without mistakes). Returns `(params,
-    mistakes per epoch, seconds)`."""
-    state = optimizers.perceptron_init(params)
-    history = []
-    start = time.perf_counter()
-    for _ in tqdm.trange(num_epochs, disable=not progress, leave=False, desc="perceptron", unit="epoch"):
-        mistakes = 0
-        for bucket in buckets:
-            state, bucket_mistakes = _perceptron_epoch(state, bucket)
-            mistakes += int(bucket_mistakes)
-        history.append(mistakes)
-        if mistakes == 0:
-            break
-    params = optimizers.averaged_params(state)
-    jax.block_until_ready(params)
-    return params, history, time.perf_counter() - start
+    order; stops after an epoch without mistakes), through the driver.
+    Returns `(params, mistakes per epoch, seconds)` (compilation included)."""
+    loop = optimizers.init_loop(optimizers.perceptron_init(params), num_epochs, params.emission.dtype)
+    run = optimizers.drive(_perceptron_epochs, loop, tuple(buckets), stop=optimizers.no_mistakes, progress=progress,
+                           description="perceptron")
+    steps = int(run.loop.step)
+    mistakes = [int(m) for m in np.asarray(run.loop.trace)[:steps]]
+    return optimizers.averaged_params(run.loop.inner), mistakes, run.compile_seconds + run.run_seconds

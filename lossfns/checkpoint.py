@@ -28,7 +28,7 @@ writes its model files through the same helpers (`write_atomically`,
 One writer per checkpoint directory: `DirectoryLock(directory)` holds an
 advisory `fcntl.flock` on `directory/.lossfns.lock` while a training run
 writes there (`Tagger.fit(checkpoint_dir=)` and
-`optimizers.minimize.drive` take it); a second run on the same directory
+`optimizers.driver.drive` take it); a second run on the same directory
 gets a `CheckpointError` naming it instead of racing the first. Taking the
 lock also removes the temporary files that a save killed before its rename
 left behind.

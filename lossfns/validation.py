@@ -166,3 +166,14 @@ def check_allocation(name: str, shape: tuple[int, ...], dtype, copies: int = 1) 
         raise MemoryError(f"{name} of shape {tuple(shape)} ({np.dtype(dtype).name}, x{copies}) needs "
                           f"{needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is available; "
                           "use fewer features (a larger min_count or hashing) or fewer labels")
+
+
+def check_float_dtype(name: str, dtype) -> None:
+    """Reject a dtype that is not floating point (e.g. `jnp.int32` weights)."""
+    try:
+        given = jnp.dtype(dtype)
+    except TypeError:
+        given = None
+    if given is None or not jnp.issubdtype(given, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point dtype (jnp.float32 or jnp.float64), "
+                        f"got {given.name if given is not None else repr(dtype)}")

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lossfns import checkpoint, corpora, debug, hmm, losses, optimizers, semirings
+from lossfns import checkpoint, corpora, debug, hmm, losses, optimizers, parallel, semirings
 from lossfns.corpora import Sentence
 from lossfns.features import templates
 from lossfns.lattices import chain, dag
@@ -385,9 +385,27 @@ CASES = [
                                               batch_size=2, num_epochs=0),
      ValueError, ["num_epochs", ">= 1", "0"]),
     ("drive-keep", "keep = 0 checkpoints",
-     lambda tmp: optimizers.drive(lambda inner, step: (inner, 0.0), optimizers.init_loop(0.0, 2),
-                                  stop_fn=optimizers.relative_change_below(0.0), checkpoint_dir=tmp, keep=0),
+     lambda tmp: optimizers.drive(lambda data: lambda inner, step: (inner, 0.0), optimizers.init_loop(0.0, 2),
+                                  stop=optimizers.relative_change_below(0.0), checkpoint_dir=tmp, keep=0),
      ValueError, ["keep", ">= 1", "0"]),
+    ("drive-chunk-steps", "chunk_steps = 0 for the driver",
+     lambda _: optimizers.drive(lambda data: lambda inner, step: (inner, 0.0), optimizers.init_loop(0.0, 2),
+                                stop=optimizers.relative_change_below(0.0), chunk_steps=0),
+     ValueError, ["chunk_steps", ">= 1", "0"]),
+    ("drive-callback", "a driver callback that is not callable",
+     lambda _: optimizers.drive(lambda data: lambda inner, step: (inner, 0.0), optimizers.init_loop(0.0, 2),
+                                stop=optimizers.relative_change_below(0.0), callback="print"),
+     TypeError, ["callback", "callable", "str"]),
+    ("train-objective", "a training objective that is not callable",
+     lambda _: optimizers.train("loss", jnp.ones(2), optax.lbfgs(), max_steps=2), TypeError, ["objective", "callable"]),
+    ("stop-period", "a stopping period of 0 for CRFsuite's rule",
+     lambda _: optimizers.relative_improvement_below(1e-5, 0), ValueError, ["period", ">= 1", "0"]),
+    ("mesh-axes", "a mesh without a data axis and with two axes",
+     lambda _: parallel.data_axis(jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("a", "b"))),
+     ValueError, ["mesh", "'data'", "('a', 'b')"]),
+    ("mesh-data-scalar", "a scalar data leaf to split over a mesh",
+     lambda _: parallel.shard_leading_axis({"x": np.zeros(())}, parallel.data_mesh()),
+     ValueError, ["data leaf ['x']", "leading axis", "()"]),
     ("finetune-l2", "a negative l2 for fine-tuning", lambda _: optimizers.finetune(_squares, jnp.ones(2), l2=-1.0),
      ValueError, ["l2", ">= 0", "-1.0"]),
     # --- block coordinate descent, perceptron, sequence boosting ---
@@ -480,6 +498,13 @@ CASES = [
      TypeError, ["sentences[1]", "corpora.Sentence", "tuple"]),
     ("tagger-fit-corpus", "a string instead of a corpus in fit", lambda _: Tagger().fit("El DA O"),
      TypeError, ["sentences", "list or tuple", "str"]),
+    ("tagger-kbest-k", "k = 0 best sequences", lambda _: Tagger().predict_kbest([_SENTENCE], 0),
+     ValueError, ["k", ">= 1", "0"]),
+    ("tagger-mesh-loss", "a custom loss with data-parallel training",
+     lambda _: Tagger(loss=losses.sequence_log_loss).fit([_SENTENCE], mesh=parallel.data_mesh()),
+     ValueError, ["mesh", "default log-loss"]),
+    ("label-scheme", "an unknown label scheme", lambda _: constraints.allowed_transitions(("O", "B-X"), "BIO"),
+     ValueError, ["scheme", "IOB2", "'BIO'"]),
     ("tagger-load", "Tagger.load of a file that is not a tagger", _not_a_tagger,
      ValueError, ["bad.tagger", "not a lossfns tagger file"]),
     # --- model files, checkpoint directories, corpora ---

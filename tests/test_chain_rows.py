@@ -13,9 +13,9 @@ from hypothesis import given, settings, strategies as st
 
 from lossfns import losses, semirings, testing
 from lossfns.corpora import Sentence
-from lossfns.features import pack, pack_rows
+from lossfns.features import corpus_arrays, encode, label_ids, pack, pack_rows
 from lossfns.lattices import FactoredPotentials, chain
-from lossfns.tagger import Tagger, _weights_of
+from lossfns.tagger import Tagger, TrainingData
 
 L = 3
 WIDTH = 8
@@ -224,13 +224,13 @@ def test_tagger_objective_on_rows_equals_buckets(features):
     tagger = Tagger(features, l1=0.1, l2=0.1, max_iterations=1, dtype=jnp.float64, progress=False)
     tagger.fit(sentences)
     assert (tagger.index.num_pair > 0) == (features != "crfsuite_ner")
-    params = jax.tree_util.tree_map(lambda x: x + 0.3 * jnp.asarray(rng.normal(size=x.shape)), _weights_of(tagger.model))
-    encoded = [tagger.index.encode(tagger.extractor(s.tokens)) for s in sentences]
-    lookup = {label: i for i, label in enumerate(tagger.labels)}
-    rows = tagger._training_data(tagger._pack_labelled(encoded, sentences))
-    buckets = tagger._training_data(pack(encoded, [[lookup[t] for t in s.labels] for s in sentences], 3))
-    assert "starts" in rows and "starts" not in buckets
-    objective = jax.jit(jax.value_and_grad(tagger._objective()))
+    params = jax.tree_util.tree_map(lambda x: x + 0.3 * jnp.asarray(rng.normal(size=x.shape)), tagger.model.weights())
+    rows = tagger.training_data(sentences)
+    encoded = encode(tagger.index, tagger.extractor, sentences)
+    buckets = TrainingData(corpus_arrays(pack(encoded, label_ids(sentences, tagger.labels), 3), tagger.index.num_unigram),
+                           tagger.model.structure())
+    assert rows.arrays.starts is not None and buckets.arrays.starts is None
+    objective = jax.jit(jax.value_and_grad(tagger.objective()))
     (row_value, row_grad), (bucket_value, bucket_grad) = objective(params, rows), objective(params, buckets)
     np.testing.assert_allclose(row_value, bucket_value, rtol=1e-12)
     for a, b in zip(jax.tree_util.tree_leaves(row_grad), jax.tree_util.tree_leaves(bucket_grad)):

@@ -16,7 +16,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from lossfns import testing
+from lossfns import checkpoint, testing
 from lossfns.lattices import chain
 from lossfns.losses import sequence
 
@@ -200,7 +200,7 @@ def test_training_resumes_from_checkpoint_bit_identical(tiny_task, tmp_path, mon
     start = tagging.init_params(encoded.num_features, len(data.labels))
     reference = tagging.train(start, buckets, weights, "sequential log", checkpoint_dir=None, **options)
 
-    real_save, saves = tagging.checkpoint.save, []
+    real_save, saves = checkpoint.save, []
 
     def save_then_crash(path, tree):
         real_save(path, tree)
@@ -208,7 +208,7 @@ def test_training_resumes_from_checkpoint_bit_identical(tiny_task, tmp_path, mon
         if len(saves) == 1:
             raise KeyboardInterrupt("simulated interruption after the first chunk")
 
-    monkeypatch.setattr(tagging.checkpoint, "save", save_then_crash)
+    monkeypatch.setattr(checkpoint, "save", save_then_crash)
     directory = str(tmp_path / "checkpoints")
     with pytest.raises(KeyboardInterrupt):
         tagging.train(start, buckets, weights, "sequential log", checkpoint_dir=directory, **options)

@@ -32,7 +32,8 @@ from lossfns import checkpoint
 from lossfns.checkpoint import CheckpointError, DirectoryLock, ModelFileError
 from lossfns.corpora import Sentence
 from lossfns import optimizers
-from lossfns.tagger import MAGIC, MODEL_FILE, Tagger
+from lossfns.model_file import MAGIC, MODEL_FILE
+from lossfns.tagger import Tagger
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -332,9 +333,11 @@ def test_minimize_drive_refuses_a_directory_in_use(tmp_path):
     loop = optimizers.init_loop(jnp.zeros(2), 6)
     with DirectoryLock(directory):
         with pytest.raises(CheckpointError, match=f"checkpoint directory {directory} is in use"):
-            optimizers.drive(step_fn, loop, stop_fn=stop, chunk_steps=2, checkpoint_dir=directory, progress=False)
+            optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory,
+                             progress=False)
     assert not list(directory.glob("checkpoint-*"))
-    done = optimizers.drive(step_fn, loop, stop_fn=stop, chunk_steps=2, checkpoint_dir=directory, progress=False)
+    done = optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory, keep=2,
+                            progress=False).loop
     assert int(done.step) == 6 and len(list(directory.glob("checkpoint-*.ckpt"))) == 2
     DirectoryLock(directory).acquire().release()  # released when drive returns
 

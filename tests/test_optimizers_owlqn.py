@@ -179,14 +179,16 @@ def test_resume_is_bit_identical(owlqn_loop, tmp_path):
 
 def test_driver_resumes_from_its_checkpoints(owlqn_loop, tmp_path):
     step_fn, loop = owlqn_loop
+    make_step = lambda _: step_fn  # one object: the chunk compiles once for every run below
     stop = optimizers.relative_change_below(0.0)
-    straight = optimizers.drive(step_fn, loop, stop_fn=stop, chunk_steps=12, progress=False)
+    straight = optimizers.drive(make_step, loop, stop=stop, chunk_steps=12, progress=False).loop
     assert int(straight.step) == 12
     # An interrupted run: only the first chunk, then a new driver on the same directory.
-    first = optimizers.drive(step_fn, loop, stop_fn=stop, chunk_steps=4, until=4, checkpoint_dir=tmp_path,
-                        progress=False)
+    first = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, until=4, checkpoint_dir=tmp_path,
+                             progress=False).loop
     assert int(first.step) == 4
-    resumed = optimizers.drive(step_fn, loop, stop_fn=stop, chunk_steps=4, checkpoint_dir=tmp_path, progress=False)
+    resumed = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, checkpoint_dir=tmp_path,
+                               progress=False).loop
     for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

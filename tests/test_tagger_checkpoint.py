@@ -92,7 +92,7 @@ def test_checkpoint_of_another_corpus_is_refused(tmp_path):
     reordered = corpus[::-1]  # the same parameter shapes: refused by the fingerprint
     smaller = corpus[:-1]  # fewer features: refused by the parameter shapes
     for other in (reordered, smaller):
-        with pytest.raises(checkpoint.CheckpointError, match="another corpus or other training settings"):
+        with pytest.raises(checkpoint.CheckpointError, match="other data or other training settings"):
             _tagger().fit(other, checkpoint_dir=tmp_path, checkpoint_every=5)
 
 

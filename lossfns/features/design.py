@@ -68,8 +68,9 @@ def bucket_design(packed: PackedCorpus, num_features: int) -> SparseDesign:
     bucket cell: bucket after bucket, each `[B_b, T_b]` in row-major order,
     padding cells empty. Bucket b's scores are then a slice and a reshape of
     `design_matmul(design, W)` (`bucket_slices`), never a gather."""
-    cells = [np.where(positions[..., None] >= 0, packed.unigram_ids[np.maximum(positions, 0)], -1)
-             .reshape(-1, packed.unigram_ids.shape[1]) for positions in packed.positions]
+    # Position -1 (padding) reads an appended row of -1 (also when the corpus has no tokens).
+    stack = np.concatenate([packed.unigram_ids, np.full((1, packed.unigram_ids.shape[1]), -1, np.int32)])
+    cells = [stack[positions].reshape(positions.size, stack.shape[1]) for positions in packed.positions]
     ids = np.concatenate(cells) if cells else np.zeros((0, packed.unigram_ids.shape[1]), np.int32)
     return design_from_ids(ids, num_features)
 

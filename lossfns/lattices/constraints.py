@@ -58,6 +58,18 @@ def _split(label: str, scheme: str, prefixes: dict) -> tuple[Optional[str], str]
     return prefix, kind
 
 
+def _fits(labels: Sequence[str], prefixes: dict) -> bool:
+    allowed = {p for p in prefixes.values() if p is not None}
+    return all(label == "O" or (label.partition("-")[0] in allowed and label.partition("-")[2] != "")
+               for label in labels)
+
+
+def scheme_of(labels: Sequence[str]) -> Optional[str]:
+    """The narrowest of `SCHEMES` that every label fits (`O` or `PREFIX-TYPE`),
+    in the order IOB2, IOBES, BILOU; None when none does (e.g. POS tags)."""
+    return next((name for name, prefixes in _SCHEMES.items() if _fits(labels, prefixes)), None)
+
+
 def allowed_transitions(labels: Sequence[str], scheme: str = "IOB2") -> AllowedTransitions:
     """The moves that keep a label sequence valid in `scheme`.
 

@@ -1,5 +1,11 @@
-"""Models mapping featurised sentences to chain potentials."""
+"""Models mapping featurised sentences to chain potentials: the linear-chain
+CRF over sparse features (which owns its masked parameterisation), its loss
+and decoding over a packed corpus, and label-scheme constraints applied to potentials."""
 
-from .linear_chain import LinearChainModel
+from . import constraints, packed
+from .constraints import constrain
+from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
+from .packed import TrainingData, corpus_loss, corpus_potentials, weights_objective
 
-__all__ = ["LinearChainModel"]
+__all__ = ["constraints", "packed", "constrain",
+           "ChainStructure", "ChainWeights", "LinearChainModel", "TrainingData", "corpus_loss", "corpus_potentials", "weights_objective"]

@@ -27,13 +27,19 @@ which has no row of its own in `pair_emission`).
 fix the weights they exclude at 0: CRFsuite's default parameter set, where
 only the (feature, label) pairs and (feature, previous label, label)
 triples seen in the training data exist (`features.observed_label_pairs`,
-`features.observed_label_triples`).
+`features.observed_label_triples`). The model owns this parameterisation:
+`weights()` are the optimisation variables (`ChainWeights`: only the
+emission weights that exist, 3% of `[K, L]` for the POS features, so every
+optimizer step and the L1 penalty cost O(P), not O(K L)), `structure()` the
+masks (`ChainStructure`, passed to compiled objectives as data, never baked
+into them as constants), and `with_weights(weights, structure)` the model
+again (jit-able).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import equinox as eqx
 import jax
@@ -86,6 +92,29 @@ def _sum_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     size = table.shape[0]
     flat = jnp.where(ids < 0, size, ids).reshape(-1, ids.shape[-1]).astype(jnp.int32)
     return _gather_sum(table, flat).reshape(ids.shape[:-1] + table.shape[1:])
+
+
+class ChainWeights(NamedTuple):
+    """The optimisation variables of a `LinearChainModel`: emission `[P]`,
+    the weights of the P (feature, label) pairs of its emission mask
+    (row-major order), or the whole `[K, L]` table without a mask;
+    transitions `[L, L]`; start `[L]`; pair_emission `[K2, L, L]`."""
+
+    emission: jax.Array
+    transitions: jax.Array
+    start: jax.Array
+    pair_emission: jax.Array
+
+
+class ChainStructure(NamedTuple):
+    """What `LinearChainModel.with_weights` needs besides the weights:
+    emission_pairs: `(rows [P], columns [P])` int32 of the emission
+    weights that exist, or None (all); emission_mask `[K, L]` and pair_mask
+    `[K2, L, L]` bool, or None."""
+
+    emission_pairs: Optional[tuple]
+    emission_mask: Optional[jax.Array]
+    pair_mask: Optional[jax.Array]
 
 
 class LinearChainModel(eqx.Module):
@@ -255,6 +284,33 @@ class LinearChainModel(eqx.Module):
     def potentials(self, batch: FeatureBatch):
         """`self(batch.unigram_ids, batch.pair_ids)`."""
         return self(batch.unigram_ids, batch.pair_ids)
+
+    def weights(self) -> ChainWeights:
+        """The optimisation variables (`ChainWeights`)."""
+        emission = self.emission
+        if self.emission_mask is not None:
+            emission = emission[np.asarray(self.emission_mask)]
+        return ChainWeights(emission, self.transitions, self.start, self.pair_emission)
+
+    def structure(self) -> ChainStructure:
+        """The masks and the emission pairs of `weights()` (`ChainStructure`)."""
+        pairs = None
+        if self.emission_mask is not None:
+            pairs = tuple(np.asarray(i, np.int32) for i in np.nonzero(np.asarray(self.emission_mask)))
+        return ChainStructure(pairs, self.emission_mask, self.pair_mask)
+
+    def with_weights(self, weights: ChainWeights, structure: ChainStructure) -> "LinearChainModel":
+        """This model with `weights` (from `weights()`, or an optimizer) and
+        `structure` (from `structure()`); jit-able in both: every array of the
+        result comes from them, none from `self` (only shapes and the static
+        sparse support do)."""
+        emission = weights.emission
+        if structure.emission_pairs is not None:
+            rows, columns = structure.emission_pairs
+            emission = jnp.zeros(self.emission.shape, emission.dtype).at[rows, columns].set(emission)
+        return dataclasses.replace(self, emission=emission, transitions=weights.transitions, start=weights.start,
+                                   pair_emission=weights.pair_emission, emission_mask=structure.emission_mask,
+                                   pair_mask=structure.pair_mask)
 
     def trainable(self):
         """`(params, static)`: the floating-point weights and the rest (the mask),

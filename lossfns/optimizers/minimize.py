@@ -4,36 +4,35 @@ Every optimizer in `lossfns.optimizers` is run by the same loop: a
 `LoopState` (the optimizer's own state pytree, a step counter, the last
 objective value, the objective trace and a `done` flag) is advanced by a
 `step_fn(inner_state, step) -> (inner_state, objective)` inside
-`jax.lax.while_loop`. Nothing is mutated on the Python side, so
+`jax.lax.while_loop`, until a stop rule reading the objective trace fires
+(`StopRule`: `relative_change_below`, CRFsuite's `relative_improvement_below`).
+Nothing is mutated on the Python side, so
 
 * `run_loop` is jit-compiled end to end;
 * a run stopped at any step, saved (`lossfns.checkpoint.save` or
   `equinox.tree_serialise_leaves`), reloaded and continued executes the very
   same compiled loop body on the very same values, and so ends bit-identical
-  to an uninterrupted run;
-* `drive` is the Python-side wrapper for long runs: it calls the jitted loop
-  in chunks, shows progress and writes an atomic checkpoint after each chunk,
-  resuming from the newest checkpoint when one exists.
+  to an uninterrupted run.
 
-`minimize` specialises the loop to optax gradient transformations, including
-those with a line search that take `value=`, `grad=`, `value_fn=`
-(`optax.lbfgs`, `owlqn`).
+`advance` is one chunk of a run with its data as an argument:
+`minimize` is one chunk to the end, and `optimizers.driver` (`drive`,
+`train`) runs jitted chunks of the same `advance` from Python, with
+progress, checkpoints and a device mesh. `gradient_step_fn` specialises the
+loop to optax gradient transformations, including those with a line search
+that take `value=`, `grad=`, `value_fn=` (`optax.lbfgs`, `owlqn`).
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import numbers
 import warnings
-from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from .. import checkpoint
 from .. import validation
 from ..validation import concrete
 
@@ -163,7 +162,8 @@ def loop_status(loop: LoopState) -> jax.Array:
                                jnp.where(loop.done, jnp.int32(CONVERGED), jnp.int32(ITERATION_LIMIT))))
 
 
-def _warn_on_failure(status) -> None:
+def warn_on_failure(status) -> None:
+    """A `RuntimeWarning` when a concrete `status` is a failure."""
     value = concrete(status)
     if value is not None and int(value) >= NON_FINITE_OBJECTIVE:
         warnings.warn(f"optimisation stopped early with status {status_name(value)} "
@@ -212,27 +212,65 @@ def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
                      jnp.full((max_steps,), jnp.nan, dtype), jnp.zeros((), bool))
 
 
-@functools.lru_cache(maxsize=None)
-def relative_change_below(tol: float) -> Callable:
-    """Stopping test `|previous - value| <= tol * max(|value|, 1)`; `tol = 0` never stops.
+class RelativeChange(NamedTuple):
+    """Stop rule: `|f_{k-1} - f_k| <= tol * max(|f_k|, 1)` between the last
+    two objectives; `tol = 0` never stops. (`relative_change_below(tol)`)"""
 
-    Cached, so equal tolerances give the same function and jitted loops are re-used."""
+    tol: float
+
+    def __call__(self, trace, step):
+        value, previous = trace[step - 1], trace[jnp.maximum(step - 2, 0)]
+        close = jnp.abs(previous - value) <= self.tol * jnp.maximum(jnp.abs(value), 1.0)
+        return (self.tol > 0) & (step >= 2) & close
+
+
+class RelativeImprovement(NamedTuple):
+    """Stop rule of CRFsuite's L-BFGS (its `period` and `delta`): the
+    objective improved by less than `tol` (relative to the current value)
+    over the last `period` steps, `(f_{k-period} - f_k) / |f_k| < tol`;
+    never before `period + 1` steps, never with `tol = 0`.
+    (`relative_improvement_below(tol, period)`)"""
+
+    tol: float
+    period: int
+
+    def __call__(self, trace, step):
+        value, before = trace[step - 1], trace[jnp.maximum(step - 1 - self.period, 0)]
+        tiny = jnp.finfo(trace.dtype).tiny
+        return (self.tol > 0) & (step > self.period) & ((before - value) / jnp.maximum(jnp.abs(value), tiny) < self.tol)
+
+
+#: `(trace [max_steps], num_steps []) -> []` bool (see `run_loop`). A rule that
+#: needs the host (a development-set score) is a `driver.drive` callback.
+StopRule = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def relative_change_below(tol: float) -> RelativeChange:
+    """Stop rule `|previous - value| <= tol * max(|value|, 1)`; `tol = 0` never stops.
+
+    Rules are values (equal tolerances give equal rules), so jitted loops are re-used."""
     check_scalar("tol", tol, 0)
-
-    def stop(previous, value):
-        return (tol > 0) & (jnp.abs(previous - value) <= tol * jnp.maximum(jnp.abs(value), 1.0))
-
-    return stop
+    return RelativeChange(float(tol))
 
 
-def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: Callable,
+def relative_improvement_below(tol: float, period: int) -> RelativeImprovement:
+    """CRFsuite's stop rule: relative improvement below `tol` over the last `period` steps."""
+    check_scalar("tol", tol, 0)
+    check_int("period", period)
+    return RelativeImprovement(float(tol), int(period))
+
+
+def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: StopRule,
              halt_fn: Optional[Callable] = None) -> LoopState:
     """Advance `loop` with `step_fn` until `until` steps in total, the trace is
-    full, or `stop_fn(previous_value, value)` fires (or `halt_fn(inner,
+    full, or the stop rule `stop_fn(trace, num_steps)` fires (or `halt_fn(inner,
     value)`, e.g. `halt_on_failure`). Jit-able (`until` may be traced;
     `step_fn`, `stop_fn` and `halt_fn` are static).
 
     step_fn: `(inner, step) -> (inner, objective)`; `step` is the int32 step index.
+    stop_fn: `(trace [max_steps], num_steps []) -> []` bool, asked after each
+      step with the objectives so far (`trace[:num_steps]`; NaN beyond), e.g.
+      `relative_change_below(tol)` or `relative_improvement_below(tol, period)`.
     """
     max_steps = loop.trace.shape[0]
     until = jnp.minimum(jnp.asarray(until, jnp.int32), max_steps)
@@ -243,12 +281,25 @@ def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: Callable,
     def body(state):
         inner, value = step_fn(state.inner, state.step)
         value = jnp.asarray(value, state.value.dtype)
-        done = stop_fn(state.value, value)
+        trace, step = state.trace.at[state.step].set(value), state.step + 1
+        done = stop_fn(trace, step)
         if halt_fn is not None:
             done = done | halt_fn(inner, value)
-        return LoopState(inner, state.step + 1, value, state.trace.at[state.step].set(value), done)
+        return LoopState(inner, step, value, trace, done)
 
     return jax.lax.while_loop(cond, body, loop)
+
+
+def advance(make_step: Callable, stop_fn: StopRule, loop: LoopState, until, data=None) -> LoopState:
+    """One chunk of a run: `run_loop(make_step(data), loop, until, stop_fn,
+    halt_on_failure)`. The data is an argument, so that under `jit` it is an
+    input of the compiled program, never a constant baked into it (XLA's
+    constant folding of a `[K, L]` mask took minutes). `minimize` is one
+    chunk to the end; `driver.drive` runs jitted chunks of this function.
+
+    make_step: `data -> step_fn` (see `run_loop`), e.g. `gradient_steps(...)`.
+    """
+    return run_loop(make_step(data), loop, until, stop_fn, halt_on_failure)
 
 
 def _value_and_grad(fun, opt_state):
@@ -314,6 +365,32 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
     return step_fn
 
 
+class GradientSteps(NamedTuple):
+    """`data -> gradient_step_fn(objective(., data) + regularizer, optimizer,
+    penalty)`: the `make_step` of `advance` for an optax optimizer on an
+    objective with data. A value (equal arguments give equal makers), so
+    compiled chunks are re-used.
+
+    objective: `(params, data) -> scalar`; regularizer: `params -> scalar`
+    (smooth, optimised) or None; penalty: the non-smooth part the optimizer
+    handles itself (`owlqn`'s elastic net), only added to the recorded value.
+    """
+
+    objective: Callable
+    optimizer: optax.GradientTransformation
+    regularizer: Optional[Callable] = None
+    penalty: Optional[Callable] = None
+
+    def __call__(self, data):
+        objective, regularizer = self.objective, self.regularizer
+
+        def fun(params):
+            value = objective(params, data)
+            return value if regularizer is None else value + regularizer(params)
+
+        return gradient_step_fn(fun, self.optimizer, self.penalty)
+
+
 class MinimizeResult(NamedTuple):
     """params: the final parameters; state: the final optimizer state;
     trace: `[max_steps]` objective after each step (NaN past `num_steps`);
@@ -352,16 +429,22 @@ def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, 
     check_int("max_steps", max_steps)
     check_float_params(params)
     relative_change_below(tol)
-    step_fn = gradient_step_fn(fun, optimizer, penalty)
-    loop = init_loop((params, optimizer.init(params)), max_steps, _float_dtype(params))
-    loop = run_loop(step_fn, loop, max_steps, relative_change_below(tol), halt_on_failure)
-    (params, state) = loop.inner
+    loop = init_loop((params, optimizer.init(params)), max_steps, float_dtype(params))
+    loop = advance(GradientSteps(lambda params, _: fun(params), optimizer, penalty=penalty),
+                   relative_change_below(tol), loop, max_steps)
+    return minimize_result(loop)
+
+
+def minimize_result(loop: LoopState) -> MinimizeResult:
+    """The `MinimizeResult` of a finished gradient loop (`inner = (params,
+    opt_state, ...)`), warning outside `jit` when it stopped on a failure."""
     status = loop_status(loop)
-    _warn_on_failure(status)
-    return MinimizeResult(params, state, loop.trace, loop.step, status)
+    warn_on_failure(status)
+    return MinimizeResult(loop.inner[0], loop.inner[1], loop.trace, loop.step, status)
 
 
-def _float_dtype(tree):
+def float_dtype(tree):
+    """The floating dtype of a pytree's floating leaves (the trace's dtype)."""
     leaves = [leaf for leaf in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
     return jnp.result_type(*leaves) if leaves else jnp.result_type(float)
 
@@ -433,62 +516,9 @@ def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransfor
     check_float_params(params)
     relative_change_below(tol)
     step_fn = epoch_step_fn(fun, optimizer, data, batch_size=batch_size, penalty=penalty)
-    loop = init_loop((params, optimizer.init(params), key), num_epochs, _float_dtype(params))
-    loop = run_loop(step_fn, loop, num_epochs, relative_change_below(tol), halt_on_failure)
-    params, state, _ = loop.inner
-    status = loop_status(loop)
-    _warn_on_failure(status)
-    return MinimizeResult(params, state, loop.trace, loop.step, status)
+    loop = init_loop((params, optimizer.init(params), key), num_epochs, float_dtype(params))
+    return minimize_result(advance(lambda _: step_fn, relative_change_below(tol), loop, num_epochs))
 
 
 run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3, 4))
 run_loop_jit.__doc__ = """`run_loop` compiled once per `(step_fn, stop_fn, halt_fn)` (pass the same objects to re-use it)."""
-
-
-def drive(step_fn: Callable, loop: LoopState, *, stop_fn: Callable, chunk_steps: int = 100,
-          until: Optional[int] = None, checkpoint_dir=None, keep: int = 2, progress: bool = True) -> LoopState:
-    """Run a loop to completion from Python, in jitted chunks of `chunk_steps`.
-
-    After each chunk the `LoopState` is written atomically to
-    `checkpoint_dir/checkpoint-<step>.ckpt` (`lossfns.checkpoint`, keeping the
-    newest `keep`). If `checkpoint_dir` already holds a checkpoint, the run
-    resumes from it (`loop` then only supplies the structure), and ends
-    bit-identical to an uninterrupted run. `until` stops after that many
-    steps in total (a time-boxed run, resumed later). `progress` shows a tqdm bar with
-    the current objective when tqdm is installed.
-    """
-    check_int("chunk_steps", chunk_steps)
-    check_int("keep", keep)
-    if until is not None:
-        check_int("until", until, 0)
-    # One writer per checkpoint directory (`checkpoint.DirectoryLock`, which
-    # creates it): a second run on it gets a CheckpointError naming it.
-    with checkpoint.locked(checkpoint_dir):
-        if checkpoint_dir is not None:
-            checkpoint_dir = Path(checkpoint_dir)
-            latest = checkpoint.latest_checkpoint(checkpoint_dir)
-            if latest is not None:
-                loop = checkpoint.load(latest, loop)
-        max_steps = loop.trace.shape[0]
-        until = max_steps if until is None else min(until, max_steps)
-        bar = _progress_bar(max_steps, int(loop.step)) if progress else None
-        while int(loop.step) < until and not bool(loop.done):
-            before = int(loop.step)
-            loop = run_loop_jit(step_fn, loop, min(before + chunk_steps, until), stop_fn)
-            if bar is not None:
-                bar.update(int(loop.step) - before)
-                bar.set_postfix(objective=float(loop.value))
-            if checkpoint_dir is not None:
-                checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), loop)
-                checkpoint.prune_checkpoints(checkpoint_dir, keep)
-        if bar is not None:
-            bar.close()
-    return loop
-
-
-def _progress_bar(total: int, initial: int):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is an optional extra: run silently without it
-        return None
-    return tqdm(total=total, initial=initial, unit="step")

@@ -97,10 +97,9 @@ def perceptron_epoch_fn(potentials_fn: Callable, data: SequenceData) -> Callable
     return step_fn
 
 
-def no_mistakes(previous, mistakes):
-    """Stopping test of the perceptron loop: an epoch without mistakes."""
-    del previous
-    return mistakes == 0
+def no_mistakes(trace, num_steps):
+    """Stop rule of the perceptron loop (trace: mistakes per epoch): an epoch without mistakes."""
+    return trace[num_steps - 1] == 0
 
 
 def perceptron(potentials_fn: Callable, params, data: SequenceData, *, num_epochs: int,

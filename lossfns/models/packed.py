@@ -1,0 +1,104 @@
+"""A `LinearChainModel` over a packed corpus (`features.CorpusArrays`): the
+summed training loss (also as a function of the model's optimisation
+variables, `weights_objective`), and decoding (Viterbi, k-best, marginals).
+
+A corpus is packed once (`features.index.pack` into length buckets, or
+`pack_rows` into rows of back-to-back sentences) and read bucket by bucket;
+every function here takes the arrays as an argument, so jitted it compiles
+one program per set of bucket shapes, and the data stays out of it. Decoding
+takes optional label-scheme constraints (`lattices.constraints.allowed_transitions`).
+Results are per bucket; `features.in_corpus_order` puts them back in
+corpus order.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from .. import semirings
+from ..features.corpus import CorpusArrays
+from ..lattices import chain
+from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
+from ..lattices.constraints import AllowedTransitions
+from .constraints import constrain
+from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
+
+
+def corpus_potentials(model: LinearChainModel, arrays: CorpusArrays) -> tuple:
+    """The potentials of every bucket (`LinearChainModel.packed_potentials`)."""
+    return model.packed_potentials(arrays.design, arrays.pair_ids, arrays.positions, arrays.starts)
+
+
+def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Optional[Callable] = None) -> jax.Array:
+    """The loss summed over the corpus's sentences, `[]`.
+
+    loss: `(potentials, labels [B, T], lengths [B]) -> [B]`, default the CRF
+    log-loss (`losses.sequence_log_loss` on the real semiring); rows of
+    several sentences (`arrays.starts`, from `pack_rows`) take only the
+    default, as `losses.row_sequence_log_loss`.
+    """
+    buckets = corpus_potentials(model, arrays)
+    if arrays.starts is not None:
+        if loss is not None:
+            raise ValueError("loss: rows of several sentences (pack_rows) take only the default log-loss; "
+                             "pack a custom loss's corpus into length buckets (features.pack)")
+        return sum(jnp.sum(row_sequence_log_loss(p, labels, starts, lengths, semiring=semirings.Real))
+                   for p, labels, starts, lengths in zip(buckets, arrays.labels, arrays.starts, arrays.lengths))
+    loss = functools.partial(sequence_log_loss, semiring=semirings.Real) if loss is None else loss
+    return sum(jnp.sum(loss(p, labels, lengths)) for p, labels, lengths in zip(buckets, arrays.labels, arrays.lengths))
+
+
+class TrainingData(NamedTuple):
+    """What `weights_objective` reads: the packed labelled corpus and the
+    model's masks (`ChainStructure`), both arguments of the compiled
+    program, never constants in it. For data-parallel training every leaf
+    has a leading shard axis `[shards, ...]` (`features.pack_shards`)."""
+
+    arrays: CorpusArrays
+    structure: ChainStructure
+
+
+def weights_objective(model: LinearChainModel, loss: Optional[Callable] = None) -> Callable:
+    """`(ChainWeights, TrainingData) -> []`: `corpus_loss` of `model` with
+    those weights (`model.with_weights`); the optimisation variables are
+    `model.weights()`. Nothing of `model` but its shapes enters the result."""
+    def objective(weights: ChainWeights, data: TrainingData) -> jax.Array:
+        return corpus_loss(model.with_weights(weights, data.structure), data.arrays, loss)
+
+    return objective
+
+
+def _constrained(model, arrays, moves: Optional[AllowedTransitions]) -> tuple:
+    buckets = corpus_potentials(model, arrays)
+    if moves is None:
+        return buckets
+    return tuple(constrain(p, moves, lengths) for p, lengths in zip(buckets, arrays.lengths))
+
+
+@jax.jit
+def viterbi(model: LinearChainModel, arrays: CorpusArrays, moves: Optional[AllowedTransitions] = None) -> tuple:
+    """Per bucket, the best labels `[B_b, T_b]` int32 (-1 past each length)."""
+    return tuple(chain.viterbi(p, lengths)[1] for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths))
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: Optional[AllowedTransitions] = None) -> tuple:
+    """Per bucket, `(log-probabilities [B_b, k], labels [B_b, k, T_b])` of
+    the k best label sequences, best first (`-inf` and -1 where a sentence
+    has fewer than k)."""
+    out = []
+    for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths):
+        scores, labels = chain.kbest(p, lengths, k)
+        out.append((scores - chain.log_partition(p, lengths)[:, None], labels))
+    return tuple(out)
+
+
+@jax.jit
+def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: Optional[AllowedTransitions] = None) -> tuple:
+    """Per bucket, the label marginals `P(y_t = j | x)` `[B_b, T_b, L]` (0 past each length)."""
+    return tuple(chain.node_marginals(p, lengths) for p, lengths in zip(_constrained(model, arrays, moves),
+                                                                       arrays.lengths))

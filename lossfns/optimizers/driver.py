@@ -1,0 +1,292 @@
+"""The training driver: every long run (the Tagger, the experiments) is this loop.
+
+`drive` runs a `LoopState` to its end from Python in jitted chunks of
+`minimize.advance` (so `minimize`, one chunk to the end, is the same loop),
+with its data as an argument of the compiled chunk, never a constant baked
+into it. Around the chunks it adds what a long run needs:
+
+* a stop rule that reads the objective trace, inside the compiled loop
+  (`relative_change_below`, CRFsuite's `relative_improvement_below`); a
+  rule that needs the host (a development-set plateau) is a `callback`
+  returning True;
+* a tqdm progress bar with the objective, and a per-chunk `callback(Report)`
+  (print the objective, score a development set, stop early);
+* checkpoints: the loop is saved atomically every `checkpoint_every` steps
+  and at the end (`lossfns.checkpoint`, one writer per directory), with a
+  SHA-256 fingerprint of the data and the settings; a run started again on
+  the directory resumes from the newest checkpoint and ends bit-identical to
+  an uninterrupted run (the chunks execute the same compiled loop body on
+  the same values), and a checkpoint of other data or settings is refused;
+* a device mesh: the data is split along its leading axis over the mesh's
+  data axis, the loop replicated (`lossfns.parallel`).
+
+`train` is the driver for an objective `(params, data) -> scalar` and an
+optax-shaped optimizer (`optax.lbfgs`, `owlqn`, `sgd_l1`, ...), through
+`minimize.GradientSteps`; with a mesh the objective, a sum over the data's
+examples, is summed over the shards (`parallel.sum_over_shards`).
+Compiled chunks are cached by `(make_step, stop, shapes)`, so runs of equal
+shapes (an experiment's feature sets and losses) compile once.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .. import checkpoint, parallel
+from ..validation import check_int
+from .minimize import (GradientSteps, LoopState, MinimizeResult, StopRule, advance, check_callable,
+                       check_float_params, check_optimizer, float_dtype, init_loop, minimize_result,
+                       relative_change_below)
+
+
+class Report(NamedTuple):
+    """What a `drive` callback sees after each chunk: `step` steps done,
+    `value` the objective after the last, `trace` `[step]` the objectives so
+    far (numpy), `inner` the optimizer state pytree (for `train`:
+    `(params, opt_state)`)."""
+
+    step: int
+    value: float
+    trace: np.ndarray
+    inner: Any
+
+
+class DriveResult(NamedTuple):
+    """loop: the final `LoopState`; compile_seconds: compiling the chunk (0
+    when cached or nothing was left to run); run_seconds: the chunks, callbacks
+    and checkpoints excluded."""
+
+    loop: LoopState
+    compile_seconds: float
+    run_seconds: float
+
+
+class TrainResult(NamedTuple):
+    """`MinimizeResult`'s fields (params, state, trace `[max_steps]`,
+    num_steps, status) and the driver's timings."""
+
+    params: Any
+    state: Any
+    trace: jax.Array
+    num_steps: jax.Array
+    status: jax.Array
+    compile_seconds: float
+    run_seconds: float
+
+
+def describe(value):
+    """A JSON-able description of a setting that is the same in every
+    process: callables by qualified name (a closure's captured values are not
+    seen), partials with their arguments, never an object's address."""
+    if isinstance(value, functools.partial):
+        return [describe(value.func), [describe(a) for a in value.args],
+                {k: describe(v) for k, v in sorted(value.keywords.items())}]
+    if isinstance(value, (list, tuple)):
+        return [describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): describe(v) for k, v in sorted(value.items(), key=lambda item: str(item[0]))}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    text = repr(value)
+    return type(value).__qualname__ if " at 0x" in text else text
+
+
+def fingerprint(data, settings=None) -> np.ndarray:
+    """SHA-256 `[32]` uint8 of `settings` (through `describe`) and of every
+    leaf of `data` (structure, shapes, dtypes and bytes): what a checkpoint
+    must match to be resumed."""
+    digest = hashlib.sha256(json.dumps(describe(settings)).encode("utf-8"))
+    leaves, structure = jax.tree_util.tree_flatten(data)
+    digest.update(str(structure).encode("utf-8"))
+    for leaf in leaves:
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{array.shape}{array.dtype}".encode("utf-8"))
+        digest.update(array.tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8).copy()
+
+
+def _strong(tree):
+    """`tree` without weakly typed leaves (optax's initial states hold some;
+    a chunk returns strong ones, which a compiled chunk would refuse)."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, tree)
+
+
+def _signature(tree) -> str:
+    def leaf(x):
+        sharding = getattr(x, "sharding", None)
+        return (jnp.shape(x), str(jnp.result_type(x)), str(sharding) if sharding is not None else None)
+
+    return str(jax.tree_util.tree_structure(tree)) + str(jax.tree_util.tree_map(leaf, tree))
+
+
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_COMPILED_KEEP = 16  # executables of recent runs; an experiment cycles through a handful of shapes
+
+
+def _compiled_chunk(make_step, stop, loop, data, mesh):
+    """`advance(make_step, stop, loop, until, data)` compiled for these
+    shapes (and shardings): `(executable, seconds spent compiling)`."""
+    key = (make_step, stop, _signature((loop, data)))
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key], 0.0
+    start = time.perf_counter()
+    options = {}
+    if mesh is not None:
+        copy = NamedSharding(mesh, PartitionSpec())
+        split = NamedSharding(mesh, PartitionSpec(parallel.data_axis(mesh)))
+        options = dict(in_shardings=(copy, copy, jax.tree_util.tree_map(lambda _: split, data)), out_shardings=copy)
+    chunk = jax.jit(functools.partial(advance, make_step, stop), **options)
+    executable = chunk.lower(loop, jnp.zeros((), jnp.int32), data).compile()
+    _COMPILED[key] = executable
+    while len(_COMPILED) > _COMPILED_KEEP:
+        _COMPILED.popitem(last=False)
+    return executable, time.perf_counter() - start
+
+
+def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> LoopState:
+    """The loop of the newest checkpoint in `directory`, or `loop` when there is none."""
+    latest = checkpoint.latest_checkpoint(directory)
+    if latest is None:
+        return loop
+    refusal = (f"checkpoint_dir {directory}: {latest.name} was written for other data or other training "
+               "settings; use a new directory (or delete this one) to start afresh")
+    try:
+        # `latest_checkpoint` skipped damaged files, so a failure here is a structure mismatch.
+        restored = checkpoint.load(latest, {"fingerprint": stamp, "loop": loop})
+    except checkpoint.CheckpointError as error:
+        raise checkpoint.CheckpointError(f"{refusal} ({error})") from None
+    if not np.array_equal(np.asarray(restored["fingerprint"]), stamp):
+        raise checkpoint.CheckpointError(refusal)
+    return _strong(restored["loop"])
+
+
+def _progress_bar(show: bool, total: int, initial: int, description: Optional[str]):
+    if not show:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is an optional extra: run silently without it
+        return None
+    return tqdm(total=total, initial=initial, unit="step", desc=description, leave=False)
+
+
+def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, until: Optional[int] = None,
+          chunk_steps: int = 1, checkpoint_dir=None, checkpoint_every: int = 1, keep: int = 1, settings=None,
+          progress: Optional[bool] = None, callback: Optional[Callable] = None, mesh=None,
+          description: Optional[str] = None) -> DriveResult:
+    """Run `loop` to its end: `advance(make_step, stop, loop, until, data)`
+    in jitted chunks of `chunk_steps` steps.
+
+    make_step: `data -> step_fn` (`minimize.run_loop`'s `(inner, step) ->
+      (inner, objective)`), a value or a module-level function (the compiled
+      chunk is cached by it); data: a pytree of arrays, or None.
+    stop: the stop rule, `(trace, num_steps) -> bool` (`minimize.StopRule`).
+    until: stop after this many steps in total (a time-boxed run, resumed
+      later); default the loop's `max_steps`.
+    checkpoint_dir: save `{fingerprint, loop}` there every `checkpoint_every`
+      steps (at chunk ends) and at the end, keeping the newest `keep`; resume
+      from the newest checkpoint found. `settings` (any value, described by
+      `describe`) and `data` make the fingerprint a checkpoint must match.
+    progress: a tqdm bar (default: when the loop has more than 20 steps).
+    callback: `Report -> bool | None` after each chunk; True stops the run
+      (the loop is `done`: status `CONVERGED`).
+    mesh: split `data` along its leading axis over the mesh's data axis
+      (`parallel.shard_leading_axis`); the loop is replicated.
+    Returns `DriveResult(loop, compile_seconds, run_seconds)`.
+    """
+    check_callable("make_step", make_step)
+    check_callable("stop", stop)
+    check_int("chunk_steps", chunk_steps)
+    check_int("checkpoint_every", checkpoint_every)
+    check_int("keep", keep)
+    if callback is not None:
+        check_callable("callback", callback)
+    max_steps = loop.trace.shape[0]
+    until = max_steps if until is None else min(check_int("until", until, 0), max_steps)
+    loop = _strong(loop)
+    # One writer per checkpoint directory (`checkpoint.DirectoryLock`, which
+    # creates it): a second run on it gets a CheckpointError naming it.
+    with checkpoint.locked(checkpoint_dir):
+        if checkpoint_dir is not None:
+            checkpoint_dir, stamp = Path(checkpoint_dir), fingerprint(data, settings)
+            loop = _resume(checkpoint_dir, loop, stamp)
+        if mesh is None:  # on the device once, not copied from the host by every chunk
+            data = jax.device_put(data)
+        else:
+            data, loop = parallel.shard_leading_axis(data, mesh), parallel.replicate(loop, mesh)
+        step, saved = int(loop.step), int(loop.step)
+        bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
+        executable, compile_seconds, run_seconds = None, 0.0, 0.0
+        while step < until and not bool(loop.done):
+            if executable is None:
+                executable, compile_seconds = _compiled_chunk(make_step, stop, loop, data, mesh)
+            start = time.perf_counter()
+            loop = executable(loop, jnp.asarray(min(step + chunk_steps, until), jnp.int32), data)
+            before, step = step, int(loop.step)  # int() waits for the chunk
+            run_seconds += time.perf_counter() - start
+            if bar is not None:
+                bar.update(step - before)
+                bar.set_postfix(objective=float(loop.value))
+            if callback is not None and callback(Report(step, float(loop.value), np.asarray(loop.trace[:step]),
+                                                        loop.inner)):
+                done = jnp.ones((), bool)
+                loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
+            finished = step >= until or bool(loop.done)
+            if checkpoint_dir is not None and (step - saved >= checkpoint_every or (finished and step > saved)):
+                checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, step), {"fingerprint": stamp, "loop": loop})
+                checkpoint.prune_checkpoints(checkpoint_dir, keep)
+                saved = step
+        if bar is not None:
+            bar.close()
+    return DriveResult(loop, compile_seconds, run_seconds)
+
+
+def train(objective: Callable, params, optimizer: optax.GradientTransformation, data=None, *, max_steps: int,
+          stop: Optional[StopRule] = None, regularizer: Optional[Callable] = None,
+          penalty: Optional[Callable] = None, mesh=None, **drive_options) -> TrainResult:
+    """Minimise `objective(params, data) (+ regularizer(params))` with an
+    optax-shaped optimizer, through `drive`.
+
+    objective: `(params, data) -> scalar`; with a `mesh`, a sum over the
+      examples along the data's leading axis (each device sums its block).
+    regularizer: a smooth `params -> scalar` added to the objective (the L2
+      term of a non-OWL-QN optimizer), outside the per-shard sum.
+    penalty: the non-smooth part the optimizer handles itself (`owlqn`'s
+      `elastic_net_penalty`): added to the recorded objective only.
+    stop: default `relative_change_below(1e-9)`.
+    drive_options: `until`, `chunk_steps`, `checkpoint_dir`,
+      `checkpoint_every`, `keep`, `settings`, `progress`, `callback`,
+      `description` (see `drive`).
+    Returns `TrainResult(params, state, trace [max_steps], num_steps, status,
+    compile_seconds, run_seconds)`; a run that stopped on a failure (status
+    `NON_FINITE_OBJECTIVE`, `LINE_SEARCH_FAILED`) warns.
+    """
+    check_callable("objective", objective)
+    check_optimizer(optimizer)
+    check_int("max_steps", max_steps)
+    check_float_params(params)
+    if regularizer is not None:
+        check_callable("regularizer", regularizer)
+    if mesh is not None:
+        objective = parallel.sum_over_shards(objective, mesh)
+    loop = init_loop((params, optimizer.init(params)), max_steps, float_dtype(params))
+    stop = relative_change_below(1e-9) if stop is None else stop
+    run = drive(GradientSteps(objective, optimizer, regularizer, penalty), loop, data, stop=stop, mesh=mesh,
+                **drive_options)
+    result: MinimizeResult = minimize_result(run.loop)
+    return TrainResult(*result, run.compile_seconds, run.run_seconds)

@@ -1,0 +1,76 @@
+"""Which optimizer trains an elastic-net objective, and what it is given.
+
+`f(w) + l1 ||w||_1 + l2 / 2 ||w||^2 (+ r(w))` is trained by OWL-QN when
+`l1 > 0` (`owlqn` applies the whole elastic net itself, so the driver only
+adds it to the recorded objective), else by `optax.lbfgs` or an optax
+transformation of the caller's choice, which see the smooth terms `l2 / 2
+||w||^2 + r(w)` as part of the objective. The Tagger, and the estimators and
+command line built on it, choose this way; `crfsuite_elastic_net` converts
+CRFsuite's penalty weights.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from .minimize import check_callable, check_int, check_optimizer, check_scalar
+from .owlqn import elastic_net_penalty, owlqn
+
+
+def crfsuite_elastic_net(c1: float, c2: float) -> dict:
+    """CRFsuite's `c1`, `c2` as `l1`, `l2`.
+
+    CRFsuite's L-BFGS trainer minimises `-sum_i log p(y_i | x_i) + c1 ||w||_1
+    + c2 ||w||^2` (train_lbfgs.c adds `c2 * ||w||^2` to the objective and
+    `2 c2 w` to the gradient), so `l1 = c1` and `l2 = 2 c2`.
+    """
+    if c1 < 0 or c2 < 0:
+        raise ValueError(f"c1 and c2 must be >= 0, got c1={c1}, c2={c2}")
+    return {"l1": float(c1), "l2": 2.0 * float(c2)}
+
+
+class ElasticNetTraining(NamedTuple):
+    """What `driver.train` is given: `optimizer`, the smooth `regularizer`
+    (`params -> scalar`, or None) and the `penalty` the optimizer applies
+    itself (recorded only, or None)."""
+
+    optimizer: optax.GradientTransformation
+    regularizer: Optional[Callable]
+    penalty: Optional[Callable]
+
+
+def check_elastic_net(l1: float, l2: float, optimizer=None, regularizer=None) -> None:
+    """Reject negative or non-numeric penalties, a non-optax optimizer, a
+    custom optimizer with `l1 > 0` (OWL-QN is the L1 optimizer)."""
+    check_scalar("l1", l1, 0)
+    check_scalar("l2", l2, 0)
+    if regularizer is not None:
+        check_callable("regularizer", regularizer)
+    if optimizer is not None:
+        check_optimizer(optimizer)
+        if l1 > 0:
+            raise ValueError("l1 > 0 needs optimizer=None (OWL-QN); a custom optimizer only sees the smooth "
+                             "objective")
+
+
+def elastic_net_training(l1: float, l2: float, optimizer: Optional[optax.GradientTransformation] = None, *,
+                         memory_size: int = 6, regularizer: Optional[Callable] = None) -> ElasticNetTraining:
+    """The optimizer for `f + l1 ||w||_1 + l2 / 2 ||w||^2 (+ regularizer)`:
+    OWL-QN when `optimizer` is None and `l1 > 0`, else `optimizer` (default
+    `optax.lbfgs`), `memory_size` pairs of history for the defaults."""
+    check_elastic_net(l1, l2, optimizer, regularizer)
+    check_int("memory_size", memory_size)
+    if optimizer is None and l1 > 0:
+        return ElasticNetTraining(owlqn(l1, l2, memory_size=memory_size), regularizer, elastic_net_penalty(l1, l2))
+    if not l2:
+        return ElasticNetTraining(optimizer or optax.lbfgs(memory_size=memory_size), regularizer, None)
+
+    def smooth(params):
+        total = 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params))
+        return total if regularizer is None else total + regularizer(params)
+
+    return ElasticNetTraining(optimizer or optax.lbfgs(memory_size=memory_size), smooth, None)

@@ -1,0 +1,143 @@
+"""The training driver (`optimizers.driver`): stop rules on the objective
+trace against a Python restatement of CRFsuite's test, `minimize` and
+`train` as the same loop (bit-identical), per-chunk callbacks that can stop
+a run, checkpoints refused for other data or settings and resumed
+bit-identically, and the optimizer choice of `elastic_net_training`."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lossfns import checkpoint, optimizers
+from lossfns.lattices import chain
+
+TRACE = np.array([100.0, 60.0, 40.0, 30.0, 29.0, 28.5, 28.4, 28.39, 28.389, 28.3889, 28.3888, 28.3888])
+
+
+def _replay(values):
+    """`make_step` of a loop whose objective after step k is `values[k]`."""
+    return lambda data: lambda inner, step: (inner, jnp.asarray(values)[step])
+
+
+def _crfsuite_stops_after(values, tol, period):
+    """CRFsuite's rule, restated: after each iteration, stop when
+    `(f[k - period] - f[k]) / f[k] < tol` (at least `period + 1` values)."""
+    for k in range(len(values)):
+        history = values[: k + 1]
+        if tol > 0 and len(history) > period and (history[-1 - period] - history[-1]) / abs(history[-1]) < tol:
+            return k + 1
+    return len(values)
+
+
+def _relative_change_stops_after(values, tol):
+    for k in range(1, len(values)):
+        if tol > 0 and abs(values[k - 1] - values[k]) <= tol * max(abs(values[k]), 1.0):
+            return k + 1
+    return len(values)
+
+
+@pytest.mark.parametrize("tol, period", [(1e-2, 1), (1e-3, 2), (1e-4, 3), (0.0, 2), (1e-6, 1)])
+def test_stop_rules_fire_where_their_definitions_say(tol, period):
+    loop = optimizers.init_loop(jnp.zeros(()), len(TRACE), jnp.float64)
+    rules = [(optimizers.relative_improvement_below(tol, period), _crfsuite_stops_after(TRACE, tol, period)),
+             (optimizers.relative_change_below(tol), _relative_change_stops_after(TRACE, tol))]
+    for rule, expected in rules:
+        done = optimizers.run_loop_jit(_replay(TRACE)(None), loop, len(TRACE), rule)
+        assert int(done.step) == expected, (rule, expected)
+        status = int(done.status)
+        assert status == (optimizers.CONVERGED if expected < len(TRACE) or bool(done.done) else optimizers.ITERATION_LIMIT)
+
+
+def _crf_objective(params, data):
+    """Summed CRF log-loss of factored potentials `features @ weights`."""
+    potentials = chain.FactoredPotentials(data["features"] @ params["weights"], params["transitions"])
+    return jnp.sum(chain.log_partition(potentials, data["lengths"])
+                   - chain.score(potentials, data["labels"], data["lengths"]))
+
+
+@pytest.fixture(scope="module")
+def crf():
+    rng = np.random.default_rng(0)
+    data = {"features": rng.normal(size=(6, 5, 4)), "labels": rng.integers(0, 3, size=(6, 5)).astype(np.int32),
+            "lengths": np.array([5, 4, 3, 5, 1, 0], np.int32)}
+    params = {"weights": jnp.zeros((4, 3)), "transitions": jnp.zeros((3, 3))}
+    return data, params
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "owlqn"])
+def test_train_in_chunks_is_minimize_bit_for_bit(crf, optimizer):
+    """`minimize` is one chunk of the loop the driver runs in chunks."""
+    data, params = crf
+    make = {"lbfgs": lambda: optax.lbfgs(), "owlqn": lambda: optimizers.owlqn(0.5, 0.1)}[optimizer]
+    penalty = optimizers.elastic_net_penalty(0.5, 0.1) if optimizer == "owlqn" else None
+    whole = optimizers.minimize(functools.partial(_crf_objective, data=data), params, make(), max_steps=15,
+                                tol=1e-12, penalty=penalty)
+    chunked = optimizers.train(_crf_objective, params, make(), data, max_steps=15, penalty=penalty,
+                               stop=optimizers.relative_change_below(1e-12), chunk_steps=4, progress=False)
+    assert int(whole.num_steps) == int(chunked.num_steps) > 5
+    np.testing.assert_array_equal(np.asarray(whole.trace), np.asarray(chunked.trace))
+    for a, b in zip(jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(chunked.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(whole.status) == int(chunked.status)
+
+
+def test_callback_sees_every_chunk_and_can_stop_the_run(crf):
+    data, params = crf
+    reports = []
+
+    def callback(report):
+        reports.append(report)
+        return report.step >= 5  # a host-side rule: stop after 5 steps
+
+    result = optimizers.train(_crf_objective, params, optax.lbfgs(), data, max_steps=30, callback=callback,
+                              stop=optimizers.relative_change_below(0.0), chunk_steps=2, progress=False)
+    assert [r.step for r in reports] == [2, 4, 6] and int(result.num_steps) == 6
+    assert int(result.status) == optimizers.CONVERGED
+    np.testing.assert_array_equal(reports[-1].trace, np.asarray(result.trace)[:6])
+    assert reports[-1].value == float(result.trace[5])
+    assert set(reports[-1].inner[0]) == {"weights", "transitions"}
+
+
+def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(crf, tmp_path):
+    data, params = crf
+    run = functools.partial(optimizers.train, _crf_objective, params, optax.lbfgs(), max_steps=12,
+                            stop=optimizers.relative_change_below(0.0), progress=False, settings={"run": 1})
+    straight = run(data)
+    first = run(data, checkpoint_dir=tmp_path, until=5, checkpoint_every=2)
+    assert int(first.num_steps) == 5 and checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 5)
+    other = dict(data, labels=(data["labels"] + 1) % 3)
+    with pytest.raises(checkpoint.CheckpointError, match="other data or other training settings"):
+        run(other, checkpoint_dir=tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="other data or other training settings"):
+        optimizers.train(_crf_objective, params, optax.lbfgs(), data, max_steps=12, checkpoint_dir=tmp_path,
+                         stop=optimizers.relative_change_below(0.0), progress=False, settings={"run": 2})
+    resumed = run(data, checkpoint_dir=tmp_path)
+    np.testing.assert_array_equal(np.asarray(resumed.trace), np.asarray(straight.trace))
+    for a, b in zip(jax.tree_util.tree_leaves(resumed.params), jax.tree_util.tree_leaves(straight.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert resumed.compile_seconds >= 0 and resumed.run_seconds > 0
+
+
+def test_fingerprint_and_describe_see_data_and_settings_not_addresses():
+    data = {"x": np.arange(3.0)}
+    assert np.array_equal(optimizers.fingerprint(data, [1, "a"]), optimizers.fingerprint(dict(data), [1, "a"]))
+    assert not np.array_equal(optimizers.fingerprint(data), optimizers.fingerprint({"x": np.arange(3.0) + 1}))
+    assert not np.array_equal(optimizers.fingerprint(data), optimizers.fingerprint({"x": np.arange(3.0, dtype=np.float32)}))
+    described = optimizers.describe([functools.partial(jnp.sum, axis=0), optax.lbfgs(), lambda x: x])
+    assert described[0][0].endswith("sum") and "0x" not in str(described)
+
+
+def test_elastic_net_training_chooses_the_optimizer_and_its_terms():
+    w = {"a": jnp.array([1.0, -2.0])}
+    owl = optimizers.elastic_net_training(0.5, 0.2)
+    assert owl.regularizer is None and float(owl.penalty(w)) == pytest.approx(0.5 * 3 + 0.1 * 5)
+    smooth = optimizers.elastic_net_training(0.0, 0.2, regularizer=lambda p: jnp.sum(p["a"]))
+    assert smooth.penalty is None and float(smooth.regularizer(w)) == pytest.approx(0.1 * 5 - 1.0)
+    assert optimizers.elastic_net_training(0.0, 0.0).regularizer is None
+    with pytest.raises(ValueError, match="l1 > 0 needs optimizer=None"):
+        optimizers.elastic_net_training(0.1, 0.0, optax.sgd(0.1))
+    assert optimizers.crfsuite_elastic_net(0.1, 0.2) == {"l1": 0.1, "l2": pytest.approx(0.4)}
