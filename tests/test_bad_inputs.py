@@ -10,6 +10,7 @@ names the check to add (strict, so the suite flags it once it is added).
 from __future__ import annotations
 
 import functools
+import io
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lossfns import checkpoint, corpora, debug, hmm, losses, optimizers, semirings
+from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, semirings
 from lossfns.corpora import Sentence
 from lossfns.features import templates
 from lossfns.lattices import chain, dag
@@ -67,6 +68,20 @@ def _conll_file(tmp_path, text):
     path = tmp_path / "bad.conll"
     path.write_text(text)
     return corpora.read_conll(str(path))
+
+
+def _column_file(tmp_path, data: bytes, labelled=False):
+    path = tmp_path / "bad.conll"
+    path.write_bytes(data)
+    return corpora.read_column_file(path, labelled=labelled)
+
+
+def _zip_file(tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "corpus.zip", "w") as archive:
+        archive.writestr("conll2002/esp.train", "El DA O\n")
+    return str(tmp_path / "corpus.zip")
 
 
 def _squares(params, batch=None):
@@ -499,6 +514,13 @@ CASES = [
      lambda tmp: _conll_bytes(tmp, b"El DA O\nrey NC O\n\nMadrid NP\n"), ValueError, ["bad.conll:4", "columns"]),
     ("conll-latin-1", "a latin-1 corpus read as UTF-8",
      lambda tmp: _conll_bytes(tmp, b"El DA O\nEspa\xf1a NP B-LOC\n"), ValueError, ["bad.conll:2", "latin-1"]),
+    ("column-file-no-gold", "a one-column file read with gold labels (--check)",
+     lambda tmp: _column_file(tmp, b"El\nrey\n", labelled=True), ValueError, ["bad.conll:1", "at least 2 columns"]),
+    ("labelled-output-length", "predicted labels shorter than their sentence",
+     lambda tmp: labelled_output.write_labelled(_column_file(tmp, b"El DA\nrey NC\n"), [[("O",)]], io.StringIO()),
+     ValueError, ["labels[0][0]", "1 labels", "2 tokens", "bad.conll:1"]),
+    ("zip-member-missing", "a path through a zip archive to no member",
+     lambda tmp: corpora.read_conll(_zip_file(tmp) + "/conll2002/none"), FileNotFoundError, ["corpus.zip", "'conll2002/none'"]),
     # --- label and id arrays checked before any cast ---
     ("hamming-float", "float predicted labels for hamming_loss",
      lambda _: losses.hamming_loss(np.array([[0.0, 1.5]]), np.array([[0, 1]])), TypeError, ["predicted", "integer"]),
