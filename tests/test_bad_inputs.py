@@ -23,7 +23,7 @@ import optax
 
 from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, semirings
 from lossfns.corpora import Sentence
-from lossfns.features import templates
+from lossfns.features import design, dicts, pack_tokens, templates
 from lossfns.lattices import chain, dag
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.optimizers import reranking
@@ -519,6 +519,22 @@ CASES = [
     ("labelled-output-length", "predicted labels shorter than their sentence",
      lambda tmp: labelled_output.write_labelled(_column_file(tmp, b"El DA\nrey NC\n"), [[("O",)]], io.StringIO()),
      ValueError, ["labels[0][0]", "1 labels", "2 tokens", "bad.conll:1"]),
+    ("dicts-string-token", "a token given as a string instead of a feature dict",
+     lambda _: dicts.flatten_corpus([["El", "rey"]]), TypeError, ["X[0][0]", "dict", "str"]),
+    ("dicts-none-value", "None as a feature value", lambda _: dicts.flatten_corpus([[{"w": "a"}, {"w": None}]]),
+     TypeError, ["X[0][1]['w']", "NoneType"]),
+    ("dicts-nan-value", "a NaN feature value", lambda _: dicts.flatten_corpus([[{"x": float("nan")}]]),
+     ValueError, ["X[0][0]['x']", "nan", "finite"]),
+    ("dicts-key-type", "a feature key that is not a string", lambda _: dicts.item_features([{3: "a"}]),
+     TypeError, ["items[0]", "key", "int"]),
+    ("design-values-shape", "design values of another shape than the ids",
+     lambda _: design.design_from_ids(np.zeros((2, 3), np.int32), 4, np.ones((2, 2))), ValueError,
+     ["values", "(2, 3)", "(2, 2)"]),
+    ("model-values-shape", "unigram_values of another shape than unigram_ids",
+     lambda _: LinearChainModel.zeros(4, 2).unary(np.zeros((1, 3, 2), np.int32), np.ones((1, 3, 1))), ValueError,
+     ["unigram_values", "(1, 3, 2)"]),
+    ("pack-tokens-lengths", "sentence lengths that do not add up to the token stack",
+     lambda _: pack_tokens(np.zeros((5, 2), np.int32), [2, 2]), ValueError, ["sentence_lengths", "5 tokens", "4"]),
     ("zip-member-missing", "a path through a zip archive to no member",
      lambda tmp: corpora.read_conll(_zip_file(tmp) + "/conll2002/none"), FileNotFoundError, ["corpus.zip", "'conll2002/none'"]),
     # --- label and id arrays checked before any cast ---

@@ -16,6 +16,9 @@ from lossfns.features import (FeatureIndex, TokenFeatures, observed_label_pairs,
 from lossfns.features.index import pack
 from lossfns.features.templates import wapiti_regex
 
+# The sklearn-crfsuite tutorial's features, as it writes them (the oracle of the crfsuite_ner preset).
+from benchmarks.feature_dicts_benchmark import word2features as _tutorial_word2features
+
 TOKENS = (("Juan", "NP"), ("vive", "VMI"), ("en", "SP"), ("Madrid", "NP"))
 
 
@@ -224,27 +227,6 @@ def test_template_file_errors_name_the_file(tmp_path):
 def test_template_column_out_of_range_at_application():
     with pytest.raises(ValueError, match="template U9 .*reads column 2"):
         parse_templates("U9:%x[0,2]")(TOKENS)
-
-
-def _tutorial_word2features(sent, i):
-    """The sklearn-crfsuite tutorial's features, as it writes them (the oracle)."""
-    word, postag = sent[i][0], sent[i][1]
-    features = {"bias": 1.0, "word.lower()": word.lower(), "word[-3:]": word[-3:], "word[-2:]": word[-2:],
-                "word.isupper()": word.isupper(), "word.istitle()": word.istitle(), "word.isdigit()": word.isdigit(),
-                "postag": postag, "postag[:2]": postag[:2]}
-    if i > 0:
-        word1, postag1 = sent[i - 1][0], sent[i - 1][1]
-        features.update({"-1:word.lower()": word1.lower(), "-1:word.istitle()": word1.istitle(),
-                         "-1:word.isupper()": word1.isupper(), "-1:postag": postag1, "-1:postag[:2]": postag1[:2]})
-    else:
-        features["BOS"] = True
-    if i < len(sent) - 1:
-        word1, postag1 = sent[i + 1][0], sent[i + 1][1]
-        features.update({"+1:word.lower()": word1.lower(), "+1:word.istitle()": word1.istitle(),
-                         "+1:word.isupper()": word1.isupper(), "+1:postag": postag1, "+1:postag[:2]": postag1[:2]})
-    else:
-        features["EOS"] = True
-    return features
 
 
 def _as_binary(features):
