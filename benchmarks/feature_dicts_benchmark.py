@@ -29,6 +29,7 @@ Variants run interleaved in one process, `repeats` times; medians. Run:
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import datetime
 import json
 import os
@@ -130,7 +131,7 @@ def run(repeats: int = 3, log=print) -> dict:
         "bucket_design_median_seconds": statistics.median(design_times),
         "ratios": {name: medians[name] / ours for name in medians},
         "repeats": repeats, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "cpus": os.cpu_count(), "python": platform.python_version(), "pycrfsuite": pycrfsuite.__version__,
+        "cpus": os.cpu_count(), "python": platform.python_version(), "pycrfsuite": importlib.metadata.version("python-crfsuite"),
         "date": datetime.date.today().isoformat(),
     }
     log("")

@@ -47,19 +47,23 @@ class SparseDesign(NamedTuple):
     row_values: Optional[np.ndarray] = None
 
 
-def _csr(rows: np.ndarray, columns: np.ndarray, num_rows: int, weights: Optional[np.ndarray] = None):
-    """CSR `(indptr, indices, values)` of the (row, column) pairs, duplicates
-    summed: counts (float32), or the sums of `weights` (float64)."""
-    codes = rows.astype(np.int64) * np.int64(2 ** 31) + columns
+def _csr(ids: np.ndarray, num_features: int, weights: Optional[np.ndarray] = None):
+    """CSR `(indptr, indices, values)` of per-row ids `ids [R, F]` (-1 =
+    none), repeated ids of a row summed: counts (float32), or the sums of
+    `weights [R, F]` (float64). Each row is sorted on its own (F is small),
+    never the whole matrix: rows come in order already."""
+    order = np.argsort(np.where(ids >= 0, ids, num_features), axis=1, kind="stable")
+    columns = np.take_along_axis(ids, order, axis=1)
+    present = columns >= 0
+    new = present.copy()
+    new[:, 1:] &= columns[:, 1:] != columns[:, :-1]
+    group = np.cumsum(new[present]) - 1
     if weights is None:
-        unique, counts = np.unique(codes, return_counts=True)
-        sums = counts.astype(np.float32)
+        sums = np.bincount(group, minlength=int(new.sum())).astype(np.float32)
     else:
-        unique, inverse = np.unique(codes, return_inverse=True)
-        sums = np.bincount(inverse.ravel(), weights, unique.size)
-    unique_rows, unique_columns = unique // np.int64(2 ** 31), unique % np.int64(2 ** 31)
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(unique_rows, minlength=num_rows))])
-    return indptr.astype(np.int32), unique_columns.astype(np.int32), sums
+        sums = np.bincount(group, np.take_along_axis(weights, order, axis=1)[present], int(new.sum()))
+    indptr = np.concatenate([[0], np.cumsum(new.sum(axis=1))])
+    return indptr.astype(np.int32), columns[new].astype(np.int32), sums
 
 
 def design_from_ids(ids, num_features: int, values=None) -> SparseDesign:
@@ -82,9 +86,7 @@ def design_from_ids(ids, num_features: int, values=None) -> SparseDesign:
             bad = tuple(int(i) for i in np.argwhere(keep & ~np.isfinite(values))[0])
             raise ValueError(f"values must be finite, got {values[bad]} at {bad}")
         row_values = np.where(keep, values, 0.0)
-    rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)
-    indptr, indices, sums = _csr(rows[keep], ids[keep].astype(np.int64), ids.shape[0],
-                                 None if values is None else values[keep])
+    indptr, indices, sums = _csr(ids, num_features, row_values)
     return SparseDesign(indptr, indices, sums, np.where(keep, ids, num_features).astype(np.int32), row_values)
 
 
