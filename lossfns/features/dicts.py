@@ -207,22 +207,15 @@ def _positions(objects: list) -> tuple[list, np.ndarray]:
 def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> Optional[AttributeCorpus]:
     """The vectorised path for flat dicts; None when a value is not a plain
     string, number or bool (the per-token path then reads, or refuses, it)."""
+    counts = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    keys = list(itertools.chain.from_iterable(tokens))
     values = list(itertools.chain.from_iterable(map(dict.values, tokens)))
     try:
         distinct_values, value_ids = _positions(values)
     except TypeError:  # an unhashable value: a nested dict, list or set
         return None
-    # Tokens share few key layouts (the same feature function wrote them): each
-    # distinct layout's keys are looked up once, then gathered per occurrence.
-    layouts, layout_of = _positions(list(map(tuple, tokens)))
-    layout_keys = list(itertools.chain.from_iterable(layouts))
-    distinct_keys, layout_key_ids = _positions(layout_keys)
-    layout_counts = np.fromiter(map(len, layouts), np.int64, len(layouts))
-    counts = layout_counts[layout_of]
+    distinct_keys, key_ids = _positions(keys)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
-    key_slots = np.repeat((np.cumsum(layout_counts) - layout_counts)[layout_of], counts) + within
-    key_ids = layout_key_ids[key_slots]
     sentence_offsets = np.concatenate([[0], np.cumsum(sentence_lengths)])
     for k, key in enumerate(distinct_keys):
         if not isinstance(key, str):
@@ -238,8 +231,7 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> Optional[Attri
                                                          sentence_offsets), "a value")
         elif isinstance(value, (bool, numbers.Real)):
             occurrence = int(np.flatnonzero(value_ids == v)[0]) if not math.isfinite(float(value)) else 0
-            key = layout_keys[key_slots[occurrence]] if key_slots.size else None
-            weight[v] = _number(value, f"{_where(occurrence, offsets, sentence_offsets)}[{key!r}]")
+            weight[v] = _number(value, f"{_where(occurrence, offsets, sentence_offsets)}[{keys[occurrence]!r}]")
         else:
             return None
     # An attribute is (key, string value) or (key) for a number: one integer code each.
