@@ -1,16 +1,25 @@
-"""Tagged corpora: CoNLL column files, the NLTK corpora found through
-`NLTK_DATA`, the universal tagset, and batching into padded length buckets.
+"""Tagged corpora: CoNLL column files, the NLTK corpora found on NLTK's own
+search path (plain or zipped, as NLTK's downloader leaves them), the
+universal tagset, and batching into padded length buckets.
 
 A corpus is a list of `Sentence`s: observation columns per token (word,
 POS, ...) and one label per token, all plain strings. Nothing here depends
 on JAX; featurisation and arrays come later (`lossfns.features`).
+
+A file inside a zip archive has a path through it, as NLTK writes such
+paths: `.../corpora/conll2002.zip/conll2002/esp.train`. Every reader here
+(`read_lines`, `read_conll`, `read_column_file`, and so
+`features.read_templates`) takes such a path and reads the member in place,
+without unzipping, with the same errors (file:line) as for a plain file.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from typing import Iterable, NamedTuple, Sequence
+import sys
+import zipfile
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -37,8 +46,9 @@ class Sentence(NamedTuple):
 
 def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: int = -1,
                 observation_columns: Sequence[int] | None = None) -> list[Sentence]:
-    """Parse whitespace-separated CoNLL columns; blank lines end sentences.
-    A UTF-8 byte-order mark at the start of the first line is dropped.
+    """Parse whitespace-separated CoNLL columns; blank lines end sentences and
+    `-DOCSTART-` lines (document markers) are skipped. A UTF-8 byte-order
+    mark at the start of the first line is dropped.
 
     Args:
       lines: the file's lines.
@@ -53,21 +63,35 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
       must not turn the POS column into labels), or too few columns for
       `label_column`/`observation_columns`.
     """
+    return _parse_columns(lines, source, label_column, observation_columns)[0]
+
+
+def _parse_columns(lines: Iterable[str], source: str, label_column: Optional[int],
+                   observation_columns: Optional[Sequence[int]]):
+    """`(sentences, rows, texts)`: `parse_conll`'s sentences (all columns
+    observations and labels `()` when `label_column` is None), per sentence
+    the 0-based indices of its lines, and every line without its line end."""
     sentences: list[Sentence] = []
     rows: list[tuple[str, ...]] = []
     labels: list[str] = []
+    numbers: list[int] = []
+    sentence_rows: list[tuple[int, ...]] = []
+    texts: list[str] = []
     width = label_index = width_line = None
     keep: list[int] = []
+    least = 1 if label_column is None else 2
 
     def flush():
-        nonlocal rows, labels
+        nonlocal rows, labels, numbers
         if rows:
             sentences.append(Sentence(tuple(rows), tuple(labels)))
-        rows, labels = [], []
+            sentence_rows.append(tuple(numbers))
+        rows, labels, numbers = [], [], []
 
     for number, line in enumerate(lines, start=1):
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
+        texts.append(line.rstrip("\r\n"))
         fields = line.split()
         if not fields:
             flush()
@@ -77,13 +101,18 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
             continue
         if width is None:
             width, width_line = len(fields), number
-            if width < 2:
+            if width < least:
                 raise ValueError(f"{source}:{number}: expected at least 2 columns (observation and label), "
                                  f"got {line.rstrip()!r}")
-            label_index = label_column % width if -width <= label_column < width else None
+            if label_column is None:
+                label_index = None
+            elif -width <= label_column < width:
+                label_index = label_column % width
+            else:
+                label_index = -1
             keep = (list(observation_columns) if observation_columns is not None
                     else [i for i in range(width) if i != label_index])
-            if label_index is None or any(not -width <= i < width for i in keep):
+            if label_index == -1 or any(not -width <= i < width for i in keep):
                 raise ValueError(f"{source}:{number}: too few columns ({width}) for label column "
                                  f"{label_column} and observation columns {observation_columns}: "
                                  f"{line.rstrip()!r}")
@@ -94,9 +123,11 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
             raise ValueError(f"{source}:{number}: expected {width} columns like {like}, got {len(fields)}"
                              f"{hint}: {line.rstrip()!r}")
         rows.append(tuple(fields[i] for i in keep))
-        labels.append(fields[label_index])
+        if label_index is not None:
+            labels.append(fields[label_index])
+        numbers.append(number - 1)
     flush()
-    return sentences
+    return sentences, sentence_rows, texts
 
 
 def read_conll(path: str, *, label_column: int = -1, observation_columns: Sequence[int] | None = None,
@@ -108,12 +139,49 @@ def read_conll(path: str, *, label_column: int = -1, observation_columns: Sequen
                        observation_columns=observation_columns)
 
 
+class ColumnFile(NamedTuple):
+    """A CoNLL column file as the command line labels it: every line kept, so
+    that the output can repeat the input with a predicted column appended.
+
+    lines: `[n]` every line of the file, without its line end;
+    sentences: the sentences (blank lines and `-DOCSTART-` lines end them);
+      tokens hold the observation columns, labels the gold last column when
+      read with `labelled=True`, else `()`;
+    rows: per sentence `[T]` the indices into `lines` of its tokens (lines
+      in no sentence are blank or document markers);
+    source: the file name, for messages.
+    """
+
+    lines: tuple[str, ...]
+    sentences: tuple[Sentence, ...]
+    rows: tuple[tuple[int, ...], ...]
+    source: str
+
+    @property
+    def labelled(self) -> bool:
+        return any(sentence.labels for sentence in self.sentences)
+
+
+def read_column_file(path, *, labelled: bool, encoding: str = "utf-8") -> ColumnFile:
+    """Read a CoNLL column file for labelling, as Wapiti's `label` mode reads
+    it: with `labelled=True` (`--check`) the last column is the gold label,
+    otherwise every column is an observation. Errors as `read_conll`'s
+    (file:line, columns checked file-wide, invalid bytes)."""
+    path = os.fspath(path)
+    hint = ", or pass encoding='latin-1' (the file's encoding)"
+    sentences, rows, texts = _parse_columns(read_lines(path, encoding, hint=hint), path, -1 if labelled else None,
+                                            None)
+    return ColumnFile(tuple(texts), tuple(sentences), tuple(rows), path)
+
+
 def read_lines(path, encoding: str = "utf-8", *, hint: str = "") -> io.StringIO:
-    """The lines of a text file (universal newlines, as `open` reads them).
-    Bytes that are not valid in `encoding` raise ValueError with `path:line`
-    and a hint, instead of a bare UnicodeDecodeError."""
-    with open(path, "rb") as handle:
-        data = handle.read()
+    """The lines of a text file (universal newlines, as `open` reads them),
+    or of a member of a zip archive given by a path through the archive
+    (`.../conll2002.zip/conll2002/esp.train`). Bytes that are not valid in
+    `encoding` raise ValueError with `path:line` and a hint, instead of a
+    bare UnicodeDecodeError."""
+    path = os.fspath(path)
+    data = read_bytes(path)
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as error:
@@ -125,32 +193,154 @@ def read_lines(path, encoding: str = "utf-8", *, hint: str = "") -> io.StringIO:
     return io.StringIO(text, newline=None)
 
 
+def read_bytes(path) -> bytes:
+    """The bytes of a file, or of a zip archive's member given by a path
+    through the archive (see `split_archive`)."""
+    path = os.fspath(path)
+    inside = split_archive(path)
+    if inside is None:
+        with open(path, "rb") as handle:
+            return handle.read()
+    archive, member = inside
+    with zipfile.ZipFile(archive) as opened:
+        try:
+            return opened.read(member)
+        except KeyError:
+            raise FileNotFoundError(f"{path}: the archive {archive} has no member {member!r}") from None
+
+
+def split_archive(path: str) -> Optional[tuple[str, str]]:
+    """`(archive, member)` when `path` does not exist as a file but runs
+    through an existing zip file (`a/b.zip/b/c` -> `("a/b.zip", "b/c")`,
+    the member with `/` separators as zip files name them), else None."""
+    path = os.fspath(path)
+    if os.path.exists(path):
+        return None
+    normal = path.replace(os.sep, "/")
+    start = 0
+    while True:
+        found = normal.find(".zip/", start)
+        if found < 0:
+            return None
+        archive = path[: found + 4]
+        if os.path.isfile(archive):
+            return archive, normal[found + 5:]
+        start = found + 1
+
+
 # ---------------------------------------------------------------------------
-# NLTK corpora through NLTK_DATA
+# NLTK data: NLTK's search path, plain and zipped corpora
 # ---------------------------------------------------------------------------
+
+
+def nltk_default_path() -> list[str]:
+    """The directories NLTK searches after `NLTK_DATA`, in NLTK's order
+    (`nltk/data.py`): `~/nltk_data`, then the interpreter's prefix and the
+    system directories."""
+    path = []
+    if "APPENGINE_RUNTIME" not in os.environ and os.path.expanduser("~/") != "~/":
+        path.append(os.path.expanduser("~/nltk_data"))
+    prefixed = [os.path.join(sys.prefix, "nltk_data"), os.path.join(sys.prefix, "share", "nltk_data"),
+                os.path.join(sys.prefix, "lib", "nltk_data")]
+    if os.name == "nt":
+        return path + prefixed + [os.path.join(os.environ.get("APPDATA", "C:\\"), "nltk_data"),
+                                  r"C:\nltk_data", r"D:\nltk_data", r"E:\nltk_data"]
+    return path + prefixed + ["/usr/share/nltk_data", "/usr/local/share/nltk_data", "/usr/lib/nltk_data",
+                              "/usr/local/lib/nltk_data"]
+
+
+def data_path() -> list[str]:
+    """Where NLTK data is searched, in order: the directories of the
+    `NLTK_DATA` variable (read now, `os.pathsep`-separated), then
+    `nltk.data.path` when NLTK is already imported (it holds the user's own
+    additions), else NLTK's default directories (`nltk_default_path`).
+    NLTK itself is never imported here."""
+    roots = [os.path.expanduser(root) for root in os.environ.get("NLTK_DATA", "").split(os.pathsep) if root]
+    loaded = sys.modules.get("nltk.data")
+    for root in (list(getattr(loaded, "path", ())) if loaded is not None else nltk_default_path()):
+        if root and root not in roots:
+            roots.append(root)
+    return roots
+
+
+def _in_archive(archive: str, member: str) -> Optional[str]:
+    """`member` if the zip file `archive` holds it as a file, `member + "/"`
+    if as a directory, else None."""
+    try:
+        with zipfile.ZipFile(archive) as opened:
+            names = opened.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    directory = member.rstrip("/") + "/"
+    if member in names and not member.endswith("/"):
+        return member
+    return directory if any(name.startswith(directory) for name in names) else None
+
+
+def _find_in(roots: Sequence[str], parts: Sequence[str]) -> Optional[str]:
+    """NLTK's lookup of one resource name over the roots: a root that is a
+    zip file is searched inside; otherwise the path under the root, read
+    through the first `.zip` component of the name if it has one."""
+    for root in roots:
+        zipped = next((i for i, part in enumerate(parts) if part.endswith(".zip")), None)
+        if root.endswith(".zip") and os.path.isfile(root):
+            archive, inner = root, list(parts)
+        elif zipped is None:
+            path = os.path.join(root, *parts)
+            if os.path.exists(path):
+                return path
+            continue
+        else:
+            archive, inner = os.path.join(root, *parts[: zipped + 1]), list(parts[zipped + 1:])
+            if not os.path.isfile(archive):
+                continue
+        member = _in_archive(archive, "/".join(inner))
+        if member is not None:
+            return os.path.join(archive, *member.split("/"))  # a trailing "" keeps a directory's "/"
+    return None
 
 
 def find_data(*parts: str) -> str:
-    """Path of `parts` (e.g. `"corpora", "conll2002"`) under one of the
-    directories in the `NLTK_DATA` environment variable."""
-    roots = [root for root in os.environ.get("NLTK_DATA", "").split(os.pathsep) if root]
-    for root in roots:
-        path = os.path.join(root, *parts)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(f"{'/'.join(parts)} not found under NLTK_DATA={os.environ.get('NLTK_DATA', '')!r}; "
-                            "set NLTK_DATA to a directory holding the NLTK data layout")
+    """Path of the NLTK resource `parts` (e.g. `"corpora", "conll2002"`),
+    found as NLTK finds it: on `data_path()`, first as plain files, then
+    inside a zip archive named after one of its components
+    (`corpora/conll2002.zip/conll2002/...`, as NLTK's downloader leaves
+    corpora). A path inside an archive is read in place by `read_lines` and
+    the readers built on it (and by NLTK's corpus readers); a directory
+    inside an archive ends with `/`, as NLTK names them.
+
+    Raises:
+      FileNotFoundError naming the resource, the directories searched and
+      how to install it.
+    """
+    roots = data_path()
+    found = _find_in(roots, parts)
+    for i in range(len(parts)):
+        if found is not None:
+            break
+        found = _find_in(roots, [*parts[:i], parts[i] + ".zip", *parts[i:]])
+    if found is not None:
+        return found
+    package = parts[1] if len(parts) > 1 else parts[0]
+    raise FileNotFoundError(f"{'/'.join(parts)} not found (plain or zipped) in NLTK's data path: "
+                            f"NLTK_DATA={os.environ.get('NLTK_DATA', '')!r}, then {roots}; install it with "
+                            f"`python -m nltk.downloader {package}` or set NLTK_DATA to a directory holding the "
+                            "NLTK data layout")
 
 
-CONLL2002_SPLITS = ("esp.train", "esp.testa", "esp.testb")
+CONLL2002_SPLITS = ("esp.train", "esp.testa", "esp.testb", "ned.train", "ned.testa", "ned.testb")
 CONLL2000_SPLITS = ("train.txt", "test.txt")
 
 
-def conll2002(split: str = "esp.train") -> list[Sentence]:
-    """CoNLL-2002 Spanish NER: tokens `(word, POS)`, IOB2 entity labels."""
+def conll2002(split: str = "esp.train", *, encoding: str = "utf-8") -> list[Sentence]:
+    """CoNLL-2002 NER, Spanish (`esp.*`) or Dutch (`ned.*`): tokens
+    `(word, POS)`, IOB2 entity labels. The Dutch files mark articles with
+    `-DOCSTART-` lines, which end a sentence and are skipped. NLTK ships the
+    files in UTF-8; the original distribution's are latin-1
+    (`encoding="latin-1"`)."""
     if split not in CONLL2002_SPLITS:
         raise ValueError(f"split must be one of {CONLL2002_SPLITS}, got {split!r}")
-    return read_conll(find_data("corpora", "conll2002", split))
+    return read_conll(find_data("corpora", "conll2002", split), encoding=encoding)
 
 
 def conll2000(split: str = "train.txt", *, task: str = "chunk") -> list[Sentence]:
@@ -168,7 +358,8 @@ def conll2000(split: str = "train.txt", *, task: str = "chunk") -> list[Sentence
 
 def treebank() -> list[Sentence]:
     """The NLTK Penn Treebank sample (3,914 sentences), tokens `(word,)` and
-    PTB POS labels; empty elements (`-NONE-` traces) are dropped."""
+    PTB POS labels; empty elements (`-NONE-` traces) are dropped. (NLTK's
+    readers open a path through a zip archive themselves.)"""
     from nltk.corpus.reader import BracketParseCorpusReader  # optional dependency, only needed here
 
     reader = BracketParseCorpusReader(find_data("corpora", "treebank", "combined"), r"wsj_.*\.mrg")

@@ -1,6 +1,7 @@
 """Tagging metrics over label strings: token accuracy, entity-level
-precision / recall / F1 (conlleval's chunking, or strict IOB2), and accuracy
-on ambiguous words given a tagging dictionary.
+precision / recall / F1 (conlleval's chunking, or strict IOB2) and
+conlleval's printed report, and accuracy on ambiguous words given a tagging
+dictionary.
 
 Inputs are sequences of sentences, each a sequence of label strings, gold
 and predicted aligned token by token.
@@ -9,7 +10,7 @@ and predicted aligned token by token.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 Labels = Sequence[Sequence[str]]
 
@@ -31,34 +32,37 @@ def token_accuracy(gold: Labels, predicted: Labels) -> float:
 
 
 def _split(label: str) -> tuple[str, str]:
-    """`"B-PER"` -> `("B", "PER")`; `"O"` -> `("O", "")`."""
+    """`"B-PER"` -> `("B", "PER")`; `"O"` -> `("O", "")`: conlleval's split at
+    the first `-`, where a type Perl reads as false (`"0"`) is no type."""
     if label == "O":
         return "O", ""
     prefix, dash, kind = label.partition("-")
-    if not dash:
-        return label, ""
-    return prefix, kind
+    return prefix, (kind if kind != "0" else "")
+
+
+# conlleval's endOfChunk and startOfChunk: (previous tag, tag) pairs that end
+# or start a chunk, besides a change of type and the one-token `[`/`]` chunks.
+_ENDS = {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O"), ("E", "E"), ("E", "I"), ("E", "O")}
+_STARTS = {("B", "B"), ("I", "B"), ("O", "B"), ("O", "I"), ("E", "E"), ("E", "I"), ("O", "E")}
 
 
 def _chunk_ends(previous: str, previous_kind: str, tag: str, kind: str) -> bool:
     """conlleval's endOfChunk: does a chunk end between the previous token and this one?"""
-    if previous in ("B", "I") and tag in ("B", "O"):
-        return True
-    return previous not in ("O", ".") and previous_kind != kind
+    return ((previous, tag) in _ENDS or (previous not in ("O", ".") and previous_kind != kind)
+            or previous in ("[", "]"))
 
 
 def _chunk_starts(previous: str, previous_kind: str, tag: str, kind: str) -> bool:
     """conlleval's startOfChunk: does a chunk start at this token?"""
-    if tag == "B" or (previous == "O" and tag == "I"):
-        return True
-    return tag not in ("O", ".") and previous_kind != kind
+    return (previous, tag) in _STARTS or (tag not in ("O", ".") and previous_kind != kind) or tag in ("[", "]")
 
 
 def entities(labels: Sequence[str], *, strict: bool = False) -> list[tuple[str, int, int]]:
     """Entity spans `(type, start, end)` (end exclusive) of one label sequence.
 
-    `strict=False` follows conlleval's rules for IOB labels (an `I-X` after
-    `O` or after another type starts a chunk); `strict=True` is strict
+    `strict=False` follows conlleval's rules (IOB, IOE and `[`/`]` tags; an
+    `I-X` after `O` or after another type starts a chunk; a label splits
+    at its first `-` into tag and type); `strict=True` is strict
     IOB2 (as `seqeval` with `mode="strict", scheme=IOB2`): an entity is
     `B-X` followed by `I-X`s, and an `I-X` that does not continue one is no
     entity at all.
@@ -87,7 +91,9 @@ def entities(labels: Sequence[str], *, strict: bool = False) -> list[tuple[str, 
 
 
 class EntityScores(NamedTuple):
-    """precision, recall, f1 (in [0, 1]); counts; per_type: type -> (precision, recall, f1)."""
+    """precision, recall, f1 (in [0, 1]); counts; per_type: type ->
+    (precision, recall, f1); per_type_counts: type -> (correct, predicted,
+    gold), for every type of a gold or predicted entity."""
 
     precision: float
     recall: float
@@ -96,6 +102,7 @@ class EntityScores(NamedTuple):
     predicted: int
     gold: int
     per_type: dict
+    per_type_counts: Optional[dict] = None
 
 
 def _prf(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:
@@ -108,23 +115,110 @@ def _prf(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:
 def entity_scores(gold: Labels, predicted: Labels, *, strict: bool = False) -> EntityScores:
     """Entity-level precision, recall and F1 over a corpus: an entity counts as
     correct when its type, start and end all match (conlleval's definition;
-    `strict` as in `entities`)."""
+    `strict` as in `entities`). Without `strict` the counts are conlleval's
+    own, read token by token over the corpus with a boundary between
+    sentences: on label sequences where every chunk ends (all of IOB2,
+    among others) they are those of the spans of `entities`; on odd ones
+    (a chunk left open by a `.` tag, say) they keep conlleval's quirks."""
     _check_aligned(gold, predicted)
-    counts: dict = defaultdict(Counter)
-    for g, p in zip(gold, predicted):
-        gold_spans, predicted_spans = set(entities(g, strict=strict)), set(entities(p, strict=strict))
-        for kind, _, _ in gold_spans:
-            counts[kind]["gold"] += 1
-        for kind, _, _ in predicted_spans:
-            counts[kind]["predicted"] += 1
-        for kind, _, _ in gold_spans & predicted_spans:
-            counts[kind]["correct"] += 1
+    if strict:
+        counts: dict = defaultdict(Counter)
+        for g, p in zip(gold, predicted):
+            gold_spans, predicted_spans = set(entities(g, strict=True)), set(entities(p, strict=True))
+            for kind, _, _ in gold_spans:
+                counts[kind]["gold"] += 1
+            for kind, _, _ in predicted_spans:
+                counts[kind]["predicted"] += 1
+            for kind, _, _ in gold_spans & predicted_spans:
+                counts[kind]["correct"] += 1
+    else:
+        counts = _conlleval_counts(gold, predicted)
     total = Counter()
     for c in counts.values():
         total.update(c)
-    per_type = {kind: _prf(c["correct"], c["predicted"], c["gold"]) for kind, c in sorted(counts.items())}
+    per_type_counts = {kind: (c["correct"], c["predicted"], c["gold"]) for kind, c in sorted(counts.items())}
+    per_type = {kind: _prf(*c) for kind, c in per_type_counts.items()}
     return EntityScores(*_prf(total["correct"], total["predicted"], total["gold"]),
-                        total["correct"], total["predicted"], total["gold"], per_type)
+                        total["correct"], total["predicted"], total["gold"], per_type, per_type_counts)
+
+
+def _conlleval_counts(gold: Labels, predicted: Labels) -> dict:
+    """type -> Counter(gold=, predicted=, correct=), as conlleval's main loop
+    counts them: a chunk is found where it starts, and correct when gold and
+    prediction start it together with one type and end it together."""
+    counts: dict = defaultdict(Counter)
+    in_correct = False
+    last_gold = last_guess = ("O", "")
+
+    def step(gold_tag, guess_tag):
+        nonlocal in_correct, last_gold, last_guess
+        if in_correct:
+            gold_ends, guess_ends = _chunk_ends(*last_gold, *gold_tag), _chunk_ends(*last_guess, *guess_tag)
+            if gold_ends and guess_ends and last_guess[1] == last_gold[1]:
+                in_correct = False
+                counts[last_gold[1]]["correct"] += 1
+            elif gold_ends != guess_ends or guess_tag[1] != gold_tag[1]:
+                in_correct = False
+        gold_starts, guess_starts = _chunk_starts(*last_gold, *gold_tag), _chunk_starts(*last_guess, *guess_tag)
+        if gold_starts and guess_starts and guess_tag[1] == gold_tag[1]:
+            in_correct = True
+        if gold_starts:
+            counts[gold_tag[1]]["gold"] += 1
+        if guess_starts:
+            counts[guess_tag[1]]["predicted"] += 1
+        last_gold, last_guess = gold_tag, guess_tag
+
+    for g, p in zip(gold, predicted):
+        for a, b in zip(g, p):
+            step(_split(a), _split(b))
+        step(("O", ""), ("O", ""))  # the sentence boundary, which conlleval reads as an O token
+    if in_correct:
+        counts[last_gold[1]]["correct"] += 1
+    return counts
+
+
+def conlleval_report(gold: Labels, predicted: Labels) -> str:
+    """conlleval's report, as its Perl script prints it: tokens, entities
+    found and correct, token accuracy, overall and per-type precision,
+    recall and FB1 (percentages), the per-type lines with the number of
+    predicted entities of that type. Example (a corpus of 2 tokens)::
+
+        processed 2 tokens with 1 phrases; found: 1 phrases; correct: 1.
+        accuracy: 100.00%; precision: 100.00%; recall: 100.00%; FB1: 100.00
+                      PER: precision: 100.00%; recall: 100.00%; FB1: 100.00  1
+    """
+    scores = entity_scores(gold, predicted)
+    tokens = sum(len(g) for g in gold)
+    lines = [f"processed {tokens} tokens with {scores.gold} phrases; found: {scores.predicted} phrases; "
+             f"correct: {scores.correct}."]
+    if tokens:
+        precision, recall, f1 = _percentages(scores.correct, scores.predicted, scores.gold)
+        # conlleval compares tokens after its split (`B-0` and `B` are both tag B without a type).
+        correct_tags = sum(_split(a) == _split(b) for g, p in zip(gold, predicted) for a, b in zip(g, p))
+        lines.append(f"accuracy: {100 * correct_tags / tokens:6.2f}%; "
+                     f"precision: {precision:6.2f}%; recall: {recall:6.2f}%; FB1: {f1:6.2f}")
+    # conlleval lists the types of gold and of predicted chunks, sorted, each
+    # once, except after the empty type (false to Perl), which so repeats.
+    listed, last = [], None
+    for kind in sorted([k for k, c in scores.per_type_counts.items() if c[2]]
+                       + [k for k, c in scores.per_type_counts.items() if c[1]]):
+        if not last or last != kind:
+            listed.append(kind)
+        last = kind
+    for kind in listed:
+        counts = scores.per_type_counts[kind]
+        precision, recall, f1 = _percentages(*counts)
+        lines.append(f"{kind:>17}: precision: {precision:6.2f}%; recall: {recall:6.2f}%; FB1: {f1:6.2f}  {counts[1]}")
+    return "\n".join(lines) + "\n"
+
+
+def _percentages(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:
+    """Precision, recall and FB1 in percent, computed as conlleval does (F
+    from the percentages), so that its rounding to 2 decimals is the same."""
+    precision = 100 * correct / predicted if predicted else 0.0
+    recall = 100 * correct / gold if gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
 
 
 def tag_dictionary(words: Iterable[Sequence[str]], labels: Labels) -> dict[str, frozenset]:

@@ -17,13 +17,17 @@ settings.load_profile("ci")
 
 
 def corpus_or_fail(path_parts):
-    """Locate a corpus under NLTK_DATA; skip locally, fail in CI (CI=true) when missing."""
-    for root in os.environ.get("NLTK_DATA", "").split(os.pathsep):
-        if root and os.path.exists(os.path.join(root, *path_parts)):
-            return os.path.join(root, *path_parts)
+    """Locate a corpus as `lossfns.corpora.find_data` does (NLTK's search
+    path, plain or zipped); skip locally, fail in CI (CI=true) when missing."""
+    from lossfns.corpora import find_data
+
+    try:
+        return find_data(*path_parts)
+    except FileNotFoundError:
+        pass
     if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"corpus {'/'.join(path_parts)} not found under NLTK_DATA in CI")
-    pytest.skip(f"corpus {'/'.join(path_parts)} not found under NLTK_DATA")
+        pytest.fail(f"corpus {'/'.join(path_parts)} not found on NLTK's data path (NLTK_DATA) in CI")
+    pytest.skip(f"corpus {'/'.join(path_parts)} not found on NLTK's data path (NLTK_DATA)")
 
 
 def sigkill_after(process, wait_until_due) -> bool:

@@ -10,6 +10,7 @@ names the check to add (strict, so the suite flags it once it is added).
 from __future__ import annotations
 
 import functools
+import io
 import sys
 from pathlib import Path
 
@@ -20,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lossfns import checkpoint, corpora, debug, hmm, losses, optimizers, parallel, semirings
+from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
 from lossfns.corpora import Sentence
-from lossfns.features import templates
+from lossfns.features import design, dicts, pack_tokens, templates
 from lossfns.lattices import chain, dag
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.optimizers import reranking
@@ -69,6 +70,20 @@ def _conll_file(tmp_path, text):
     path = tmp_path / "bad.conll"
     path.write_text(text)
     return corpora.read_conll(str(path))
+
+
+def _column_file(tmp_path, data: bytes, labelled=False):
+    path = tmp_path / "bad.conll"
+    path.write_bytes(data)
+    return corpora.read_column_file(path, labelled=labelled)
+
+
+def _zip_file(tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "corpus.zip", "w") as archive:
+        archive.writestr("conll2002/esp.train", "El DA O\n")
+    return str(tmp_path / "corpus.zip")
 
 
 def _squares(params, batch=None):
@@ -297,10 +312,17 @@ CASES = [
      lambda tmp: _template_file(tmp, "U00:%x[0,0]\nX01:%x[1,0]\n"), ValueError, ["bad.tpl:2", "U, B or *"]),
     ("template-macro", "a malformed macro", lambda tmp: _template_file(tmp, "# c\n\nU00:%x[0,\n"),
      ValueError, ["bad.tpl:3", "malformed macro"]),
-    ("template-duplicate", "a template name used twice", lambda tmp: _template_file(tmp, "U00:%x[0,0]\nU00:%x[1,0]\n"),
-     ValueError, ["bad.tpl:2", "U00", "line 1"]),
+    ("template-duplicate", "two templates with the same text before their first macro",
+     lambda tmp: _template_file(tmp, "U00:%x[0,0]\nU00:%x[1,0]\n"), ValueError, ["bad.tpl:2", "U00", "line 1"]),
     ("template-regex", "a bad regex in %m[...]", lambda tmp: _template_file(tmp, 'U00:%m[0,0,"(a"]\n'),
      ValueError, ["bad.tpl:1", "regex"]),
+    ("template-wapiti-regex", "a Wapiti regex repeating nothing",
+     lambda _: templates.parse_templates('U:%t[0,0,"^*a"]', "p.txt", dialect="wapiti"),
+     ValueError, ["p.txt:1", "regex", "nothing to repeat"]),
+    ("template-dialect", "an unknown template dialect", lambda _: templates.parse_templates("B", dialect="crfpp"),
+     ValueError, ["dialect", "'python'", "'wapiti'", "crfpp"]),
+    ("template-indirect-row", "%x[*c,col] whose column c holds no integer",
+     lambda _: templates.parse_templates("U:%x[*0,0]")((("El", "DA"),)), ValueError, ["column 0", "'El'"]),
     # --- lossfns.corpora ---
     ("corpus-columns", "a line with a different number of columns",
      lambda tmp: _conll_file(tmp, "El DA O\nrey NC\n\n"), ValueError, ["bad.conll:2", "3 columns"]),
@@ -520,6 +542,29 @@ CASES = [
      lambda tmp: _conll_bytes(tmp, b"El DA O\nrey NC O\n\nMadrid NP\n"), ValueError, ["bad.conll:4", "columns"]),
     ("conll-latin-1", "a latin-1 corpus read as UTF-8",
      lambda tmp: _conll_bytes(tmp, b"El DA O\nEspa\xf1a NP B-LOC\n"), ValueError, ["bad.conll:2", "latin-1"]),
+    ("column-file-no-gold", "a one-column file read with gold labels (--check)",
+     lambda tmp: _column_file(tmp, b"El\nrey\n", labelled=True), ValueError, ["bad.conll:1", "at least 2 columns"]),
+    ("labelled-output-length", "predicted labels shorter than their sentence",
+     lambda tmp: labelled_output.write_labelled(_column_file(tmp, b"El DA\nrey NC\n"), [[("O",)]], io.StringIO()),
+     ValueError, ["labels[0][0]", "1 labels", "2 tokens", "bad.conll:1"]),
+    ("dicts-string-token", "a token given as a string instead of a feature dict",
+     lambda _: dicts.flatten_corpus([["El", "rey"]]), TypeError, ["X[0][0]", "dict", "str"]),
+    ("dicts-none-value", "None as a feature value", lambda _: dicts.flatten_corpus([[{"w": "a"}, {"w": None}]]),
+     TypeError, ["X[0][1]['w']", "NoneType"]),
+    ("dicts-nan-value", "a NaN feature value", lambda _: dicts.flatten_corpus([[{"x": float("nan")}]]),
+     ValueError, ["X[0][0]['x']", "nan", "finite"]),
+    ("dicts-key-type", "a feature key that is not a string", lambda _: dicts.item_features([{3: "a"}]),
+     TypeError, ["items[0]", "key", "int"]),
+    ("design-values-shape", "design values of another shape than the ids",
+     lambda _: design.design_from_ids(np.zeros((2, 3), np.int32), 4, np.ones((2, 2))), ValueError,
+     ["values", "(2, 3)", "(2, 2)"]),
+    ("model-values-shape", "unigram_values of another shape than unigram_ids",
+     lambda _: LinearChainModel.zeros(4, 2).unary(np.zeros((1, 3, 2), np.int32), np.ones((1, 3, 1))), ValueError,
+     ["unigram_values", "(1, 3, 2)"]),
+    ("pack-tokens-lengths", "sentence lengths that do not add up to the token stack",
+     lambda _: pack_tokens(np.zeros((5, 2), np.int32), [2, 2]), ValueError, ["sentence_lengths", "5 tokens", "4"]),
+    ("zip-member-missing", "a path through a zip archive to no member",
+     lambda tmp: corpora.read_conll(_zip_file(tmp) + "/conll2002/none"), FileNotFoundError, ["corpus.zip", "'conll2002/none'"]),
     # --- label and id arrays checked before any cast ---
     ("hamming-float", "float predicted labels for hamming_loss",
      lambda _: losses.hamming_loss(np.array([[0.0, 1.5]]), np.array([[0, 1]])), TypeError, ["predicted", "integer"]),

@@ -1,8 +1,12 @@
-"""Corpus readers (CoNLL columns, NLTK corpora via NLTK_DATA), the universal
-tagset, length buckets (against brute-force optimal bucketing) and
-deterministic shuffling."""
+"""Corpus readers (CoNLL columns, NLTK corpora on NLTK's search path, plain
+or zipped, against NLTK's own path list and readers), files read for
+labelling, the universal tagset, length buckets (against brute-force optimal
+bucketing) and deterministic shuffling."""
 
 import itertools
+import sys
+import types
+import zipfile
 
 import numpy as np
 import pytest
@@ -51,12 +55,128 @@ def test_observation_column_out_of_range_is_reported():
         corpora.parse_conll(["a B O"], observation_columns=[0, 5])
 
 
-def test_find_data_error_names_nltk_data(monkeypatch):
-    monkeypatch.setenv("NLTK_DATA", "/nonexistent")
-    with pytest.raises(FileNotFoundError, match="NLTK_DATA"):
+def _only(monkeypatch, tmp_path, nltk_data=None):
+    """Search only where the test says: NLTK_DATA (or none), HOME in tmp_path,
+    NLTK's other default directories elsewhere in tmp_path, NLTK not loaded."""
+    if nltk_data is None:
+        monkeypatch.delenv("NLTK_DATA", raising=False)
+    else:
+        monkeypatch.setenv("NLTK_DATA", nltk_data)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    monkeypatch.delitem(sys.modules, "nltk.data", raising=False)
+    monkeypatch.setattr(corpora, "nltk_default_path",
+                        lambda: [str(tmp_path / "home" / "nltk_data"), str(tmp_path / "prefix" / "nltk_data")])
+
+
+def test_find_data_error_names_the_search_path(monkeypatch, tmp_path):
+    _only(monkeypatch, tmp_path, "/nonexistent")
+    with pytest.raises(FileNotFoundError) as error:
         corpora.conll2002("esp.train")
+    message = str(error.value)
+    assert "corpora/conll2002/esp.train not found" in message and "NLTK_DATA='/nonexistent'" in message
+    assert str(tmp_path / "home" / "nltk_data") in message and "nltk.downloader conll2002" in message
     with pytest.raises(ValueError, match="split must be one of"):
+        corpora.conll2002("deu.train")
+
+
+def test_default_path_is_nltks_own():
+    nltk_data = pytest.importorskip("nltk.data")
+    defaults = corpora.nltk_default_path()
+    # nltk.data.path is NLTK_DATA's directories, then these (nothing else is added in the tests).
+    assert nltk_data.path[-len(defaults):] == defaults
+
+
+SPANISH = "El DA O\nAbogado NC B-PER\nGeneral AQ I-PER\n\nMadrid NP B-LOC\n"
+# The Dutch layout: article markers directly before a sentence's first line.
+DUTCH = ("-DOCSTART- -DOCSTART- O\nDe Art O\nMorgen N B-ORG\n\n-DOCSTART- -DOCSTART- O\nJan N B-PER\n"
+         "zegt V O\n\nGent N B-LOC\n")
+
+
+def _zipped_conll2002(root, files):
+    """`root/corpora/conll2002.zip` as NLTK's downloader leaves it (members under `conll2002/`)."""
+    (root / "corpora").mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(root / "corpora" / "conll2002.zip", "w") as archive:
+        archive.writestr("conll2002/", "")
+        for name, data in files.items():
+            archive.writestr(f"conll2002/{name}", data)
+    return root
+
+
+def test_zipped_corpus_is_read_in_place(monkeypatch, tmp_path):
+    root = _zipped_conll2002(tmp_path / "data", {"esp.train": SPANISH, "ned.testa": DUTCH})
+    _only(monkeypatch, tmp_path, str(root))
+    path = corpora.find_data("corpora", "conll2002", "esp.train")
+    assert path == str(root / "corpora" / "conll2002.zip" / "conll2002" / "esp.train")
+    assert corpora.conll2002("esp.train") == corpora.parse_conll(SPANISH.splitlines())
+    assert corpora.find_data("corpora", "conll2002") == str(root / "corpora" / "conll2002.zip" / "conll2002") + "/"
+    dutch = corpora.conll2002("ned.testa")
+    assert [s.words for s in dutch] == [("De", "Morgen"), ("Jan", "zegt"), ("Gent",)]
+    assert dutch[1].labels == ("B-PER", "O") and dutch[0].tokens[1] == ("Morgen", "N")
+    assert not list((root / "corpora").glob("conll2002/*"))  # nothing was unzipped
+    with pytest.raises(FileNotFoundError, match="ned.train not found"):
         corpora.conll2002("ned.train")
+
+
+def test_zipped_files_keep_every_reader_error(monkeypatch, tmp_path):
+    files = {"bad": "El DA O\nrey NC O\n\nMadrid NP\n", "latin": "El DA O\nEspaña NP B-LOC\n".encode("latin-1"),
+             "bom": "\ufeffEl DA O\n".encode("utf-8"), "tpl": "U00:%x[0,0]\nX\n"}
+    root = _zipped_conll2002(tmp_path / "data", files)
+    _only(monkeypatch, tmp_path, str(root))
+    inside = str(root / "corpora" / "conll2002.zip" / "conll2002")
+    with pytest.raises(ValueError, match=rf"^{inside}/bad:4: expected 3 columns"):
+        corpora.read_conll(corpora.find_data("corpora", "conll2002", "bad"))
+    with pytest.raises(ValueError, match=rf"^{inside}/latin:2: byte 0xf1 at column 5 is not valid utf-8"):
+        corpora.read_conll(f"{inside}/latin")
+    assert corpora.read_conll(f"{inside}/latin", encoding="latin-1")[0].tokens[1] == ("España", "NP")
+    assert corpora.read_conll(f"{inside}/bom")[0].tokens[0] == ("El", "DA")
+    from lossfns.features import read_templates
+
+    with pytest.raises(ValueError, match=rf"^{inside}/tpl:2:"):
+        read_templates(f"{inside}/tpl")
+    with pytest.raises(FileNotFoundError, match="has no member 'conll2002/none'"):
+        corpora.read_conll(f"{inside}/none")
+
+
+def test_default_directories_after_nltk_data(monkeypatch, tmp_path):
+    home = tmp_path / "home" / "nltk_data" / "corpora" / "conll2002"
+    home.mkdir(parents=True)
+    (home / "esp.testa").write_text(SPANISH)
+    _only(monkeypatch, tmp_path)
+    assert corpora.find_data("corpora", "conll2002", "esp.testa") == str(home / "esp.testa")
+    # NLTK_DATA comes first, then the defaults ...
+    first = tmp_path / "first" / "corpora" / "conll2002"
+    first.mkdir(parents=True)
+    (first / "esp.testa").write_text("Gent NC B-LOC\n")
+    _only(monkeypatch, tmp_path, str(tmp_path / "first"))
+    assert corpora.conll2002("esp.testa")[0].words == ("Gent",)
+    # ... but, as in NLTK, a plain file anywhere on the path is found before a zipped one.
+    zipped = _zipped_conll2002(tmp_path / "zipped", {"esp.testa": "Gent NC B-LOC\n"})
+    _only(monkeypatch, tmp_path, str(zipped))
+    assert corpora.find_data("corpora", "conll2002", "esp.testa") == str(home / "esp.testa")
+
+
+def test_user_additions_to_nltk_data_path_and_zip_roots(monkeypatch, tmp_path):
+    _only(monkeypatch, tmp_path)
+    with zipfile.ZipFile(tmp_path / "bundle.zip", "w") as archive:  # a search-path entry that is a zip file
+        archive.writestr("corpora/conll2002/esp.testb", SPANISH)
+    monkeypatch.setitem(sys.modules, "nltk.data", types.SimpleNamespace(path=[str(tmp_path / "bundle.zip")]))
+    path = corpora.find_data("corpora", "conll2002", "esp.testb")
+    assert path == str(tmp_path / "bundle.zip" / "corpora" / "conll2002" / "esp.testb")
+    assert corpora.conll2002("esp.testb")[1].labels == ("B-LOC",)
+
+
+@pytest.mark.parametrize("split", ["esp.testb", "ned.testb", "ned.testa", "ned.train"])
+def test_conll2002_matches_nltks_reader(split):
+    corpus_or_fail(("corpora", "conll2002", split))
+    reader_module = pytest.importorskip("nltk.corpus.reader")
+    root = corpora.find_data("corpora", "conll2002")  # NLTK's readers open zipped roots too
+    reader = reader_module.ConllChunkCorpusReader(root, [split], ("LOC", "PER", "ORG", "MISC"), encoding="utf-8")
+    expected = [(tuple((w, p) for w, p, _ in s), tuple(n for _, _, n in s)) for s in reader.iob_sents(split)]
+    ours = corpora.conll2002(split)
+    assert [(s.tokens, s.labels) for s in ours] == [e for e in expected if e[0]]
+    assert {label for s in ours for label in s.labels} <= {"O"} | {f"{p}-{t}" for p in "BI"
+                                                                   for t in ("PER", "LOC", "ORG", "MISC")}
 
 
 def test_conll2002_spanish():
@@ -212,3 +332,37 @@ def test_template_file_in_latin1_names_file_and_line(tmp_path):
     path = _write(tmp_path, "latin.tpl", "U00:%x[0,0]\n# años\nU01:%x[1,0]\n".encode("latin-1"))
     with pytest.raises(ValueError, match=rf"^{path}:2: byte 0xf1 at column 4 is not valid utf-8.*encoding"):
         templates.read_templates(path)
+
+
+def test_zipped_treebank_through_nltk(monkeypatch, tmp_path):
+    pytest.importorskip("nltk")
+    (tmp_path / "data" / "corpora").mkdir(parents=True)
+    with zipfile.ZipFile(tmp_path / "data" / "corpora" / "treebank.zip", "w") as archive:
+        archive.writestr("treebank/combined/wsj_0001.mrg",
+                         "( (S (NP-SBJ (NNP Pierre) (NNP Vinken)) (VP (VBD joined) (-NONE- *-1)) (. .)) )\n")
+    _only(monkeypatch, tmp_path, str(tmp_path / "data"))
+    assert corpora.treebank() == [Sentence((("Pierre",), ("Vinken",), ("joined",), (".",)), ("NNP", "NNP", "VBD", "."))]
+
+
+# ---------------------------------------------------------------------------
+# Files read for labelling: every line kept
+# ---------------------------------------------------------------------------
+
+
+def test_column_file_keeps_lines_and_gold(tmp_path):
+    path = _write(tmp_path, "in.conll", ("-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\n"
+                                         "Madrid NP B-LOC\n").encode())
+    checked = corpora.read_column_file(path, labelled=True)
+    assert checked.lines == ("-DOCSTART- -X- O", "", "El DA O", "rey NC B-PER", "", "", "Madrid NP B-LOC")
+    assert checked.sentences == (Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),
+                                 Sentence((("Madrid", "NP"),), ("B-LOC",)))
+    assert checked.rows == ((2, 3), (6,)) and checked.labelled and checked.source == path
+    plain = corpora.read_column_file(path, labelled=False)
+    assert plain.sentences[0] == Sentence((("El", "DA", "O"), ("rey", "NC", "B-PER")), ())
+    assert not plain.labelled and plain.rows == checked.rows
+    one = _write(tmp_path, "words.txt", b"El\nrey\n")  # a single column is fine without gold
+    assert corpora.read_column_file(one, labelled=False).sentences[0].tokens == (("El",), ("rey",))
+    with pytest.raises(ValueError, match=r"words\.txt:1: expected at least 2 columns"):
+        corpora.read_column_file(one, labelled=True)
+    with pytest.raises(ValueError, match=r"in\.conll:3: expected 3 columns"):
+        corpora.read_column_file(_write(tmp_path, "in.conll", b"El DA O\n\nMadrid NP\n\n\n\n\n"), labelled=True)

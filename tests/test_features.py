@@ -3,14 +3,21 @@ named presets (against hand-written oracles such as the sklearn-crfsuite
 tutorial's dict features), the observation index (min count, hashing) and
 the padded / packed id arrays."""
 
+import re
 import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lossfns.features import (FeatureIndex, TokenFeatures, observed_label_pairs, pad_batch, parse_templates, preset,
                               read_templates)
 from lossfns.features.index import pack
+from lossfns.features.templates import wapiti_regex
+
+# The sklearn-crfsuite tutorial's features, as it writes them (the oracle of the crfsuite_ner preset).
+from benchmarks.feature_dicts_benchmark import word2features as _tutorial_word2features
 
 TOKENS = (("Juan", "NP"), ("vive", "VMI"), ("en", "SP"), ("Madrid", "NP"))
 
@@ -34,28 +41,174 @@ B10:%x[0,1]
     assert features.pair[1] == ["B10:VMI", "*20:NP"]
 
 
-def test_regex_macros_and_case_insensitive_variants():
+def test_regex_macros_and_upper_case_variants():
+    # As in Wapiti, %X, %T, %M lower-case their result; their regexes still match case-sensitively.
     templates = parse_templates('U1:%t[0,0,"^[A-Z]"]\nU2:%m[0,0,"[aeiou]+"]\nU3:%T[0,0,"^m"]\nU4:%X[0,0]\n'
-                                'U5:%M[0,0,"D"]')
-    assert templates(TOKENS).unigram[0] == ["U1:true", "U2:ua", "U3:false", "U4:juan", "U5:"]
-    assert templates(TOKENS).unigram[3] == ["U1:true", "U2:a", "U3:true", "U4:madrid", "U5:d"]
+                                'U5:%M[0,0,"M.."]\nU6:%T[0,0,"^M"]')
+    assert templates(TOKENS).unigram[0] == ["U1:true", "U2:ua", "U3:false", "U4:juan", "U5:", "U6:false"]
+    assert templates(TOKENS).unigram[3] == ["U1:true", "U2:a", "U3:false", "U4:madrid", "U5:mad", "U6:true"]
+
+
+def _wapiti_match(pattern, text):
+    """Wapiti's matcher (src/pattern.c: rex_match, rex_matchme, rex_matchit)
+    interpreted directly, as the oracle of `wapiti_regex`: the first match's
+    (start, length), or None."""
+    classes = {"a": str.isalpha, "d": str.isdigit, "l": str.islower, "u": str.isupper, "w": str.isalnum,
+               "s": str.isspace, "p": lambda c: c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"}
+
+    def one(atom, rest):
+        if not rest:
+            return False
+        c = rest[0]
+        if not c.isascii():  # the C locale's classes hold ASCII only
+            return atom == "." or (atom[0] != "\\" and atom == c) or (atom[0] == "\\" and atom[1] == c) or (
+                atom[0] == "\\" and atom[1].lower() in classes and atom[1].isupper())
+        if atom == ".":
+            return True
+        if atom[0] == "\\":
+            if atom[1].lower() in classes:
+                return classes[atom[1].lower()](c) != atom[1].isupper()
+            return atom[1] == c
+        return atom == c
+
+    def here(regex, rest):  # the length matched at the start of rest, or None
+        if not regex:
+            return 0
+        if regex == "$":
+            return 0 if not rest else None
+        width = 2 if regex[0] == "\\" else 1
+        atom, after = regex[:width], regex[width:]
+        if after[:1] == "*":
+            used = 0
+            while True:
+                tail = here(after[1:], rest[used:])
+                if tail is not None:
+                    return used + tail
+                if not one(atom, rest[used:]):
+                    return None
+                used += 1
+        if after[:1] == "?":
+            if one(atom, rest):
+                tail = here(after[1:], rest[1:])
+                if tail is not None:
+                    return 1 + tail
+            return here(after[1:], rest)
+        if one(atom, rest):
+            tail = here(after, rest[1:])
+            return None if tail is None else 1 + tail
+        return None
+
+    if pattern.startswith("^"):
+        length = here(pattern[1:], text)
+        return None if length is None else (0, length)
+    for start in range(len(text) + 1):
+        length = here(pattern, text[start:])
+        if length is not None:
+            return start, length
+    return None
+
+
+@given(st.lists(st.sampled_from(["a", "b", ".", "\\d", "\\u", "\\l", "\\p", "\\A", "\\W", "\\.", "-", "é"]),
+                min_size=1, max_size=5),
+       st.lists(st.sampled_from(["", "*", "?"]), min_size=5, max_size=5), st.booleans(), st.booleans(),
+       st.text(alphabet="abAB1.-_ é", max_size=8))
+def test_wapiti_regexes_match_as_wapitis_matcher(atoms, repeats, start, end, text):
+    pattern = ("^" if start else "") + "".join(a + r for a, r in zip(atoms, repeats)) + ("$" if end else "")
+    found = re.search(wapiti_regex(pattern), text, re.DOTALL)
+    expected = _wapiti_match(pattern, text)
+    assert (None if found is None else (found.start(), found.end() - found.start())) == expected, pattern
+
+
+def test_wapiti_pattern_files_as_they_come():
+    # The layout of Wapiti's own pattern files: repeated `U:` names, spaces, signs, its regexes,
+    # comments anywhere, lower-case type letters, a constant `*` (bias and transitions).
+    templates = parse_templates("""*
+u:wrd L=%X[-1,0]   # the previous word, lower-cased
+U:wrd X=%x[ 0,0]
+*:Pre-2 X=%m[ 0,0,"^.?.?"]
+*:Suf-2 X=%m[ 0,0,".?.?$"]
+*:Caps? X=%t[ 0,0,"\\u"]
+*:AllC? X=%t[ 0,0,"^\\u*$"]
+b:Pos R=%x[+1,1]
+""", dialect="wapiti")
+    assert templates.transitions and templates.dialect == "wapiti"
+    features = templates(TOKENS)
+    assert features.unigram[0] == ["*:", "u:wrd L=_b-1", "U:wrd X=Juan", "*:Pre-2 X=Ju", "*:Suf-2 X=an",
+                                   "*:Caps? X=true", "*:AllC? X=false"]
+    assert features.pair[3] == ["*:Pre-2 X=Ma", "*:Suf-2 X=id", "*:Caps? X=true", "*:AllC? X=false", "b:Pos R=_B+1"]
+    assert parse_templates("U:%x[0,0] # kept", dialect="python")(TOKENS[:1]).unigram == [["U:Juan # kept"]]
+    with pytest.raises(ValueError, match=r"<templates>:1: bad regex '\*a'.*nothing to repeat"):
+        parse_templates('U:%t[0,0,"*a"]', dialect="wapiti")
+    with pytest.raises(ValueError, match="dialect must be one of"):
+        parse_templates("U:%x[0,0]", dialect="crf++")
+
+
+CRFPP_NER = """# Unigram
+U00:%x[-2,0]
+U01:%x[-1,0]
+U02:%x[0,0]
+U03:%x[1,0]
+U04:%x[2,0]
+U05:%x[-1,0]/%x[0,0]
+U06:%x[0,0]/%x[1,0]
+
+U10:%x[-2,1]
+U11:%x[-1,1]
+U12:%x[0,1]
+U13:%x[1,1]
+U14:%x[2,1]
+U15:%x[-2,1]/%x[-1,1]
+U16:%x[-1,1]/%x[0,1]
+U17:%x[0,1]/%x[1,1]
+U18:%x[1,1]/%x[2,1]
+
+U20:%x[-2,1]/%x[-1,1]/%x[0,1]
+U21:%x[-1,1]/%x[0,1]/%x[1,1]
+U22:%x[0,1]/%x[1,1]/%x[2,1]
+
+# Bigram
+B
+"""
+
+
+def test_the_standard_crfpp_pattern():
+    templates = parse_templates(CRFPP_NER)
+    assert len(templates.unigram) == 19 and templates.pair == () and templates.transitions
+    assert parse_templates(CRFPP_NER, dialect="wapiti") == templates._replace(dialect="wapiti")
+    features = templates(TOKENS)[1]
+    assert templates(TOKENS).unigram[1][:7] == ["U00:_B-1", "U01:Juan", "U02:vive", "U03:en", "U04:Madrid",
+                                                "U05:Juan/vive", "U06:vive/en"]
+    assert templates(TOKENS).unigram[1][-3:] == ["U20:_B-1/NP/VMI", "U21:NP/VMI/SP", "U22:VMI/SP/NP"]
+    assert features == [[] for _ in TOKENS]
+
+
+def test_absolute_and_indirect_rows():
+    tokens = (("a", "1"), ("b", "-1"), ("c", "0"))
+    templates = parse_templates("U1:%x[@1,0]/%x[@-1,0]\nU2:%x[*1,0]")
+    assert templates(tokens).unigram == [["U1:a/c", "U2:b"], ["U1:a/c", "U2:a"], ["U1:a/c", "U2:c"]]
+    with pytest.raises(ValueError, match=r"reads a row offset from column 0, but token 0 has 'a'"):
+        parse_templates("U:%x[*0,0]")(tokens)
 
 
 def test_constant_template_and_no_transitions():
-    templates = parse_templates("U\nUbias")
+    templates = parse_templates("U\nUbias\nu%x[0,1]")
     assert not templates.transitions and templates.pair == ()
-    assert templates(TOKENS[:1]).unigram == [["U:", "Ubias:"]]
+    assert templates(TOKENS[:1]).unigram == [["U:", "Ubias:", "uNP:"]]
+    # A constant tested with the label pair is the transitions (B01, a bare *, b).
+    for text in ("B01", "b", "*:bias", "B01:x"):
+        assert parse_templates(text).transitions and parse_templates(text).pair == ()
+    assert [t.name for t in parse_templates("*:bias").unigram] == ["*"]
 
 
 @pytest.mark.parametrize("text, line, message", [
     ("U00:%x[0,0]\nU01:%x[0]", 2, "malformed macro"),
     ("U00:%x[0,0]\n\n%x[0,0]", 3, "must start with U, B or"),
-    ("U00 %x[0,0]", 1, "expected 'NAME:BODY'"),
-    ("U00:%x[0,0]\nU00:%x[1,0]", 2, "already used on line 1"),
+    ("U00:%x[0,0]\nU00:%x[1,0]", 2, "'U00:' before the first macro is already used on line 1"),
+    ("*1:%x[0,0]\nB:x\nB1:%x[1,0]\nU1:%x[0,1]\n*1:%x[1,1]", 5, "already used on line 1"),
     ('U00:%t[0,0,"("]', 1, "bad regex"),
     ("U00:%t[0,0]", 1, "needs a regex"),
     ('U00:%x[0,0,"a"]', 1, "takes no regex"),
-    ("U0 0:%x[0,0]", 1, "cannot contain spaces"),
+    ("U:%q[0,0]", 1, "malformed macro"),
 ])
 def test_template_syntax_errors_name_the_line(text, line, message):
     with pytest.raises(ValueError, match=rf"<templates>:{line}: .*{message}"):
@@ -74,27 +227,6 @@ def test_template_file_errors_name_the_file(tmp_path):
 def test_template_column_out_of_range_at_application():
     with pytest.raises(ValueError, match="template U9 .*reads column 2"):
         parse_templates("U9:%x[0,2]")(TOKENS)
-
-
-def _tutorial_word2features(sent, i):
-    """The sklearn-crfsuite tutorial's features, as it writes them (the oracle)."""
-    word, postag = sent[i][0], sent[i][1]
-    features = {"bias": 1.0, "word.lower()": word.lower(), "word[-3:]": word[-3:], "word[-2:]": word[-2:],
-                "word.isupper()": word.isupper(), "word.istitle()": word.istitle(), "word.isdigit()": word.isdigit(),
-                "postag": postag, "postag[:2]": postag[:2]}
-    if i > 0:
-        word1, postag1 = sent[i - 1][0], sent[i - 1][1]
-        features.update({"-1:word.lower()": word1.lower(), "-1:word.istitle()": word1.istitle(),
-                         "-1:word.isupper()": word1.isupper(), "-1:postag": postag1, "-1:postag[:2]": postag1[:2]})
-    else:
-        features["BOS"] = True
-    if i < len(sent) - 1:
-        word1, postag1 = sent[i + 1][0], sent[i + 1][1]
-        features.update({"+1:word.lower()": word1.lower(), "+1:word.istitle()": word1.istitle(),
-                         "+1:word.isupper()": word1.isupper(), "+1:postag": postag1, "+1:postag[:2]": postag1[:2]})
-    else:
-        features["EOS"] = True
-    return features
 
 
 def _as_binary(features):

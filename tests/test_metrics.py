@@ -1,6 +1,8 @@
 """Metrics: hand-computed conlleval cases, strict IOB2 versus conlleval on
-invalid sequences, agreement with seqeval (both modes) on random label
-sequences, token accuracy and ambiguous-word accuracy against direct counts."""
+invalid sequences, agreement with seqeval (both modes, per type too) on
+random label sequences, conlleval's printed report (texts printed by the
+real conlleval.pl, 2004-01-26, on the same corpora), token accuracy and
+ambiguous-word accuracy against direct counts."""
 
 import numpy as np
 import pytest
@@ -81,3 +83,57 @@ def test_ambiguous_accuracy_against_direct_count():
     assert metrics.ambiguous_accuracy(words, gold, predicted, dictionary) == pytest.approx(expected)
     assert metrics.tag_dictionary([["a", "b", "a"]], [["X", "Y", "Z"]]) == {"a": frozenset({"X", "Z"}),
                                                                               "b": frozenset({"Y"})}
+
+
+# Printed by conlleval.pl (2004-01-26) for CONLLEVAL_GOLD/PREDICTED written as "word gold guess" lines,
+# each sentence followed by a blank line.
+CONLLEVAL_GOLD = [["O", "B-PER", "I-PER", "O", "O"], ["B-LOC", "O", "B-MISC"]]
+CONLLEVAL_PREDICTED = [["O", "B-PER", "I-PER", "O", "B-LOC"], ["B-LOC", "O", "I-ORG"]]
+CONLLEVAL_TEXT = """processed 8 tokens with 3 phrases; found: 4 phrases; correct: 2.
+accuracy:  75.00%; precision:  50.00%; recall:  66.67%; FB1:  57.14
+              LOC: precision:  50.00%; recall: 100.00%; FB1:  66.67  2
+             MISC: precision:   0.00%; recall:   0.00%; FB1:   0.00  0
+              ORG: precision:   0.00%; recall:   0.00%; FB1:   0.00  1
+              PER: precision: 100.00%; recall: 100.00%; FB1: 100.00  1
+"""
+# conlleval's quirks: a `.` tag leaves a chunk open; `B-0` has no type (Perl reads "0" as false) and so
+# matches a bare `B`; the empty type is listed twice.
+QUIRKS_TEXT = """processed 5 tokens with 2 phrases; found: 2 phrases; correct: 1.
+accuracy:  80.00%; precision:  50.00%; recall:  50.00%; FB1:  50.00
+                 : precision:   0.00%; recall:   0.00%; FB1:   0.00  1
+                 : precision:   0.00%; recall:   0.00%; FB1:   0.00  1
+              PER: precision: 100.00%; recall: 100.00%; FB1: 100.00  1
+"""
+
+# IOE tags and conlleval's one-token `[`/`]` chunks.
+IOE_TEXT = """processed 5 tokens with 4 phrases; found: 2 phrases; correct: 1.
+accuracy:  60.00%; precision:  50.00%; recall:  25.00%; FB1:  33.33
+                 : precision: 100.00%; recall:  50.00%; FB1:  66.67  1
+                 : precision: 100.00%; recall:  50.00%; FB1:  66.67  1
+              PER: precision:   0.00%; recall:   0.00%; FB1:   0.00  1
+"""
+
+
+def test_conlleval_report_is_conllevals_text():
+    assert metrics.conlleval_report(CONLLEVAL_GOLD, CONLLEVAL_PREDICTED) == CONLLEVAL_TEXT
+    assert metrics.conlleval_report([["B-PER", "."], ["O", "B-0", "I"]], [["B-PER", "."], ["O", "B", "O"]]) == QUIRKS_TEXT
+    assert metrics.conlleval_report([["I-PER", "E-PER", "E-PER", "[", "]"]],
+                                    [["I-PER", "I-PER", "E-PER", "[", "O"]]) == IOE_TEXT
+    assert metrics.conlleval_report([], []) == "processed 0 tokens with 0 phrases; found: 0 phrases; correct: 0.\n"
+    scores = metrics.entity_scores(CONLLEVAL_GOLD, CONLLEVAL_PREDICTED)
+    assert scores.per_type_counts == {"LOC": (1, 2, 1), "MISC": (0, 0, 1), "ORG": (0, 1, 0), "PER": (1, 1, 1)}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # seqeval's averages over no gold entity
+@given(label_sequences, st.data())
+def test_per_type_scores_agree_with_seqeval(gold, data):
+    predicted = [data.draw(st.lists(st.sampled_from(LABELS), min_size=len(g), max_size=len(g))) for g in gold]
+    ours = metrics.entity_scores(gold, predicted)
+    report = seqeval_metrics.classification_report(gold, predicted, output_dict=True, zero_division=0)
+    for kind, (correct, found, total) in ours.per_type_counts.items():
+        if total:  # seqeval reports the types of gold entities only
+            expected = report[kind]
+            assert ours.per_type[kind] == pytest.approx(
+                (expected["precision"], expected["recall"], expected["f1-score"]), abs=1e-12)
+            assert expected["support"] == total
+    assert {k for k, c in ours.per_type_counts.items() if c[2]} == {k for k in report if "avg" not in k}

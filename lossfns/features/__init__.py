@@ -1,20 +1,24 @@
-"""Sparse observation features: template files, named presets, an index
-from observation strings to ids, padded id arrays for the models, sparse
-design matrices (CSR) for the fast emission-score product, and the one path
-of a tagged corpus through them (`corpus`)."""
+"""Sparse observation features: template files, named presets, token
+feature dicts (sklearn-crfsuite's, with real values), an index from
+observation strings to ids, padded id (and value) arrays for the models,
+sparse design matrices (CSR) for the fast emission-score product, and the
+one path of a tagged corpus through them (`corpus`)."""
 
-from . import corpus, design, presets, templates
+from . import corpus, design, dicts, presets, templates
 from .corpus import (CorpusArrays, build_index, check_sentences, corpus_arrays, encode, extractor, extractor_from_spec,
                      extractor_spec, in_corpus_order, label_ids, pack_shards, padded_buckets)
 from .design import SparseDesign, bucket_design, design_from_ids, design_matmul
+from .dicts import AttributeCorpus, flatten_corpus, item_features
 from .extraction import TokenFeatures
 from .index import (FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack,
-                    pack_rows, pad_batch)
+                    pack_rows, pack_token_rows, pack_tokens, pad_batch, ragged_rows)
 from .presets import preset
 from .templates import parse_templates, read_templates
 
-__all__ = ["corpus", "design", "presets", "templates", "CorpusArrays", "build_index", "check_sentences",
+__all__ = ["corpus", "design", "dicts", "presets", "templates", "CorpusArrays", "build_index", "check_sentences",
            "corpus_arrays", "encode", "extractor", "extractor_from_spec", "extractor_spec", "in_corpus_order",
            "label_ids", "pack_shards", "padded_buckets", "SparseDesign", "bucket_design", "design_from_ids", "design_matmul",
+           "AttributeCorpus", "flatten_corpus", "item_features",
            "TokenFeatures", "FeatureBatch", "FeatureIndex", "PackedCorpus",
-           "observed_label_pairs", "observed_label_triples", "pack", "pack_rows", "pad_batch", "preset", "parse_templates", "read_templates"]
+           "observed_label_pairs", "observed_label_triples", "pack", "pack_rows", "pack_token_rows", "pack_tokens",
+           "pad_batch", "ragged_rows", "preset", "parse_templates", "read_templates"]

@@ -11,11 +11,15 @@ gather per feature column when their sum feeds more than one consumer
 gathers against 31 ms for the product). The gradient with respect to `W`,
 `A^T @ cotangent`, is a scatter-add of the rows (`scatter_rows`), which is
 faster than the transposed CSR product.
+
+Observations with real values (`PackedCorpus.unigram_values`) put their
+values in `A` instead of counts, `A[r, k] = sum of the values of k at r`;
+the transposed product then scales each scattered row by its value.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,41 +30,64 @@ from .index import PackedCorpus
 
 
 class SparseDesign(NamedTuple):
-    """A CSR matrix `A [R, K]` of feature counts, plus the same features as
-    padded per-row ids for the transposed product.
+    """A CSR matrix `A [R, K]` of feature counts (or summed values), plus the
+    same features as padded per-row ids for the transposed product.
 
     indptr: `[R + 1]` int32; indices: `[nnz]` int32 column ids; values:
-    `[nnz]` float32 counts; row_ids: `[R, F]` int32, the ids of each row
-    (K = none; a repeated id counts once per occurrence, as in `values`).
+    `[nnz]` float32 counts, or float64 summed values; row_ids: `[R, F]`
+    int32, the ids of each row (K = none; a repeated id counts once per
+    occurrence, as in `values`); row_values: `[R, F]` float64, the value of
+    each of `row_ids` (0 for none), or None: every value 1.
     """
 
     indptr: np.ndarray
     indices: np.ndarray
     values: np.ndarray
     row_ids: np.ndarray
+    row_values: Optional[np.ndarray] = None
 
 
-def _csr(rows: np.ndarray, columns: np.ndarray, num_rows: int):
-    """CSR `(indptr, indices, values)` of the (row, column) pairs, duplicates summed."""
-    unique, counts = np.unique(rows.astype(np.int64) * np.int64(2 ** 31) + columns, return_counts=True)
-    unique_rows, unique_columns = unique // np.int64(2 ** 31), unique % np.int64(2 ** 31)
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(unique_rows, minlength=num_rows))])
-    return indptr.astype(np.int32), unique_columns.astype(np.int32), counts.astype(np.float32)
+def _csr(ids: np.ndarray, num_features: int, weights: Optional[np.ndarray] = None):
+    """CSR `(indptr, indices, values)` of per-row ids `ids [R, F]` (-1 =
+    none), repeated ids of a row summed: counts (float32), or the sums of
+    `weights [R, F]` (float64). Each row is sorted on its own (F is small),
+    never the whole matrix: rows come in order already."""
+    order = np.argsort(np.where(ids >= 0, ids, num_features), axis=1, kind="stable")
+    columns = np.take_along_axis(ids, order, axis=1)
+    present = columns >= 0
+    new = present.copy()
+    new[:, 1:] &= columns[:, 1:] != columns[:, :-1]
+    group = np.cumsum(new[present]) - 1
+    if weights is None:
+        sums = np.bincount(group, minlength=int(new.sum())).astype(np.float32)
+    else:
+        sums = np.bincount(group, np.take_along_axis(weights, order, axis=1)[present], int(new.sum()))
+    indptr = np.concatenate([[0], np.cumsum(new.sum(axis=1))])
+    return indptr.astype(np.int32), columns[new].astype(np.int32), sums
 
 
-def design_from_ids(ids, num_features: int) -> SparseDesign:
+def design_from_ids(ids, num_features: int, values=None) -> SparseDesign:
     """The design matrix of per-row feature ids `ids [R, F]` (-1 = none) over
-    `num_features` features (ids must lie in `[-1, num_features)`)."""
+    `num_features` features (ids must lie in `[-1, num_features)`), with the
+    features' values `values [R, F]` (finite; default all 1: counts)."""
     ids = np.asarray(ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"ids must be an integer array [R, F], got dtype {ids.dtype} and shape {ids.shape}")
     if ids.size and (ids.min() < -1 or ids.max() >= num_features):
         raise ValueError(f"ids must lie in [-1, {num_features}) (num_features = {num_features}), "
                          f"got values in [{ids.min()}, {ids.max()}]")
-    rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)
     keep = ids >= 0
-    indptr, indices, values = _csr(rows[keep], ids[keep].astype(np.int64), ids.shape[0])
-    return SparseDesign(indptr, indices, values, np.where(keep, ids, num_features).astype(np.int32))
+    row_values = None
+    if values is not None:
+        values = np.asarray(values, dtype=np.float64)
+        if values.shape != ids.shape:
+            raise ValueError(f"values must have the shape of ids {ids.shape}, got {values.shape}")
+        if not np.all(np.isfinite(values[keep])):
+            bad = tuple(int(i) for i in np.argwhere(keep & ~np.isfinite(values))[0])
+            raise ValueError(f"values must be finite, got {values[bad]} at {bad}")
+        row_values = np.where(keep, values, 0.0)
+    indptr, indices, sums = _csr(ids, num_features, row_values)
+    return SparseDesign(indptr, indices, sums, np.where(keep, ids, num_features).astype(np.int32), row_values)
 
 
 def bucket_design(packed: PackedCorpus, num_features: int) -> SparseDesign:
@@ -68,11 +95,17 @@ def bucket_design(packed: PackedCorpus, num_features: int) -> SparseDesign:
     bucket cell: bucket after bucket, each `[B_b, T_b]` in row-major order,
     padding cells empty. Bucket b's scores are then a slice and a reshape of
     `design_matmul(design, W)` (`bucket_slices`), never a gather."""
-    # Position -1 (padding) reads an appended row of -1 (also when the corpus has no tokens).
-    stack = np.concatenate([packed.unigram_ids, np.full((1, packed.unigram_ids.shape[1]), -1, np.int32)])
-    cells = [stack[positions].reshape(positions.size, stack.shape[1]) for positions in packed.positions]
-    ids = np.concatenate(cells) if cells else np.zeros((0, packed.unigram_ids.shape[1]), np.int32)
-    return design_from_ids(ids, num_features)
+    # Position -1 (padding) reads an appended row of -1 ids and 0 values (also when the corpus has no tokens).
+    width = packed.unigram_ids.shape[1]
+    stack = np.concatenate([packed.unigram_ids, np.full((1, width), -1, np.int32)])
+    ids = [stack[positions].reshape(positions.size, width) for positions in packed.positions]
+    ids = np.concatenate(ids) if ids else np.zeros((0, width), np.int32)
+    values = None
+    if packed.unigram_values is not None:
+        stack = np.concatenate([packed.unigram_values, np.zeros((1, width), packed.unigram_values.dtype)])
+        values = [stack[positions].reshape(positions.size, width) for positions in packed.positions]
+        values = np.concatenate(values) if values else np.zeros((0, width))
+    return design_from_ids(ids, num_features, values)
 
 
 def bucket_slices(rows: jax.Array, bucket_shapes) -> tuple:
@@ -85,10 +118,11 @@ def bucket_slices(rows: jax.Array, bucket_shapes) -> tuple:
     return tuple(out)
 
 
-def scatter_rows(num_features: int, ids: jax.Array, cotangent: jax.Array) -> jax.Array:
+def scatter_rows(num_features: int, ids: jax.Array, cotangent: jax.Array, values=None) -> jax.Array:
     """`grad [K, ...]` with `grad[k] = sum over (r, f) with ids[r, f] = k of
-    cotangent[r]`, for `ids [R, F]` (ids outside `[0, K)` are dropped) and
-    `cotangent [R, ...]`: the transpose of summing table rows.
+    values[r, f] * cotangent[r]`, for `ids [R, F]` (ids outside `[0, K)` are
+    dropped), `cotangent [R, ...]` and `values [R, F]` (None: all 1): the
+    transpose of summing (value-scaled) table rows.
 
     One scatter-add per id column into a single buffer: XLA's CPU scatter
     is several times faster with a vector of row indices than with an
@@ -97,7 +131,10 @@ def scatter_rows(num_features: int, ids: jax.Array, cotangent: jax.Array) -> jax
     """
     grad = jnp.zeros((num_features,) + cotangent.shape[1:], cotangent.dtype)
     for column in range(ids.shape[1]):
-        grad = grad.at[ids[:, column]].add(cotangent, mode="drop")
+        rows = cotangent
+        if values is not None:
+            rows = cotangent * values[:, column].astype(cotangent.dtype).reshape((-1,) + (1,) * (cotangent.ndim - 1))
+        grad = grad.at[ids[:, column]].add(rows, mode="drop")
     return grad
 
 
@@ -129,7 +166,7 @@ def _design_matmul_forward(design, table):
 
 def _design_matmul_backward(residuals, cotangent):
     design, num_features = residuals
-    return None, scatter_rows(num_features, design.row_ids, cotangent)
+    return None, scatter_rows(num_features, design.row_ids, cotangent, design.row_values)
 
 
 design_matmul.defvjp(_design_matmul_forward, _design_matmul_backward)

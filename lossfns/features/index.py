@@ -5,12 +5,21 @@ keeps those seen at least `min_count` times; `FeatureIndex.hashed` maps
 strings to `num_buckets` ids by a stable hash instead (for feature sets too
 large to index; collisions share a weight). `encode` turns one sentence's
 `TokenFeatures` into id lists and `pad_batch` stacks sentences into
-`FeatureBatch` arrays padded with id -1.
+`FeatureBatch` arrays padded with id -1. `pack` and `pack_rows` lay a
+corpus out as one stack of tokens plus length buckets (`PackedCorpus`);
+`pack_tokens` and `pack_token_rows` do the same from a token stack built
+elsewhere (`dicts.AttributeCorpus.pack`).
+
+Observations carry real values when the features give them
+(`TokenFeatures.unigram_values`): `encode` then returns the values beside
+the ids, and the arrays hold them as `unigram_values` (None: all 1, the
+binary features, on every path unchanged).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import zlib
 from collections import Counter
 from typing import Iterable, NamedTuple, Optional, Sequence
@@ -30,13 +39,16 @@ class FeatureBatch(NamedTuple):
     pair_ids: `[..., T, F2]` int32 label-pair-observation feature ids
       (`F2` may be 0);
     lengths: `[...]` int32;
-    labels: `[..., T]` int32 gold label ids (-1 past each length), or None.
+    labels: `[..., T]` int32 gold label ids (-1 past each length), or None;
+    unigram_values: `[..., T, F]` float64 values of the emission features
+      (0 at padding), or None: every value 1.
     """
 
     unigram_ids: np.ndarray
     pair_ids: np.ndarray
     lengths: np.ndarray
     labels: Optional[np.ndarray] = None
+    unigram_values: Optional[np.ndarray] = None
 
 
 def _stable_hash(text: str, buckets: int) -> int:
@@ -65,17 +77,9 @@ class FeatureIndex(NamedTuple):
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         features = list(features)
-
-        def vocabulary(names):
-            # One C-level pass over all strings (dicts and Counters keep first-seen order).
-            if min_count == 1:
-                kept = dict.fromkeys(names)
-            else:
-                kept = (name for name, count in Counter(names).items() if count >= min_count)
-            return {name: i for i, name in enumerate(kept)}
-
-        unigram = vocabulary(name for sentence in features for token in sentence.unigram for name in token)
-        pair = vocabulary(name for sentence in features for token in sentence.pair for name in token)
+        unigram = _vocabulary((name for sentence in features for token in sentence.unigram for name in token),
+                              min_count)
+        pair = _vocabulary((name for sentence in features for token in sentence.pair for name in token), min_count)
         return FeatureIndex(unigram, pair, len(unigram), len(pair))
 
     @staticmethod
@@ -90,34 +94,82 @@ class FeatureIndex(NamedTuple):
             return sorted({_stable_hash(name, size) for name in names}) if size else []
         return [i for i in map(table.get, names) if i is not None]
 
-    def encode(self, features: TokenFeatures) -> tuple[list[list[int]], list[list[int]]]:
-        """Ids of one sentence's known observations: `([T][...], [T][...])`.
-        Unknown strings (unseen or below `min_count`) are dropped."""
-        unigram = [self._ids(token, self.unigram, self.num_unigram) for token in features.unigram]
+    def encode(self, features: TokenFeatures) -> tuple:
+        """Ids of one sentence's known observations: `(unigram [T][...], pair
+        [T][...])`, and `(unigram, pair, unigram_values [T][...])` when the
+        features carry values. Unknown strings (unseen or below `min_count`)
+        are dropped, with their values. Hashed ids keep each string (and
+        value) when there are values, so that colliding strings add up;
+        without values a bucket hit twice counts once."""
         pair = [self._ids(token, self.pair, self.num_pair) for token in features.pair]
-        return unigram, pair
+        if features.unigram_values is None:
+            return [self._ids(token, self.unigram, self.num_unigram) for token in features.unigram], pair
+        unigram, values = [], []
+        for names, token_values in zip(features.unigram, features.unigram_values):
+            if self.hashed:
+                ids = [_stable_hash(name, self.num_unigram) for name in names]
+                kept = list(token_values)
+            else:
+                found = [(i, value) for i, value in zip(map(self.unigram.get, names), token_values) if i is not None]
+                ids, kept = [i for i, _ in found], [value for _, value in found]
+            unigram.append(ids)
+            values.append(kept)
+        return unigram, pair, values
 
 
-def _pad(rows: Sequence[Sequence[Sequence[int]]], max_length: int) -> np.ndarray:
-    width = max((len(token) for sentence in rows for token in sentence), default=0)
-    out = np.full((len(rows), max_length, width), PADDING_ID, dtype=np.int32)
-    for b, sentence in enumerate(rows):
-        for t, token in enumerate(sentence):
-            out[b, t, : len(token)] = token
+def _vocabulary(names: Iterable[str], min_count: int) -> dict:
+    """name -> id for the names seen at least `min_count` times, ids in order
+    of first appearance (one C-level pass: dicts and Counters keep that order)."""
+    if min_count == 1:
+        kept = dict.fromkeys(names)
+    else:
+        kept = (name for name, count in Counter(names).items() if count >= min_count)
+    return {name: i for i, name in enumerate(kept)}
+
+
+def ragged_rows(flat: np.ndarray, counts: np.ndarray, fill, width: Optional[int] = None) -> np.ndarray:
+    """`[n, width]` rows from a ragged array: row i holds the next `counts[i]`
+    entries of `flat [sum(counts)]`, then `fill` (width: the largest count)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    flat = np.asarray(flat)
+    width = int(counts.max(initial=0)) if width is None else width
+    out = np.full((counts.size, width), fill, dtype=flat.dtype)
+    starts = np.cumsum(counts) - counts
+    row = np.repeat(np.arange(counts.size), counts)
+    out[row, np.arange(flat.size) - starts[row]] = flat
     return out
 
 
-def pad_batch(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
+def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill=PADDING_ID, dtype=np.int32) -> np.ndarray:
+    """`[B, max_length, F]` from `[B][T][...]` nested lists (vectorised: one
+    pass flattens them, one scatter places them)."""
+    sentence_lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    tokens = list(itertools.chain.from_iterable(rows))
+    counts = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype, int(counts.sum()))
+    stack = ragged_rows(flat, counts, fill)
+    out = np.full((len(rows), max_length, stack.shape[1]), fill, dtype=dtype)
+    sentence = np.repeat(np.arange(len(rows)), sentence_lengths)
+    out[sentence, np.arange(len(tokens)) - (np.cumsum(sentence_lengths) - sentence_lengths)[sentence]] = stack
+    return out
+
+
+def pad_batch(encoded: Sequence[tuple], labels: Optional[Sequence[Sequence[int]]] = None,
               max_length: Optional[int] = None) -> FeatureBatch:
-    """Stack encoded sentences into a `FeatureBatch` padded to `max_length`
-    positions (default: the longest) and to the widest token."""
-    lengths = np.array([len(unigram) for unigram, _ in encoded], dtype=np.int32)
+    """Stack encoded sentences (from `FeatureIndex.encode`, with or without
+    values) into a `FeatureBatch` padded to `max_length` positions (default:
+    the longest) and to the widest token."""
+    lengths = np.array([len(sentence[0]) for sentence in encoded], dtype=np.int32)
     longest = int(lengths.max()) if lengths.size else 0
     max_length = longest if max_length is None else max_length
     if max_length < longest:
         raise ValueError(f"max_length must be >= the longest sentence ({longest}), got {max_length}")
-    unigram_ids = _pad([u for u, _ in encoded], max_length)
-    pair_ids = _pad([p for _, p in encoded], max_length)
+    unigram_ids = _pad([sentence[0] for sentence in encoded], max_length)
+    pair_ids = _pad([sentence[1] for sentence in encoded], max_length)
+    unigram_values = None
+    if any(len(sentence) > 2 for sentence in encoded):
+        unigram_values = _pad([sentence[2] if len(sentence) > 2 else [[1.0] * len(token) for token in sentence[0]]
+                               for sentence in encoded], max_length, 0.0, np.float64)
     label_array = None
     if labels is not None:
         label_array = np.full((len(encoded), max_length), -1, dtype=np.int32)
@@ -125,7 +177,7 @@ def pad_batch(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels
             if len(sequence) != lengths[b]:
                 raise ValueError(f"labels[{b}] has {len(sequence)} labels for a sentence of {lengths[b]} tokens")
             label_array[b, : len(sequence)] = sequence
-    return FeatureBatch(unigram_ids, pair_ids, lengths, label_array)
+    return FeatureBatch(unigram_ids, pair_ids, lengths, label_array, unigram_values)
 
 
 def observed_label_pairs(batches: Iterable[FeatureBatch], num_features: int, num_labels: int) -> np.ndarray:
@@ -171,7 +223,9 @@ class PackedCorpus(NamedTuple):
       rows of several sentences, `pack_rows`: every sentence in the bucket,
       in packing order);
     starts: None (one sentence per row), or per bucket `[B_b, T_b]` bool,
-      True at each sentence's first position in its row (`pack_rows`).
+      True at each sentence's first position in its row (`pack_rows`);
+    unigram_values: `[N, F]` float64 values of `unigram_ids` (0 at
+      padding), or None: every value 1.
     """
 
     unigram_ids: np.ndarray
@@ -181,15 +235,23 @@ class PackedCorpus(NamedTuple):
     labels: Optional[tuple]
     members: tuple
     starts: Optional[tuple] = None
+    unigram_values: Optional[np.ndarray] = None
 
 
 def _token_stack(encoded):
-    """`(sentence lengths, offsets [N + 1], FeatureBatch of all tokens as one row)`."""
-    sentence_lengths = [len(unigram) for unigram, _ in encoded]
-    offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
-    stack = pad_batch([([token for unigram, _ in encoded for token in unigram],
-                        [token for _, pair in encoded for token in pair])])
-    return sentence_lengths, offsets, stack
+    """`(sentence lengths, FeatureBatch of all tokens as one row)`."""
+    sentence_lengths = [len(sentence[0]) for sentence in encoded]
+    if len({len(sentence) for sentence in encoded}) > 1:
+        raise ValueError("encoded sentences must all carry values or none (2- or 3-tuples from FeatureIndex.encode)")
+    stack = pad_batch([tuple(list(itertools.chain.from_iterable(sentence[part] for sentence in encoded))
+                             for part in range(len(encoded[0]) if encoded else 2))])
+    return sentence_lengths, stack
+
+
+def _stacked(stack: FeatureBatch) -> dict:
+    """The keyword arguments of `pack_tokens` held by a one-row `FeatureBatch`."""
+    return {"pair_ids": stack.pair_ids[0],
+            "unigram_values": None if stack.unigram_values is None else stack.unigram_values[0]}
 
 
 def _check_label_lengths(labels, sentence_lengths) -> None:
@@ -198,11 +260,44 @@ def _check_label_lengths(labels, sentence_lengths) -> None:
             raise ValueError(f"labels[{i}] has {len(sequence)} labels for a sentence of {length} tokens")
 
 
-def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Optional[Sequence[Sequence[int]]] = None,
+def _check_stack(unigram_ids, sentence_lengths, pair_ids, unigram_values):
+    """The token stack's arrays, checked against each other: `(unigram_ids,
+    sentence lengths, offsets [S + 1], pair_ids, unigram_values)`."""
+    unigram_ids = np.asarray(unigram_ids)
+    if unigram_ids.ndim != 2:
+        raise ValueError(f"unigram_ids must have shape [N, F], got shape {unigram_ids.shape}")
+    sentence_lengths = [int(n) for n in sentence_lengths]
+    offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
+    if offsets[-1] != unigram_ids.shape[0]:
+        raise ValueError(f"sentence_lengths must add up to the {unigram_ids.shape[0]} tokens of unigram_ids, "
+                         f"got {offsets[-1]}")
+    pair_ids = np.zeros((unigram_ids.shape[0], 0), np.int32) if pair_ids is None else np.asarray(pair_ids)
+    if pair_ids.shape[0] != unigram_ids.shape[0]:
+        raise ValueError(f"pair_ids must have shape [N, F2] with N = {unigram_ids.shape[0]}, got {pair_ids.shape}")
+    if unigram_values is not None:
+        unigram_values = np.asarray(unigram_values, dtype=np.float64)
+        if unigram_values.shape != unigram_ids.shape:
+            raise ValueError(f"unigram_values must have the shape of unigram_ids {unigram_ids.shape}, "
+                             f"got {unigram_values.shape}")
+    return unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values
+
+
+def pack(encoded: Sequence[tuple], labels: Optional[Sequence[Sequence[int]]] = None,
          num_buckets: int = 6) -> PackedCorpus:
-    """Pack encoded sentences (from `FeatureIndex.encode`) and optional label
-    ids into a `PackedCorpus` with at most `num_buckets` length buckets."""
-    sentence_lengths, offsets, stack = _token_stack(encoded)
+    """Pack encoded sentences (from `FeatureIndex.encode`, with or without
+    values) and optional label ids into a `PackedCorpus` with at most
+    `num_buckets` length buckets."""
+    sentence_lengths, stack = _token_stack(encoded)
+    return pack_tokens(stack.unigram_ids[0], sentence_lengths, labels, num_buckets, **_stacked(stack))
+
+
+def pack_tokens(unigram_ids, sentence_lengths: Sequence[int], labels: Optional[Sequence[Sequence[int]]] = None,
+                num_buckets: int = 6, *, pair_ids=None, unigram_values=None) -> PackedCorpus:
+    """`pack` from a token stack: `unigram_ids [N, F]` (-1 = padding) over the
+    N tokens of sentences of `sentence_lengths [S]`, in order; `pair_ids
+    [N, F2]` (default none) and `unigram_values [N, F]` (default all 1)."""
+    unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values = _check_stack(
+        unigram_ids, sentence_lengths, pair_ids, unigram_values)
     if labels is not None:
         _check_label_lengths(labels, sentence_lengths)
     positions, lengths, label_arrays, members = [], [], [], []
@@ -218,12 +313,12 @@ def pack(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Opt
             for row, i in enumerate(indices):
                 bucket_labels[row, : sentence_lengths[i]] = labels[i]
             label_arrays.append(bucket_labels)
-    return PackedCorpus(stack.unigram_ids[0], stack.pair_ids[0], tuple(positions), tuple(lengths),
-                        tuple(label_arrays) if labels is not None else None, tuple(members))
+    return PackedCorpus(unigram_ids, pair_ids, tuple(positions), tuple(lengths),
+                        tuple(label_arrays) if labels is not None else None, tuple(members), None, unigram_values)
 
 
-def pack_rows(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels: Sequence[Sequence[int]],
-              width: Optional[int] = None, multiple: int = 8) -> PackedCorpus:
+def pack_rows(encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: Optional[int] = None,
+              multiple: int = 8) -> PackedCorpus:
     """Pack labelled encoded sentences back to back into rows of `width`
     positions (default: the longest sentence, rounded up to `multiple`):
     one bucket, `starts` marking each sentence's first position, for the
@@ -231,7 +326,16 @@ def pack_rows(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels
     each from the longest sentence left, then the longest that still fit,
     so padding is only at row ends. Sentences of length 0 are left out
     (they add nothing to a log-loss)."""
-    sentence_lengths, offsets, stack = _token_stack(encoded)
+    sentence_lengths, stack = _token_stack(encoded)
+    return pack_token_rows(stack.unigram_ids[0], sentence_lengths, labels, width, multiple, **_stacked(stack))
+
+
+def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int], labels: Sequence[Sequence[int]],
+                    width: Optional[int] = None, multiple: int = 8, *, pair_ids=None,
+                    unigram_values=None) -> PackedCorpus:
+    """`pack_rows` from a token stack (arguments as in `pack_tokens`)."""
+    unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values = _check_stack(
+        unigram_ids, sentence_lengths, pair_ids, unigram_values)
     _check_label_lengths(labels, sentence_lengths)
     longest = max(sentence_lengths, default=0)
     if width is None:
@@ -265,5 +369,5 @@ def pack_rows(encoded: Sequence[tuple[list[list[int]], list[list[int]]]], labels
             used += length
         row_lengths[r] = used
     members = np.asarray([i for row in rows for i in row], dtype=np.int64)
-    return PackedCorpus(stack.unigram_ids[0], stack.pair_ids[0], (positions,), (row_lengths,), (row_labels,),
-                        (members,), (starts,))
+    return PackedCorpus(unigram_ids, pair_ids, (positions,), (row_lengths,), (row_labels,), (members,), (starts,),
+                        unigram_values)

@@ -1,4 +1,5 @@
-"""CRF++ / Wapiti feature templates.
+"""CRF++ / Wapiti feature templates (pattern files), read as the two tools
+read them.
 
 A template file has one template per line:
 
@@ -8,15 +9,38 @@ A template file has one template per line:
 * `B01:%x[0,0]` a bigram template with an observation: Lavergne's
   label-pair-observation features `f_{y', y, x}`;
 * `*01:%x[0,0]` (Wapiti): both a unigram and a bigram template;
-* blank lines and lines starting with `#` are ignored.
+* the type letter may be lower case (`u`, `b`, Wapiti); the rest of the
+  line, spaces included, is the template: its expansion (the whole line
+  with each macro replaced) is the observation string, so `U01:` is a
+  name only by convention (Wapiti's own files repeat `U:` and tell
+  templates apart by what follows);
+* a `B` or `*` template without macros tests a constant with the label
+  pair: it is the transition features, as `B` is;
+* blank lines and lines starting with `#` are ignored; in the `"wapiti"`
+  dialect everything after a `#` is (Wapiti strips comments so).
 
 Macros inside a template: `%x[row,col]` (the token `row` positions away,
-column `col`), `%t[row,col,"regex"]` (`true`/`false`: does the regex match
-anywhere in that cell), `%m[row,col,"regex"]` (the first match, or empty);
-the upper-case `%X`, `%T`, `%M` compare case-insensitively (Wapiti).
-Rows outside the sentence read `_B-1`, `_B-2`, ... before it and `_B+1`,
-... after it, as CRF++ does. Syntax errors raise ValueError naming the
-source and line number.
+column `col`; `row` may carry a sign), `%t[row,col,"regex"]` (`true` or
+`false`: does the regex match anywhere in that cell), `%m[row,col,"regex"]`
+(the first match, or empty). As in Wapiti, an upper-case `%X`, `%T`, `%M`
+lower-cases its result (the regex itself still matches case-sensitively),
+`%x[@row,col]` reads an absolute row (1 = the first token, -1 = the last)
+and `%x[*c,col]` the row `t + int(column c at t)`. Rows outside the
+sentence read `_B-1`, `_B-2`, ... before it and `_B+1`, ... after it, as
+CRF++ does.
+
+Regexes are Python's (`re`) in the default dialect, and Wapiti's subset in
+the `"wapiti"` dialect (`.`; classes `\\d` digit, `\\a` letter, `\\w`
+letter or digit, `\\l` lower, `\\u` upper, `\\p` punctuation, `\\s`
+space, upper case for the complement, in the C locale as Wapiti tests
+them; `\\c` escapes `c`; `*` (shortest first) and `?` after a character;
+`^` and `$` anchor only at the pattern's ends; every other character is
+itself), translated to Python's.
+
+Syntax errors raise ValueError naming the source and line number, and so
+does a template whose text before its first macro repeats another's of the
+same kind: their observation strings could coincide, silently sharing
+weights.
 """
 
 from __future__ import annotations
@@ -27,20 +51,29 @@ from typing import NamedTuple, Sequence, Union
 from ..corpora import read_lines
 from .extraction import TokenFeatures
 
-_MACRO = re.compile(r'%([xXtTmM])\[\s*(-?\d+)\s*,\s*(\d+)\s*(?:,\s*"((?:[^"\\]|\\.)*)"\s*)?\]')
+_MACRO = re.compile(r'%([xXtTmM])\[\s*([@*]?)\s*([+-]?\d+)\s*,\s*(\d+)\s*(?:,\s*"((?:[^"\\]|\\.)*)"\s*)?\]')
+DIALECTS = ("python", "wapiti")
 
 
 class Macro(NamedTuple):
-    """One `%x[row,col]`-style reference inside a template."""
+    """One `%x[row,col]`-style reference inside a template.
 
-    kind: str  # "x", "t", "m"; upper case compares case-insensitively
+    kind: "x", "t", "m", upper case to lower-case the result; row: the
+    offset from the current token (`mode` ""), the absolute row (`mode`
+    "@"), or the column holding the offset (`mode` "*"); column: the
+    column read; pattern: the compiled regex of `%t`/`%m`, else None.
+    """
+
+    kind: str
     row: int
     column: int
     pattern: "re.Pattern | None"
+    mode: str = ""
 
 
 class Template(NamedTuple):
-    """One parsed template line: `name:` followed by literal text and macros."""
+    """One parsed template line: `name` (its text up to a `:` or the first
+    macro, for messages), then literal text and macros (`parts`)."""
 
     name: str
     parts: tuple[Union[str, Macro], ...]
@@ -52,20 +85,63 @@ class Templates(NamedTuple):
 
     unigram: templates tested with the current label (`U` and `*`);
     pair: templates tested with the label pair (`B` and `*` with macros);
-    transitions: whether a plain `B` line asks for label-bigram features;
-    text: the source text, kept so that a model can be saved and rebuilt.
+    transitions: whether a `B` (or a constant `*`) line asks for
+      label-bigram features;
+    text: the source text, kept so that a model can be saved and rebuilt;
+    dialect: "python" or "wapiti", how `text` reads (regexes, comments):
+      a model file must keep it beside `text`.
     """
 
     unigram: tuple[Template, ...]
     pair: tuple[Template, ...]
     transitions: bool
     text: str
+    dialect: str = "python"
 
     def __call__(self, tokens: Sequence[Sequence[str]]) -> TokenFeatures:
         return apply_templates(self, tokens)
 
 
-def _parse_body(body: str, source: str, line_number: int, line: str) -> tuple[Union[str, Macro], ...]:
+# Wapiti's character classes (C locale, as its matcher calls isalpha & co.).
+_PUNCTUATION = re.escape("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+_CLASSES = {"a": "A-Za-z", "d": "0-9", "l": "a-z", "u": "A-Z", "w": "A-Za-z0-9", "s": " \\t\\n\\r\\f\\v",
+            "p": _PUNCTUATION}
+
+
+def wapiti_regex(pattern: str) -> str:
+    """Wapiti's regex subset (see the module docstring) as a Python regex
+    with the same matches: `re.search(wapiti_regex(p), s)` finds what
+    Wapiti's matcher finds (leftmost; `*` shortest first, `?` longest
+    first). Raises ValueError for a `*` or `?` with nothing to repeat."""
+    out, position = [], 0
+    if pattern.startswith("^"):
+        out.append("^")
+        position = 1
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "$" and position == len(pattern) - 1:
+            out.append(r"\Z")
+            break
+        if char in "*?":
+            raise ValueError(f"unescaped {char!r} with nothing to repeat at position {position} of {pattern!r}")
+        if char == "\\" and position + 1 < len(pattern):
+            escaped = pattern[position + 1]
+            if escaped.lower() in _CLASSES:
+                negate = "^" if escaped.isupper() else ""
+                out.append(f"[{negate}{_CLASSES[escaped.lower()]}]")
+            else:
+                out.append(re.escape(escaped))
+            position += 2
+        else:
+            out.append("." if char == "." else re.escape(char))
+            position += 1
+        if position < len(pattern) and pattern[position] in "*?":
+            out.append("*?" if pattern[position] == "*" else "?")
+            position += 1
+    return "".join(out)
+
+
+def _parse_body(body: str, source: str, line_number: int, line: str, dialect: str):
     parts: list[Union[str, Macro]] = []
     position = 0
     while position < len(body):
@@ -79,7 +155,7 @@ def _parse_body(body: str, source: str, line_number: int, line: str) -> tuple[Un
         if match is None:
             raise ValueError(f"{source}:{line_number}: malformed macro at column {percent + 1} of {line!r}; "
                              'expected %x[row,col], %t[row,col,"regex"] or %m[row,col,"regex"]')
-        letter, row, column, pattern = match.groups()
+        letter, mode, row, column, pattern = match.groups()
         kind = letter.lower()
         if kind == "x" and pattern is not None:
             raise ValueError(f"{source}:{line_number}: %{letter}[row,col] takes no regex, in {line!r}")
@@ -87,95 +163,115 @@ def _parse_body(body: str, source: str, line_number: int, line: str) -> tuple[Un
             if pattern is None:
                 raise ValueError(f'{source}:{line_number}: %{letter}[row,col,"regex"] needs a regex, in {line!r}')
             try:
-                compiled = re.compile(pattern.replace('\\"', '"'), re.IGNORECASE if letter.isupper() else 0)
-            except re.error as error:
+                text = wapiti_regex(pattern) if dialect == "wapiti" else pattern.replace('\\"', '"')
+                compiled = re.compile(text, re.DOTALL)
+            except (re.error, ValueError) as error:
                 raise ValueError(f"{source}:{line_number}: bad regex {pattern!r}: {error}") from None
         else:
             compiled = None
-        parts.append(Macro(letter, int(row), int(column), compiled))
+        parts.append(Macro(letter, int(row), int(column), compiled, mode))
         position = match.end()
     return tuple(parts)
 
 
-def parse_templates(text: str, source: str = "<templates>") -> Templates:
+def parse_templates(text: str, source: str = "<templates>", *, dialect: str = "python") -> Templates:
     """Parse the text of a CRF++/Wapiti template file (see the module
-    docstring); a leading UTF-8 byte-order mark is dropped."""
+    docstring); a leading UTF-8 byte-order mark is dropped.
+
+    dialect: "python" (regexes are Python's; `#` starts a comment line) or
+      "wapiti" (Wapiti's regex subset; `#` starts a comment anywhere), for
+      pattern files written for Wapiti.
+    """
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
     if text.startswith("\ufeff"):
         text = text[1:]
     unigram: list[Template] = []
     pair: list[Template] = []
     transitions = False
-    names: dict[str, int] = {}
+    prefixes: dict[tuple[str, str], int] = {}
     for line_number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
+        line = (raw.split("#", 1)[0] if dialect == "wapiti" else raw).strip()
         if not line or line.startswith("#"):
             continue
-        kind = line[0]
+        kind = line[0].upper()
         if kind not in "UB*":
-            raise ValueError(f"{source}:{line_number}: a template must start with U, B or *, got {line!r}")
-        name, colon, body = line.partition(":")
-        if not colon:
-            if kind == "B" and line == "B":
-                transitions = True
-                continue
-            if "%" in line:
-                raise ValueError(f"{source}:{line_number}: expected 'NAME:BODY' (a ':' after the template "
-                                 f"name), got {line!r}")
-            # A name without a body is a constant observation (a bias template).
-            body = ""
-        if any(c.isspace() for c in name):
-            raise ValueError(f"{source}:{line_number}: template names cannot contain spaces, got {name!r}")
-        if name in names:
-            raise ValueError(f"{source}:{line_number}: template name {name!r} already used on line {names[name]}")
-        names[name] = line_number
-        template = Template(name, _parse_body(body, source, line_number, line), line_number)
-        if kind in "U*":
-            unigram.append(template)
-        if kind in "B*":
-            pair.append(template)
-        if kind == "B" and not any(isinstance(part, Macro) for part in template.parts) and not body:
-            # `B01` without a body behaves like `B`: plain transitions.
-            pair.pop()
+            raise ValueError(f"{source}:{line_number}: a template must start with U, B or * (or u, b), got {line!r}")
+        parts = _parse_body(line, source, line_number, line, dialect)
+        if ":" not in line:
+            parts += (":",)  # a bare name (`U`, `Ubias`) reads `name:`, as before names were optional
+        prefix = parts[0] if parts and isinstance(parts[0], str) else ""
+        name = prefix.split(":", 1)[0]
+        constant = not any(isinstance(part, Macro) for part in parts)
+        template = Template(name, parts, line_number)
+        groups = [group for group, kinds in (("unigram", "U*"), ("pair", "B*")) if kind in kinds]
+        if kind in "B*" and constant:
+            # A constant tested with the label pair is a copy of the transitions.
             transitions = True
-    return Templates(tuple(unigram), tuple(pair), transitions, text)
+            groups.remove("pair")
+        for group in groups:
+            if (group, prefix) in prefixes:
+                raise ValueError(f"{source}:{line_number}: template text {prefix!r} before the first macro is "
+                                 f"already used on line {prefixes[group, prefix]}: their observation strings "
+                                 "could coincide; give each template its own name")
+            prefixes[group, prefix] = line_number
+        if "unigram" in groups:
+            unigram.append(template)
+        if "pair" in groups:
+            pair.append(template)
+    return Templates(tuple(unigram), tuple(pair), transitions, text, dialect)
 
 
-def read_templates(path: str) -> Templates:
-    """Parse a UTF-8 template file; errors (invalid UTF-8 included) name the file and line."""
+def read_templates(path: str, *, dialect: str = "python") -> Templates:
+    """Parse a UTF-8 template file (plain, or a member of a zip archive, as
+    `corpora.read_lines` reads it); errors (invalid UTF-8 included) name the
+    file and line. `dialect` as in `parse_templates`."""
     with read_lines(path) as handle:
-        return parse_templates(handle.read(), source=path)
+        return parse_templates(handle.read(), source=str(path), dialect=dialect)
 
 
 def _cell(tokens: Sequence[Sequence[str]], position: int, macro: Macro, template: Template) -> str:
-    index = position + macro.row
+    if macro.mode == "@":
+        index = macro.row + len(tokens) if macro.row < 0 else macro.row - 1
+    elif macro.mode == "*":
+        offset = _column(tokens, position, macro.row, template)
+        try:
+            index = position + int(offset)
+        except ValueError:
+            raise ValueError(f"template {template.name} (line {template.line_number}) reads a row offset from "
+                             f"column {macro.row}, but token {position} has {offset!r} there") from None
+    else:
+        index = position + macro.row
     if index < 0:
         return f"_B{index}"
     if index >= len(tokens):
         return f"_B+{index - len(tokens) + 1}"
+    return _column(tokens, index, macro.column, template)
+
+
+def _column(tokens: Sequence[Sequence[str]], index: int, column: int, template: Template) -> str:
     row = tokens[index]
-    if macro.column >= len(row):
-        raise ValueError(f"template {template.name} (line {template.line_number}) reads column {macro.column}, "
+    if column >= len(row):
+        raise ValueError(f"template {template.name} (line {template.line_number}) reads column {column}, "
                          f"but token {index} has only {len(row)} columns: {tuple(row)!r}")
-    return row[macro.column]
+    return row[column]
 
 
 def _expand(template: Template, tokens: Sequence[Sequence[str]], position: int) -> str:
-    pieces = [template.name, ":"]
+    pieces = []
     for part in template.parts:
         if isinstance(part, str):
             pieces.append(part)
             continue
         value = _cell(tokens, position, part, template)
-        if part.kind == "x":
-            pieces.append(value)
-        elif part.kind == "X":
-            # Wapiti's case-insensitive %X: the cell is compared lower-cased.
-            pieces.append(value.lower())
-        elif part.kind in "tT":
-            pieces.append("true" if part.pattern.search(value) else "false")
-        else:
+        kind = part.kind.lower()
+        if kind == "t":
+            value = "true" if part.pattern.search(value) else "false"
+        elif kind == "m":
             found = part.pattern.search(value)
-            pieces.append(found.group(0) if found else "")
+            value = found.group(0) if found else ""
+        # Wapiti's upper-case commands lower-case what they produce.
+        pieces.append(value.lower() if part.kind.isupper() else value)
     return "".join(pieces)
 
 

@@ -4,9 +4,12 @@
 token the ids of its active observation features, padded with -1) to chain
 potentials, so that every loss in `lossfns.losses` applies:
 
-    psi_t(i, j) = transitions[i, j] + sum_{k active at t} emission[k, j]
+    psi_t(i, j) = transitions[i, j] + sum_{k active at t} value_{t,k} emission[k, j]
                                      + sum_{k active at t} pair_emission[k, i, j]
-    psi_0(start, j) = start[j] + sum_{k active at 0} emission[k, j]
+    psi_0(start, j) = start[j] + sum_{k active at 0} value_{0,k} emission[k, j]
+
+where `value_{t,k}` is 1 unless the features carry values
+(`FeatureBatch.unigram_values`, CRFsuite's real-valued attributes).
 
 Emission scores are gathered and summed (`[..., T, F] -> [..., T, L]`); the
 gradient of a gather is a scatter-add into the rows that occur, never a dense
@@ -55,9 +58,10 @@ from ..validation import as_integer_array, check_allocation, concrete
 
 
 @jax.custom_vjp
-def _gather_sum(table: jax.Array, ids: jax.Array) -> jax.Array:
-    """`sum_f table[ids[:, f]]`, `[N, ...]`, for `ids [N, F]` in `[0, K]`;
-    id K (padding) reads zeros."""
+def _gather_sum(table: jax.Array, ids: jax.Array, values) -> jax.Array:
+    """`sum_f values[:, f] * table[ids[:, f]]`, `[N, ...]`, for `ids [N, F]`
+    in `[0, K]` and `values [N, F]` (None: all 1); id K (padding) reads
+    zeros."""
     total = jnp.zeros((ids.shape[0],) + table.shape[1:], table.dtype)
     # One gather per feature column: XLA's CPU gather and scatter are several
     # times faster with a vector of row indices than with one [N, F] index
@@ -65,33 +69,41 @@ def _gather_sum(table: jax.Array, ids: jax.Array) -> jax.Array:
     # features). Index K (padding) is out of bounds: `fill` reads 0 there,
     # without copying the table to append a zero row.
     for column in range(ids.shape[1]):
-        total = total + table.at[ids[:, column]].get(mode="fill", fill_value=0)
+        rows = table.at[ids[:, column]].get(mode="fill", fill_value=0)
+        if values is not None:
+            rows = rows * values[:, column].astype(table.dtype).reshape((-1,) + (1,) * (table.ndim - 1))
+        total = total + rows
     return total
 
 
-def _gather_sum_forward(table, ids):
-    return _gather_sum(table, ids), (table, ids)
+def _gather_sum_forward(table, ids, values):
+    return _gather_sum(table, ids, values), (table, ids, values)
 
 
 def _gather_sum_backward(residuals, cotangent):
-    table, ids = residuals
-    return scatter_rows(table.shape[0], ids, cotangent.astype(table.dtype)), None
+    table, ids, values = residuals
+    return scatter_rows(table.shape[0], ids, cotangent.astype(table.dtype), values), None, None
 
 
 _gather_sum.defvjp(_gather_sum_forward, _gather_sum_backward)
 
 
-def _sum_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
-    """`sum_f table[ids[..., f]]` over the last axis of `ids`, skipping ids < 0.
+def _sum_rows(table: jax.Array, ids: jax.Array, values=None) -> jax.Array:
+    """`sum_f values[..., f] * table[ids[..., f]]` over the last axis of
+    `ids`, skipping ids < 0.
 
-    table: `[K, ...]`; ids: `[..., F]` int; returns `[..., *table.shape[1:]]`.
-    Its gradient is a scatter-add into the rows that occur, never a dense
-    one-hot product (a custom VJP: reverse mode to any order works, forward
-    mode through the weight tables does not).
+    table: `[K, ...]`; ids: `[..., F]` int; values: `[..., F]` or None (all
+    1); returns `[..., *table.shape[1:]]`. Its gradient with respect to the
+    table is a scatter-add into the rows that occur, never a dense one-hot
+    product (a custom VJP: reverse mode to any order works, forward mode
+    through the weight tables does not; the values are data, not
+    differentiated).
     """
     size = table.shape[0]
     flat = jnp.where(ids < 0, size, ids).reshape(-1, ids.shape[-1]).astype(jnp.int32)
-    return _gather_sum(table, flat).reshape(ids.shape[:-1] + table.shape[1:])
+    if values is not None:
+        values = jnp.reshape(values, (-1, ids.shape[-1]))
+    return _gather_sum(table, flat, values).reshape(ids.shape[:-1] + table.shape[1:])
 
 
 class ChainWeights(NamedTuple):
@@ -176,10 +188,16 @@ class LinearChainModel(eqx.Module):
     def num_labels(self) -> int:
         return self.transitions.shape[-1]
 
-    def unary(self, unigram_ids) -> jax.Array:
-        """Emission scores `[..., T, L]` from `unigram_ids [..., T, F]`."""
+    def unary(self, unigram_ids, unigram_values=None) -> jax.Array:
+        """Emission scores `[..., T, L]` from `unigram_ids [..., T, F]` and
+        their values `unigram_values [..., T, F]` (None: all 1)."""
         unigram_ids = _check_ids("unigram_ids", unigram_ids, self.emission.shape[0])
-        return _sum_rows(self._masked_emission(), unigram_ids)
+        if unigram_values is not None:
+            unigram_values = jnp.asarray(unigram_values)
+            if unigram_values.shape != unigram_ids.shape or not jnp.issubdtype(unigram_values.dtype, jnp.floating):
+                raise ValueError(f"unigram_values must be a float array of the shape of unigram_ids "
+                                 f"{unigram_ids.shape}, got {unigram_values.dtype} {unigram_values.shape}")
+        return _sum_rows(self._masked_emission(), unigram_ids, unigram_values)
 
     def _masked_emission(self) -> jax.Array:
         if self.emission_mask is None:
@@ -188,15 +206,17 @@ class LinearChainModel(eqx.Module):
         # and no optimizer ever moves it from its initial 0.
         return jnp.where(self.emission_mask, self.emission, 0.0)
 
-    def __call__(self, unigram_ids, pair_ids=None):
+    def __call__(self, unigram_ids, pair_ids=None, unigram_values=None):
         """Potentials of featurised sentences.
 
-        unigram_ids: `[..., T, F]` int; pair_ids: `[..., T, F2]` int or None.
+        unigram_ids: `[..., T, F]` int; pair_ids: `[..., T, F2]` int or None;
+        unigram_values: `[..., T, F]` float values of `unigram_ids`, or None
+        (all 1).
         Returns `FactoredPotentials(unary [..., T, L], transitions [L, L],
         start [L])` when the model has no pair features (K2 = 0), else edge
         potentials `[..., T, L, L]`.
         """
-        unary = self.unary(unigram_ids)
+        unary = self.unary(unigram_ids, unigram_values)
         if self.pair_emission.shape[0] == 0:
             return FactoredPotentials(unary, self.transitions, self.start)
         if pair_ids is None:
@@ -242,7 +262,8 @@ class LinearChainModel(eqx.Module):
         """Potentials of every bucket of a packed corpus (`features.PackedCorpus`).
 
         design: `features.design.bucket_design(packed, K)`, the unigram
-        features with one row per bucket cell; pair_ids: `[N, F2]` over all
+        features (and their values, if the corpus has them) with one row
+        per bucket cell; pair_ids: `[N, F2]` over all
         tokens; positions: a tuple of `[B_b, T_b]` token rows (-1 = padding);
         starts: None (a sentence per row), or a tuple of `[B_b, T_b]` bool
         marking each sentence's first position in rows of several sentences
@@ -282,8 +303,8 @@ class LinearChainModel(eqx.Module):
         return jnp.where(starts[..., None, None], (self.start + unary)[..., None, :], edges)
 
     def potentials(self, batch: FeatureBatch):
-        """`self(batch.unigram_ids, batch.pair_ids)`."""
-        return self(batch.unigram_ids, batch.pair_ids)
+        """`self(batch.unigram_ids, batch.pair_ids, batch.unigram_values)`."""
+        return self(batch.unigram_ids, batch.pair_ids, batch.unigram_values)
 
     def weights(self) -> ChainWeights:
         """The optimisation variables (`ChainWeights`)."""

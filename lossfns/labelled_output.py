@@ -1,0 +1,97 @@
+"""Labelled output in Wapiti's formats: the input file again, each token line
+with its predicted label appended as a last column.
+
+The command line's `label` mode reads a file with
+`corpora.read_column_file`, decodes its sentences and writes them back
+here, line for line:
+
+* a token line gets ` LABEL` appended (a tab instead of the space when the
+  line's own columns are tab-separated, so the file stays one table);
+  with gold labels in the input (`--check`), gold and prediction end the
+  line in conlleval's order;
+* blank lines stay as they are; a `-DOCSTART-` line gets the outside label
+  `O`, so that every row has as many columns and conlleval reads the file
+  (it counts such a row as an `O` token, as in the CoNLL-2003 files);
+* n-best output (`--nbest N`): a sentence is written N times, best first,
+  the copies separated by a blank line (Wapiti's layout);
+* with scores (Wapiti's `-s`, and `--post`'s posteriors): a line
+  `# n SCORE` before each copy, and each token line also ends with
+  `LABEL/SCORE` (Wapiti's `%f`, six decimals).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, TextIO
+
+from .corpora import ColumnFile
+
+OUTSIDE = "O"
+
+
+def write_labelled(file: ColumnFile, labels: Sequence[Sequence[Sequence[str]]], out: TextIO, *,
+                   sequence_scores: Optional[Sequence[Sequence[float]]] = None,
+                   token_scores: Optional[Sequence[Sequence[Sequence[float]]]] = None,
+                   separator: Optional[str] = None) -> None:
+    """Write `file`'s lines to `out` with the predicted labels appended.
+
+    labels: per sentence of `file`, `[N][T]` label strings (N >= 1 label
+      sequences, best first; N = 1 for plain decoding);
+    sequence_scores: per sentence `[N]` scores (a `# n SCORE` line before
+      each sequence), or None;
+    token_scores: per sentence `[N][T]` scores (`LABEL/SCORE` after each
+      label), or None;
+    separator: the column separator appended; None: a tab when the line
+      has one, else a space.
+    Raises:
+      ValueError naming the sentence (and its first line) whose labels or
+      scores do not fit it.
+    """
+    _check_shapes(file, labels, sequence_scores, token_scores)
+    last_row = {rows[-1]: s for s, rows in enumerate(file.rows)}
+    in_sentence = {row for rows in file.rows for row in rows}
+    for number, line in enumerate(file.lines):
+        if number in last_row:
+            _write_sentence(file, last_row[number], labels, sequence_scores, token_scores, separator, out)
+        elif number not in in_sentence:
+            out.write(line + "\n" if not line.strip() else line + _separator(line, separator) + OUTSIDE + "\n")
+
+
+def _separator(line: str, separator: Optional[str]) -> str:
+    if separator is not None:
+        return separator
+    return "\t" if "\t" in line else " "
+
+
+def _write_sentence(file, s, labels, sequence_scores, token_scores, separator, out) -> None:
+    for n, sequence in enumerate(labels[s]):
+        if n:
+            out.write("\n")
+        if sequence_scores is not None:
+            out.write(f"# {n} {sequence_scores[s][n]:f}\n")
+        for t, (row, label) in enumerate(zip(file.rows[s], sequence)):
+            line = file.lines[row]
+            sep = _separator(line, separator)
+            scored = "" if token_scores is None else f"{sep}{label}/{token_scores[s][n][t]:f}"
+            out.write(f"{line}{sep}{label}{scored}\n")
+
+
+def _check_shapes(file, labels, sequence_scores, token_scores) -> None:
+    if len(labels) != len(file.sentences):
+        raise ValueError(f"labels must hold one [N][T] entry per sentence of {file.source} "
+                         f"({len(file.sentences)}), got {len(labels)}")
+    for s, (sentence, rows, sequences) in enumerate(zip(file.sentences, file.rows, labels)):
+        where = f"sentence {s} ({file.source}:{rows[0] + 1})"
+        if isinstance(sequences, str) or not sequences or any(isinstance(q, str) for q in sequences):
+            raise ValueError(f"labels[{s}] must be [N][T] label strings (N >= 1 sequences) for {where}, "
+                             f"got {sequences!r:.60}")
+        for name, scores in (("sequence_scores", sequence_scores), ("token_scores", token_scores)):
+            if scores is not None and len(scores[s]) != len(sequences):
+                raise ValueError(f"{name}[{s}] must hold one entry per label sequence ({len(sequences)}) of "
+                                 f"{where}, got {len(scores[s])}")
+        for n, sequence in enumerate(sequences):
+            if len(sequence) != len(sentence.tokens):
+                raise ValueError(f"labels[{s}][{n}] has {len(sequence)} labels for the {len(sentence.tokens)} "
+                                 f"tokens of {where}")
+            if token_scores is not None and len(token_scores[s][n]) != len(sentence.tokens):
+                raise ValueError(f"token_scores[{s}][{n}] has {len(token_scores[s][n])} scores for the "
+                                 f"{len(sentence.tokens)} tokens of {where}")
