@@ -249,7 +249,7 @@ class Encoded(NamedTuple):
 
 
 def _device(batch: feature_index.FeatureBatch) -> feature_index.FeatureBatch:
-    return feature_index.FeatureBatch(*(jnp.asarray(x) for x in batch))
+    return jax.tree_util.tree_map(jnp.asarray, batch)  # absent fields (None) stay absent
 
 
 def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int) -> Encoded:

@@ -43,3 +43,16 @@ def sigkill_after(process, wait_until_due) -> bool:
             process.kill()
             process.wait()
     return process.returncode == -signal.SIGKILL
+
+
+@pytest.fixture
+def no_corpora(monkeypatch, tmp_path):
+    """NLTK's data path emptied: an empty `NLTK_DATA` directory and nothing
+    else (once NLTK is imported, `nltk.data.path` keeps the directories of
+    `NLTK_DATA` as it was at import, so the variable alone is not enough)."""
+    import lossfns.corpora
+
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+    monkeypatch.setattr(lossfns.corpora, "data_path", lambda: [str(tmp_path)])
+    return tmp_path
+

@@ -647,8 +647,10 @@ def test_bad_input_raises_a_named_error(tmp_path, case_id, description, call, er
         assert word in message, f"{description}: {word!r} not in {message!r}"
 
 
-def test_the_table_is_large_enough():
+def test_the_table_is_large_enough_and_the_readme_counts_it():
     assert len(CASES) >= 100
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert f"({len(CASES)} bad inputs tested)" in readme and f"({len(CASES)} kinds," in readme
 
 
 # ---------------------------------------------------------------------------

@@ -112,8 +112,7 @@ def test_synthetic_spelling_carries_the_label():
     assert suffix_rule > majority + 0.3
 
 
-def test_load_task_falls_back_to_synthetic_without_corpus(monkeypatch, tmp_path):
-    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+def test_load_task_falls_back_to_synthetic_without_corpus(no_corpora):
     data = tagging.load_task("ner", 30, 10)
     assert data.source.startswith("synthetic") and data.metric == "entity_f1"
     assert len(data.train) == 30 and len(data.test) == 10 and "O" in data.labels

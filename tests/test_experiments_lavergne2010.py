@@ -92,8 +92,7 @@ def test_conll2000_coarse_pos_has_twelve_classes():
     assert set(data.labels) == set(lavergne2010.COARSE_POS.values()) | {"."}
 
 
-def test_synthetic_fallback_without_corpus(monkeypatch, tmp_path):
-    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+def test_synthetic_fallback_without_corpus(no_corpora):
     data = lavergne2010.load_joint(30, 10)
     assert data.source.startswith("synthetic") and len(data.train) == 30 and len(data.test) == 10
     for sentence in data.train:

@@ -120,8 +120,7 @@ def test_conll2000_corpus_dictionary_and_coarse_tags():
     assert len(coarse.tags) == 17 and set(coarse.tags) == set(se.COARSE_TAGS.values())
 
 
-def test_synthetic_fallback_without_corpus(monkeypatch, tmp_path):
-    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+def test_synthetic_fallback_without_corpus(no_corpora):
     corpus = se.load_corpus("fine", 500, 100, max_length=10)
     assert corpus.synthetic and len(corpus.tags) == synthetic.NUM_POS_TAGS
     assert sum(len(s.labels) for s in corpus.train) >= 500 and sum(len(s.labels) for s in corpus.dev) >= 100
