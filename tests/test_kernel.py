@@ -1,12 +1,15 @@
-"""The exact fast chain kernel (`lattices.kernel`: factored rows batch last,
-and per-position potentials) against `testing.reference_row_log_partition`,
-a plain log-space scan whose derivatives are autodiff: values, gradients
-under uneven cotangents, Hessian-vector products, chains with no allowed
-path, empty rows, batching; every tuning branch and the log-space recovery
-forced on CPU; and adversarial scores (prefixes hundreds of nats behind that
-win later, scale-100 scores, `-inf` transitions) in float32 and float64
-against the float64 oracle. Enumeration checks are in test_chain.py and
-test_chain_rows.py."""
+"""The exact fast chain kernel (`lattices.kernel`: the exact log steps of
+the factored and dense forms, their closed-form derivatives, the exact dot
+product of the parallel algorithm) against
+`testing.reference_row_log_partition`, a plain log-space scan whose
+derivatives are autodiff: values, gradients under uneven cotangents,
+Hessian-vector products, chains with no allowed path, empty rows,
+batching; every tuning branch, the log-space recovery and the backend's
+choice of algorithm forced on CPU; one recovery decision per batch under a
+user's `jax.vmap` (the `cond` stays a branch); and adversarial scores
+(prefixes hundreds of nats behind that win later, scale-100 scores, `-inf`
+transitions) in float32 and float64 against the float64 oracle.
+Enumeration checks are in test_chain.py and test_chain_rows.py."""
 
 import contextlib
 import functools
@@ -25,15 +28,19 @@ B, T, L = 4, 7, 3
 @contextlib.contextmanager
 def variant(recover=False, **tuning):
     """Run the kernel with CPU tuning replaced (`Tuning` fields) and, with
-    `recover`, every step redone in log space (threshold above any sum)."""
+    `recover`, every step redone in log space (threshold above any sum).
+    Compiled programs are dropped on the way in and out: tuning is read at
+    trace time."""
     saved_tuning, saved_threshold = kernel.TUNING["cpu"], kernel.recovery_threshold
     kernel.TUNING["cpu"] = saved_tuning._replace(**tuning)
     if recover:
         kernel.recovery_threshold = lambda dtype, labels: float("inf")
+    jax.clear_caches()
     try:
         yield
     finally:
         kernel.TUNING["cpu"], kernel.recovery_threshold = saved_tuning, saved_threshold
+        jax.clear_caches()
 
 
 ALWAYS, NEVER = 2 ** 62, 0
@@ -62,7 +69,7 @@ def problem(seed, forbid=True):
 
 
 def kernel_rows(potentials, starts, lengths):
-    return kernel.row_log_partition(potentials.unary, potentials.transitions, potentials.start, starts, lengths)
+    return chain.row_log_partition(potentials, starts, lengths)
 
 
 def weighted(log_partition):
@@ -108,7 +115,7 @@ def test_rows_with_many_labels_match_the_reference():
     """Many labels and rows (edge sums after the scan by default)."""
     rng = np.random.default_rng(4)
     rows, labels = 90, 20
-    assert not kernel._edge_sums_in_scan(labels, rows)
+    assert labels * labels * rows > kernel.TUNING["cpu"].edge_sums_in_scan_max_size
     transitions = rng.normal(size=(labels, labels))
     transitions[3, :5] = -np.inf
     potentials = FactoredPotentials(jnp.asarray(rng.normal(size=(rows, 5, labels))), jnp.asarray(transitions),
@@ -180,7 +187,7 @@ def test_per_position_matches_the_reference(name):
     potentials, lengths = per_position_problem(5)
     weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
     with variant(**PER_POSITION_VARIANTS[name]):
-        fast = lambda p: kernel.log_partition_per_position(p, lengths)
+        fast = lambda p: chain.log_partition(p, lengths)
         got = assert_matches_reference(fast, lambda p: testing.reference_row_log_partition(p, None, lengths),
                                        potentials, weights)
         values = fast(potentials)
@@ -193,7 +200,7 @@ def test_per_position_dispatch_batching_and_no_positions():
     and a loop do; T = 0 gives log Z = 0 and an empty gradient."""
     potentials, lengths = per_position_problem(6)
     stacked = jnp.stack([potentials, 2 * potentials])
-    looped = jnp.stack([kernel.log_partition_per_position(p, lengths) for p in stacked])
+    looped = jnp.stack([testing.reference_row_log_partition(p, None, lengths) for p in stacked])
     np.testing.assert_allclose(chain.log_partition(stacked, jnp.stack([lengths] * 2)), looped, rtol=1e-12)
     np.testing.assert_allclose(jax.vmap(jax.jit(chain.log_partition), (0, None))(stacked, lengths), looped,
                                rtol=1e-12)
