@@ -49,6 +49,8 @@ ROW_VARIANTS = {
     "dot-after-scan": dict(fused_matmul_max_size=NEVER, edge_sums_in_scan_max_size=NEVER),
     "recovered-in-scan": dict(recover=True, edge_sums_in_scan_max_size=ALWAYS),
     "recovered-after-scan": dict(recover=True, edge_sums_in_scan_max_size=NEVER),
+    # 3 labels padded to 8 forbidden ones (`FactoredPotentials.padded`)
+    "padded-labels": dict(label_multiple=8, label_multiple_min_labels=0),
 }
 
 
@@ -155,6 +157,46 @@ def test_no_positions():
     value, gradient = jax.value_and_grad(lambda u: jnp.sum(chain.log_partition(
         potentials._replace(unary=u))))(potentials.unary)
     assert value == 0.0 and gradient.shape == (2, 0, L)
+
+
+@pytest.mark.parametrize("recover", [False, True], ids=["ordinary", "recovered"])
+def test_user_vmap_equals_the_batched_call_and_keeps_one_decision(recover):
+    """`jax.vmap` around the public functions (values, `vmap(grad)`) gives the
+    batched call's results, and the recovery check stays a `cond` (one
+    decision for the mapped batch, not a `select` running both branches)."""
+    potentials, _, lengths = problem(9)
+    log_z = lambda u, n: chain.log_partition(potentials._replace(unary=u), n)
+    per_position = chain.materialize(potentials)
+    with variant(recover=recover):
+        np.testing.assert_allclose(jax.vmap(log_z)(potentials.unary, lengths),
+                                   log_z(potentials.unary, lengths), rtol=1e-12)
+        grad = lambda f: jax.grad(lambda x, n: jnp.sum(jnp.where(jnp.isfinite(v := f(x, n)), v, 0.0)))
+        np.testing.assert_allclose(jax.jit(jax.vmap(grad(log_z)))(potentials.unary, lengths),
+                                   grad(log_z)(potentials.unary, lengths), atol=1e-12)
+        np.testing.assert_allclose(jax.vmap(grad(chain.log_partition))(per_position, lengths),
+                                   grad(chain.log_partition)(per_position, lengths), atol=1e-12)
+        for program, argument in [(jax.vmap(log_z), potentials.unary), (jax.vmap(grad(log_z)), potentials.unary),
+                                  (jax.vmap(grad(chain.log_partition)), per_position)]:
+            assert "cond[" in str(jax.make_jaxpr(program)(argument, lengths))
+
+
+def test_backend_choice_of_the_parallel_algorithm():
+    """The accelerators' branch forced on CPU: `algorithm="auto"` runs the
+    parallel algorithm (no sequential loop) for long chains with few
+    labels, exact (`kernel.log_matmul`, recovered at `-inf` and wide scores)
+    with finite gradients; too many labels keep the scan."""
+    potentials, lengths = per_position_problem(10)
+    potentials = potentials * jnp.asarray([100.0, 1.0, 1.0, 1.0, 1.0])[:, None, None, None]
+    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
+    with variant(parallel_min_steps=T, parallel_max_labels=L):
+        program = str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
+        assert "scan[" not in program and "while[" not in program
+        got = assert_matches_reference(lambda p: chain.log_partition(p, lengths),
+                                       lambda p: testing.reference_row_log_partition(p, None, lengths),
+                                       potentials, weights, atol=1e-9)
+        assert np.all(got[4] == 0)
+    with variant(parallel_min_steps=T, parallel_max_labels=L - 1):
+        assert "scan[" in str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
 
 
 # ---------------------------------------------------------------------------
