@@ -399,9 +399,11 @@ def _gold_tags(shape, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, L, size=(B, T)).astype(np.int32)
 
 
-def _lossfns_crf_loss(semiring):
+def _lossfns_crf_loss(semiring, mapped: bool = False):
     """The negative log-likelihood of factored potentials summed over the
-    batch, `log Z - score`, with its gradient in unary, transitions and start."""
+    batch, `log Z - score`, with its gradient in unary, transitions and start;
+    with `mapped`, the default call on one sentence under `jax.vmap` over
+    the batch (the "one instance plus vmap" idiom)."""
     def build(problem: Problem, tags):
         potentials = chain.FactoredPotentials(jnp.asarray(problem.unary), jnp.asarray(problem.transitions),
                                               jnp.asarray(problem.start))
@@ -411,9 +413,16 @@ def _lossfns_crf_loss(semiring):
         else:
             log_partition = lambda p: chain.log_partition(p, semiring=semiring)
 
+        def loss(p):
+            if mapped:
+                one = lambda unary, y: (chain.log_partition(p._replace(unary=unary))
+                                        - chain.score(p._replace(unary=unary), y))
+                return jnp.sum(jax.vmap(one)(p.unary, tags))
+            return jnp.sum(log_partition(p) - chain.score(p, tags))
+
         @jax.jit
         def loss_and_gradient(potentials):
-            return jax.value_and_grad(lambda p: jnp.sum(log_partition(p) - chain.score(p, tags)))(potentials)
+            return jax.value_and_grad(loss)(potentials)
 
         def run():
             value, _ = jax.block_until_ready(loss_and_gradient(potentials))
@@ -457,10 +466,12 @@ def _pytorch_crf_loss():
 def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60.0, log=print):
     """CRF negative log-likelihood plus gradient in float32: lossfns's default
     call (`chain.log_partition(potentials) - chain.score(potentials, tags)`,
-    factored), its explicit `Log` and `Real` semirings, and pytorch-crf, side
-    by side; the losses must agree to 1e-4 (relative)."""
+    factored), its explicit `Log` and `Real` semirings, the default call
+    under a user's `jax.vmap`, and pytorch-crf, side by side; the losses
+    must agree to 1e-4 (relative)."""
     builders = {"lossfns default": _lossfns_crf_loss(None), "lossfns semiring=Log": _lossfns_crf_loss(semirings.Log),
-                "lossfns semiring=Real": _lossfns_crf_loss(semirings.Real)}
+                "lossfns semiring=Real": _lossfns_crf_loss(semirings.Real),
+                "lossfns vmap(default)": _lossfns_crf_loss(None, mapped=True)}
     pytorch_crf = _pytorch_crf_loss()
     if pytorch_crf is not None:
         builders["pytorch-crf"] = pytorch_crf

@@ -1,12 +1,15 @@
-"""The exact fast chain kernel (`lattices.kernel`: factored rows batch last,
-and per-position potentials) against `testing.reference_row_log_partition`,
-a plain log-space scan whose derivatives are autodiff: values, gradients
-under uneven cotangents, Hessian-vector products, chains with no allowed
-path, empty rows, batching; every tuning branch and the log-space recovery
-forced on CPU; and adversarial scores (prefixes hundreds of nats behind that
-win later, scale-100 scores, `-inf` transitions) in float32 and float64
-against the float64 oracle. Enumeration checks are in test_chain.py and
-test_chain_rows.py."""
+"""The exact fast chain kernel (`lattices.kernel`: the exact log steps of
+the factored and dense forms, their closed-form derivatives, the exact dot
+product of the parallel algorithm) against
+`testing.reference_row_log_partition`, a plain log-space scan whose
+derivatives are autodiff: values, gradients under uneven cotangents,
+Hessian-vector products, chains with no allowed path, empty rows,
+batching; every tuning branch, the log-space recovery and the backend's
+choice of algorithm forced on CPU; one recovery decision per batch under a
+user's `jax.vmap` (the `cond` stays a branch); and adversarial scores
+(prefixes hundreds of nats behind that win later, scale-100 scores, `-inf`
+transitions) in float32 and float64 against the float64 oracle.
+Enumeration checks are in test_chain.py and test_chain_rows.py."""
 
 import contextlib
 import functools
@@ -25,15 +28,19 @@ B, T, L = 4, 7, 3
 @contextlib.contextmanager
 def variant(recover=False, **tuning):
     """Run the kernel with CPU tuning replaced (`Tuning` fields) and, with
-    `recover`, every step redone in log space (threshold above any sum)."""
+    `recover`, every step redone in log space (threshold above any sum).
+    Compiled programs are dropped on the way in and out: tuning is read at
+    trace time."""
     saved_tuning, saved_threshold = kernel.TUNING["cpu"], kernel.recovery_threshold
     kernel.TUNING["cpu"] = saved_tuning._replace(**tuning)
     if recover:
         kernel.recovery_threshold = lambda dtype, labels: float("inf")
+    jax.clear_caches()
     try:
         yield
     finally:
         kernel.TUNING["cpu"], kernel.recovery_threshold = saved_tuning, saved_threshold
+        jax.clear_caches()
 
 
 ALWAYS, NEVER = 2 ** 62, 0
@@ -42,6 +49,8 @@ ROW_VARIANTS = {
     "dot-after-scan": dict(fused_matmul_max_size=NEVER, edge_sums_in_scan_max_size=NEVER),
     "recovered-in-scan": dict(recover=True, edge_sums_in_scan_max_size=ALWAYS),
     "recovered-after-scan": dict(recover=True, edge_sums_in_scan_max_size=NEVER),
+    # 3 labels padded to 8 forbidden ones (`FactoredPotentials.padded`)
+    "padded-labels": dict(label_multiple=8, label_multiple_min_labels=0),
 }
 
 
@@ -62,7 +71,7 @@ def problem(seed, forbid=True):
 
 
 def kernel_rows(potentials, starts, lengths):
-    return kernel.row_log_partition(potentials.unary, potentials.transitions, potentials.start, starts, lengths)
+    return chain.row_log_partition(potentials, starts, lengths)
 
 
 def weighted(log_partition):
@@ -108,7 +117,7 @@ def test_rows_with_many_labels_match_the_reference():
     """Many labels and rows (edge sums after the scan by default)."""
     rng = np.random.default_rng(4)
     rows, labels = 90, 20
-    assert not kernel._edge_sums_in_scan(labels, rows)
+    assert labels * labels * rows > kernel.TUNING["cpu"].edge_sums_in_scan_max_size
     transitions = rng.normal(size=(labels, labels))
     transitions[3, :5] = -np.inf
     potentials = FactoredPotentials(jnp.asarray(rng.normal(size=(rows, 5, labels))), jnp.asarray(transitions),
@@ -150,6 +159,46 @@ def test_no_positions():
     assert value == 0.0 and gradient.shape == (2, 0, L)
 
 
+@pytest.mark.parametrize("recover", [False, True], ids=["ordinary", "recovered"])
+def test_user_vmap_equals_the_batched_call_and_keeps_one_decision(recover):
+    """`jax.vmap` around the public functions (values, `vmap(grad)`) gives the
+    batched call's results, and the recovery check stays a `cond` (one
+    decision for the mapped batch, not a `select` running both branches)."""
+    potentials, _, lengths = problem(9)
+    log_z = lambda u, n: chain.log_partition(potentials._replace(unary=u), n)
+    per_position = chain.materialize(potentials)
+    with variant(recover=recover):
+        np.testing.assert_allclose(jax.vmap(log_z)(potentials.unary, lengths),
+                                   log_z(potentials.unary, lengths), rtol=1e-12)
+        grad = lambda f: jax.grad(lambda x, n: jnp.sum(jnp.where(jnp.isfinite(v := f(x, n)), v, 0.0)))
+        np.testing.assert_allclose(jax.jit(jax.vmap(grad(log_z)))(potentials.unary, lengths),
+                                   grad(log_z)(potentials.unary, lengths), atol=1e-12)
+        np.testing.assert_allclose(jax.vmap(grad(chain.log_partition))(per_position, lengths),
+                                   grad(chain.log_partition)(per_position, lengths), atol=1e-12)
+        for program, argument in [(jax.vmap(log_z), potentials.unary), (jax.vmap(grad(log_z)), potentials.unary),
+                                  (jax.vmap(grad(chain.log_partition)), per_position)]:
+            assert "cond[" in str(jax.make_jaxpr(program)(argument, lengths))
+
+
+def test_backend_choice_of_the_parallel_algorithm():
+    """The accelerators' branch forced on CPU: `algorithm="auto"` runs the
+    parallel algorithm (no sequential loop) for long chains with few
+    labels, exact (`kernel.log_matmul`, recovered at `-inf` and wide scores)
+    with finite gradients; too many labels keep the scan."""
+    potentials, lengths = per_position_problem(10)
+    potentials = potentials * jnp.asarray([100.0, 1.0, 1.0, 1.0, 1.0])[:, None, None, None]
+    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
+    with variant(parallel_min_steps=T, parallel_max_labels=L):
+        program = str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
+        assert "scan[" not in program and "while[" not in program
+        got = assert_matches_reference(lambda p: chain.log_partition(p, lengths),
+                                       lambda p: testing.reference_row_log_partition(p, None, lengths),
+                                       potentials, weights, atol=1e-9)
+        assert np.all(got[4] == 0)
+    with variant(parallel_min_steps=T, parallel_max_labels=L - 1):
+        assert "scan[" in str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
+
+
 # ---------------------------------------------------------------------------
 # Per-position potentials `[B, T, L, L]`
 # ---------------------------------------------------------------------------
@@ -180,7 +229,7 @@ def test_per_position_matches_the_reference(name):
     potentials, lengths = per_position_problem(5)
     weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
     with variant(**PER_POSITION_VARIANTS[name]):
-        fast = lambda p: kernel.log_partition_per_position(p, lengths)
+        fast = lambda p: chain.log_partition(p, lengths)
         got = assert_matches_reference(fast, lambda p: testing.reference_row_log_partition(p, None, lengths),
                                        potentials, weights)
         values = fast(potentials)
@@ -193,7 +242,7 @@ def test_per_position_dispatch_batching_and_no_positions():
     and a loop do; T = 0 gives log Z = 0 and an empty gradient."""
     potentials, lengths = per_position_problem(6)
     stacked = jnp.stack([potentials, 2 * potentials])
-    looped = jnp.stack([kernel.log_partition_per_position(p, lengths) for p in stacked])
+    looped = jnp.stack([testing.reference_row_log_partition(p, None, lengths) for p in stacked])
     np.testing.assert_allclose(chain.log_partition(stacked, jnp.stack([lengths] * 2)), looped, rtol=1e-12)
     np.testing.assert_allclose(jax.vmap(jax.jit(chain.log_partition), (0, None))(stacked, lengths), looped,
                                rtol=1e-12)

@@ -18,12 +18,23 @@ The protocol (methods of an *unbatched* form, `T` positions, `L` labels):
   log-space one, so `-inf` or NaN padding cannot leak into gradients);
 * `first_scores()`: `[T, L]`, the scores of each label if a chain starts
   at position `t`;
-* `time_inputs()` and `block(x_t)`: a pytree with a leading time axis, and
-  the `[L, L]` edge scores of one step from its slice (the decoder and the
-  sampler materialise one block at a time);
-* `lift(semiring)`: `(inputs, step)` with `step(value, inputs_t) ->
-  (value', log_scale)` the transition action on a carried semiring vector
-  (the factored form converts its transitions once);
+* `time_inputs()`, `block(x_t)` and `column(x_t, j)`: a pytree with a
+  leading time axis, the `[L, L]` edge scores of one step from its slice
+  (the decoder and the sampler materialise one block at a time), and their
+  column `j` `[L]`, equal to `block(x_t)[:, j]` to the bit (the decoder's
+  backtrace recomputes its pointers from it);
+* `lift(semiring)`: `(inputs, step)`, the transition action of each step on
+  a carried semiring vector for `kernel.scan`: `step(value, inputs, t,
+  live) -> (value', log_scale, aux)`. The step reads position `t` of
+  `inputs` itself, in place: a per-position tensor mapped over a batch stays
+  `[B, T, ...]` (moving time to the front would copy it, about 40 ms of page
+  faults at 8 x 40 x 333 x 333). `live` is False where the result is
+  discarded (past the length, at a chain start). `aux` is whatever the
+  step's derivative needs from the forward pass (`()` for most; the exact
+  log steps' log column sums and recovery flags, `kernel.Forward`). For
+  `semirings.Log` the dense and factored forms lift to `kernel`'s exact
+  scaled-product steps (the factored form exponentiates its transitions
+  once), the sparse form to its checked sparse product;
 * `edge_scores()`: `[T, L, L]`, every block (the parallel algorithm's
   matrices);
 * `score_terms(labels, previous, starts)`: `[T]`, the score of each
@@ -49,15 +60,23 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-#: The name of the batch axis that `chain` maps an unbatched form's
-#: algorithms over (`jax.vmap(..., axis_name=BATCH_AXIS)`): a step may take
-#: one decision for the whole batch with a collective over it.
-BATCH_AXIS = "chains"
+from .. import semirings
+from . import kernel
 
 
-def _time_major(value, time_axis):
-    """Move the logical time axis of every leaf of a semiring value to the front."""
-    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), value)
+def generic_lift(semiring, scores):
+    """`(inputs, step)` of any semiring over per-position edge scores `[T, L, L]`:
+    the blocks converted once, one semiring vector-matrix product a step."""
+    matrices, scales = semiring.convert_scaled(scores, (-2, -1))
+    time_axis = lambda x: x.ndim - 3  # leading axes of a semiring value (k-max) come first
+
+    def step(value, inputs, t, live):
+        matrices, scales = inputs
+        matrix_t = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, time_axis(x), False),
+                                          matrices)
+        return semiring.vecmat(value, matrix_t), kernel.at_position(scales, t), ()
+
+    return (matrices, scales), step
 
 
 def _flatten(x, batch_shape, core: int):
@@ -94,14 +113,13 @@ class DensePotentials(NamedTuple):
     def block(self, scores_t):
         return scores_t
 
+    def column(self, scores_t, label):
+        return scores_t[:, label]
+
     def lift(self, semiring):
-        matrices, scales = semiring.convert_scaled(self.scores, (-2, -1))
-
-        def step(value, inputs_t):
-            matrix_t, scale_t = inputs_t
-            return semiring.vecmat(value, matrix_t), scale_t
-
-        return (_time_major(matrices, -3), scales), step
+        if type(semiring) is semirings.LogSemiring:
+            return kernel.dense_log_steps(self.scores)
+        return generic_lift(semiring, self.scores)
 
     def edge_scores(self):
         return self.scores
@@ -148,11 +166,6 @@ class FactoredPotentials(NamedTuple):
     def dtype(self):
         return self.unary.dtype
 
-    @property
-    def shares_transitions(self) -> bool:
-        """Whether one transition matrix and start serve the whole batch."""
-        return self.transitions.ndim == 2 and self.start.ndim == 1
-
     def masked(self, valid):
         return self._replace(unary=jnp.where(valid[:, None], self.unary, 0.0))
 
@@ -165,16 +178,22 @@ class FactoredPotentials(NamedTuple):
     def block(self, unary_t):
         return self.transitions + unary_t[None, :]
 
+    def column(self, unary_t, label):
+        return self.transitions[:, label] + unary_t[label]
+
     def lift(self, semiring):
+        if type(semiring) is semirings.LogSemiring:
+            return kernel.factored_log_steps(self.unary, self.transitions)
         transitions, transition_scale = semiring.convert_scaled(self.transitions, (-2, -1))
         unary, unary_scale = semiring.convert_scaled(self.unary, (-1,))
 
-        def step(value, inputs_t):
-            unary_t, unary_scale_t = inputs_t
+        def step(value, inputs, t, live):
+            transitions, unary, unary_scale = inputs
+            unary_t = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, x.ndim - 2, False), unary)
             return (semiring.times(semiring.vecmat(value, transitions), unary_t),
-                    unary_scale_t + transition_scale)
+                    kernel.at_position(unary_scale, t) + transition_scale, ())
 
-        return (_time_major(unary, -2), unary_scale), step
+        return (transitions, unary, unary_scale), step
 
     def edge_scores(self):
         return self.transitions[..., None, :, :] + self.unary[..., :, None, :]
@@ -193,6 +212,17 @@ class FactoredPotentials(NamedTuple):
             start = _flatten(jnp.broadcast_to(start, batch_shape + start.shape[-1:]), batch_shape, 1)
         flat = FactoredPotentials(_flatten(self.unary, batch_shape, 2), transitions, start)
         return flat, FactoredPotentials(0, transitions_axis, start_axis)
+
+    def padded(self, num_labels: int):
+        """The same chains over `num_labels >= L` labels, the extra ones
+        forbidden (`-inf` unary and start scores): the same `log Z`, and zero
+        derivatives for the extra labels (`kernel.Tuning.label_multiple`)."""
+        extra = num_labels - self.num_labels
+        if extra == 0:
+            return self
+        pad = lambda x, value: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)], constant_values=value)
+        transitions = jnp.pad(self.transitions, [(0, 0)] * (self.transitions.ndim - 2) + [(0, extra), (0, extra)])
+        return FactoredPotentials(pad(self.unary, -jnp.inf), transitions, pad(self.start, -jnp.inf))
 
     def unshared(self, batch_shape):
         """Per-example transitions and start, so that their derivatives are

@@ -1,12 +1,18 @@
-"""The exact fast chain kernel: `log Z` and its closed-form derivatives.
+"""The one restartable scan over a chain, the exact fast log-semiring steps
+of the dense and factored forms, and `log Z` with their closed-form
+derivative.
 
-`chain.log_partition` (and `forward`, `row_forward`, `marginals`, the
-sequence losses) run this kernel for `semirings.Log` and `semirings.Real`
-with the sequential algorithm, on factored potentials whose transitions
-and start the batch shares (`row_log_partition`, the classic CRF, batch
-last) and on per-position potentials `[B, T, L, L]`
-(`log_partition_per_position`). It is exact for every input the log
-semiring is exact for, and as fast as probability-space products.
+`scan` is the only forward recursion over a chain in lossfns: `forward`,
+`log_partition`, rows of back-to-back chains, entropy, counting, k-max and
+sampling all run it, for one unbatched chain, mapped with `jax.vmap`. It
+asks the potential form (`lattices.forms`) for the step of a semiring
+(`lift`). For `semirings.Log` the dense and factored forms answer with the
+exact scaled-product steps below (`factored_log_steps`,
+`dense_log_steps`), the sparse form with its own (`sparse_chain`).
+`log_partition` is that scan under a custom JVP whose rule is the form's
+closed-form derivative (`factored_tangent`, `dense_tangent`, the marginals
+passes): forward and reverse mode, any order (the second derivatives are
+autodiff of the marginals' scans).
 
 The scheme (MATH.md, forward algorithm). The forward scores are carried in
 log space, `la_t [L]`, shifted so that their maximum is 0; every step is a
@@ -30,9 +36,7 @@ A prefix hundreds of nats behind that wins later, scale-100 scores and
 in float32 and float64. Per-position scores are shifted per column of each
 position's block the same way.
 
-Derivatives are closed-form (a custom JVP: forward and reverse mode, any
-order, the second derivatives being autodiff of the marginals' scans).
-Node marginals run backwards as smoothed probabilities,
+Derivatives. Node marginals run backwards as smoothed probabilities,
 
     m_{t-1}(i) = sum_j m_t(j) P(y_{t-1} = i | y_t = j)
                = exp(la_{t-1}(i)) sum_j exp(A(i, j) - c(j)) m_t(j) / s_t(j),
@@ -42,25 +46,42 @@ and renormalised to sum 1 at every position (rounding would otherwise
 compound over T = 10,000 steps); edge marginals are the summands. Recovered
 steps use the conditional `exp(la_{t-1}(i) + A(i, j) - c(j) - log s_t(j))`
 in log space. Marginals below `tiny / tau` (about `e^-24`) relative to 1
-may be flushed to 0; everything else is exact to rounding.
+may be flushed to 0; everything else is exact to rounding. The rule needs
+what the forward pass saw: `scan(..., keep_values=True)` returns each
+step's carried value, the step's auxiliary outputs (its log column sums and
+whether it was recovered) and the arrays the step read (the exponentiated
+transitions or blocks), so nothing is recomputed.
 
-Cost against the old unchecked probability-space recursion: one `exp` and
-one `log` of `[L, B]` per step (the carry is in log space), one comparison
-and one scalar `cond` per step; against the log semiring: one matrix
-product per step instead of `L^2` exponentials.
+One decision per batch. Whether a step is recovered is decided for the
+whole batch (`any_in_batch`): under `jax.vmap` (`chain`'s own over the
+batch, or a user's around a public function) a per-chain predicate would
+turn the `lax.cond` into a `select` that pays for the log-space step at
+every step. `any_in_batch` is a `custom_vmap` of the boolean predicate
+alone, so it carries no derivative and every autodiff order of the scan
+and of the rule works unchanged.
+
+Cost against an unchecked probability-space recursion: one `exp` and one
+`log` of `[L]` per step and chain (the carry is in log space), one
+comparison and one scalar `cond` per step; against the log semiring: one
+matrix product per step instead of `L^2` exponentials.
 
 Where a product runs as XLA's dot and where as a fused multiply-and-sum,
-and which intermediate tensors are kept, are backend tuning: `Tuning`
-below, one value per backend, read at trace time.
+which intermediate tensors are kept, and (on accelerators) when the
+parallel algorithm replaces the scan are backend tuning: `Tuning` below,
+one value per backend, read at trace time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
+from .. import semirings
 from ..semirings import finite_max, logsumexp, pairwise_sum
 
 
@@ -72,33 +93,73 @@ from ..semirings import finite_max, logsumexp, pairwise_sum
 class Tuning(NamedTuple):
     """Kernel variants by problem size; every variant computes the same values.
 
-    fused_matmul_max_size: `[L, L] x [L, B]` products with at most this many
+    `B` below is the batch that the enclosing `chain` call maps over
+    (`batch_size`).
+
+    fused_matmul_max_size: `[B, L] x [L, L]` products with at most this many
       multiplications run as one fused multiply and sum (on CPU a dot call
       costs more than that work: 1 x 10,000 x 9, 10 ms against 19 ms).
     fused_products_max_labels: per-position `[B, L] x [B, L, L]` products
       below this many labels are fused (1 x 10,000 x 9: 5 ms against 20 ms).
-    edge_sums_in_scan_max_size: per-row edge sums `[L, L, B]` accumulate in
-      the backward scan while that block is this small (CoNLL-2002 NER,
-      9 x 9 x 214: 5 ms faster); larger ones are one product after the scan.
+    edge_sums_in_scan_max_size: expected transition counts `[B, L, L]`
+      accumulate in the backward scan while that block is this small
+      (CoNLL-2002 NER, 9 x 9 x 214: 5 ms faster); larger ones are one
+      product after the scan.
     keep_factors_max_bytes: per-position exponentiated blocks are kept as a
       second `[B, T, L, L]` tensor up to this size; above it, allocating
       that tensor costs more than exponentiating each block again (CPU page
       faults: about 40 ms for 142 MB at 8 x 40 x 333 x 333).
+    label_multiple, label_multiple_min_labels: factored chains with at least
+      `label_multiple_min_labels` labels get forbidden extra labels up to a
+      multiple of `label_multiple` (`FactoredPotentials.padded`): mapped over
+      a batch, the scan's `[B, L]` vectors then fill whole vector lanes
+      (XLA:CPU, 256 x 25 x 45 loss plus gradient: 4.2 ms at 45 labels, 3.3
+      ms at 48); padding 9 labels to 16 costs more than it saves.
+    parallel_min_steps, parallel_max_labels: the default algorithm (`chain`'s
+      `algorithm="auto"`) is the parallel one (a tree of matrix products,
+      `O(log T)` depth) for chains of at least this many positions and at
+      most this many labels, else the sequential scan.
     """
 
     fused_matmul_max_size: int
     fused_products_max_labels: int
     edge_sums_in_scan_max_size: int
     keep_factors_max_bytes: int
+    parallel_min_steps: int
+    parallel_max_labels: int
+    label_multiple: int
+    label_multiple_min_labels: int
+
+    def padded_labels(self, num_labels: int) -> int:
+        if num_labels < self.label_multiple_min_labels:
+            return num_labels
+        return -(-num_labels // self.label_multiple) * self.label_multiple
+
+    def prefers_parallel(self, num_steps: int, num_labels: int) -> bool:
+        return num_steps >= self.parallel_min_steps and num_labels <= self.parallel_max_labels
 
 
 #: Per backend; the tests force every branch on CPU by replacing the entry.
 TUNING = {
+    # Measured on the 2-core CPU machine (benchmarks/results/README.md). The
+    # parallel algorithm was 4-9x slower than the scan on CPU (NUMERICS.md 7):
+    # never the default there.
     "cpu": Tuning(fused_matmul_max_size=2 ** 12, fused_products_max_labels=16,
-                  edge_sums_in_scan_max_size=2 ** 15, keep_factors_max_bytes=2 ** 24),
-    # Accelerators: dots everywhere, edge sums as one product, factors kept.
+                  edge_sums_in_scan_max_size=2 ** 15, keep_factors_max_bytes=2 ** 24,
+                  parallel_min_steps=2 ** 62, parallel_max_labels=0, label_multiple=8,
+                  label_multiple_min_labels=32),
+    # Accelerators, from first principles (no GPU was lent to measure): dots
+    # everywhere, edge sums as one product, factors kept. A sequential step
+    # costs a few microseconds of launches and synchronisation whatever its
+    # size, so T steps cost about T of them; the parallel algorithm costs
+    # ceil(log2 T) levels of batched [L, L] x [L, L] products (B T L^3 work,
+    # spread over thousands of lanes, and B T L^2 memory with the exact dot
+    # product `log_matmul`). From 64 positions the scan's latency dominates;
+    # up to 128 labels a level's products stay well within one device.
     "default": Tuning(fused_matmul_max_size=0, fused_products_max_labels=0,
-                      edge_sums_in_scan_max_size=0, keep_factors_max_bytes=2 ** 62),
+                      edge_sums_in_scan_max_size=0, keep_factors_max_bytes=2 ** 62,
+                      parallel_min_steps=64, parallel_max_labels=128, label_multiple=1,
+                      label_multiple_min_labels=0),
 }
 
 
@@ -107,122 +168,68 @@ def tuning() -> Tuning:
     return TUNING.get(jax.default_backend(), TUNING["default"])
 
 
+_BATCH_SIZE = contextvars.ContextVar("lossfns_chain_batch_size", default=1)
+
+
+@contextlib.contextmanager
+def batch_size(size: int):
+    """Trace the steps inside for a batch of `size` chains (`chain` maps its
+    flattened batch with one `vmap` inside this). Only tuning reads it: an
+    unbatched step cannot see the size of the batch it is mapped over, and
+    under a user's `vmap` around a public function it sees the inner batch
+    only, which may pick a slower variant, never a different value."""
+    token = _BATCH_SIZE.set(int(size))
+    try:
+        yield
+    finally:
+        _BATCH_SIZE.reset(token)
+
+
+def _batch() -> int:
+    return _BATCH_SIZE.get()
+
+
+@jax.custom_batching.custom_vmap
+def any_in_batch(flag):
+    """`flag` (a bool scalar) for one chain; under `jax.vmap`, whether it holds
+    for any chain of the batch, unbatched, at every level of nested maps.
+
+    A `lax.cond` on it stays a branch when mapped (a batched predicate turns
+    it into a `select` that runs both branches). Only for decisions whose
+    both branches compute the same value, up to rounding: here, a step
+    redone exactly where it may have lost precision.
+    """
+    return flag
+
+
+@any_in_batch.def_vmap
+def _any_in_batch_vmap(axis_size, in_batched, flag):
+    # Calling itself again lets an enclosing vmap reduce its own axis too.
+    return any_in_batch(jnp.any(flag, 0) if in_batched[0] else flag), False
+
+
 def recovery_threshold(dtype, num_labels: int) -> float:
     """`tau`: a column sum at least this large lost nothing significant to underflow."""
     info = jnp.finfo(dtype)
     return 16.0 * num_labels * float(info.tiny) / float(info.eps)
 
 
-def _safe_log(x):
+def safe_log(x):
     """`log x`, `-inf` at 0 (NaN stays NaN), with derivatives that stay finite at 0."""
     positive = x > 0
     return jnp.where(positive, jnp.log(jnp.where(positive, x, 1.0)), jnp.where(jnp.isnan(x), jnp.nan, -jnp.inf))
 
 
-def _safe_divide(x, y):
-    """`x / y`, 0 where `y` is 0 (and no NaN in derivatives there)."""
-    positive = y > 0
-    return jnp.where(positive, x / jnp.where(positive, y, 1.0), 0.0)
-
-
-def _normalized(x, axis):
-    """`x` divided by its sum over `axis` (left as is where that sum is 0)."""
-    total = jnp.sum(x, axis, keepdims=True)
+def _normalized(x):
+    """`x [L]` divided by its sum (left as is where that sum is 0)."""
+    total = jnp.sum(x)
     return x / jnp.where(total > 0, total, 1.0)
 
 
-# ---------------------------------------------------------------------------
-# Factored potentials, rows of back-to-back chains, batch last
-# ---------------------------------------------------------------------------
-
-
-def _matmul(matrix, vectors):
-    """`[L, L] x [L, B] -> [L, B]`."""
-    if matrix.size * vectors.shape[-1] <= tuning().fused_matmul_max_size:
-        return jnp.sum(matrix[:, :, None] * vectors[None], 1)
-    return matrix @ vectors
-
-
-class _Rows(NamedTuple):
-    """The forward pass over rows, batch last (`T` positions, `B` rows).
-
-    log_z: `[B]`; log_alphas: `[T, L, B]` max-shifted log forward scores;
-    alphas: their exponentials; log_sums: `[T, L, B]` the exact logs of each
-    step's column sums `s_t` (unread at chain starts); recovered: `[T]`
-    steps redone in log space; shifted_transitions: `[L, L]`, `A - c`;
-    factors: `exp(A - c)`; starts, valid, ends: `[T, B]` chain starts,
-    positions inside the lengths and chains' last positions.
-    """
-
-    log_z: jax.Array
-    log_alphas: jax.Array
-    alphas: jax.Array
-    log_sums: jax.Array
-    recovered: jax.Array
-    shifted_transitions: jax.Array
-    factors: jax.Array
-    starts: jax.Array
-    valid: jax.Array
-    ends: jax.Array
-
-
-def _rows_forward(unary, transitions, start, starts, lengths) -> _Rows:
-    B, T, L = unary.shape
-    positions = jnp.arange(T)[:, None]
-    valid = positions < lengths
-    starts = (starts.T | (positions == 0)) & valid
-    next_starts = jnp.concatenate([starts[1:], jnp.ones((1, B), bool)])
-    next_valid = jnp.concatenate([valid[1:], jnp.zeros((1, B), bool)])
-    ends = valid & (next_starts | ~next_valid)
-    inner = valid & ~starts
-    unary = jnp.where(valid[:, None], jnp.transpose(unary, (1, 2, 0)), 0.0)  # [T, L, B]
-    column_shift = finite_max(transitions, 0)  # c [L]
-    shifted_transitions = transitions - column_shift
-    factors = jnp.exp(shifted_transitions)
-    continued = unary + column_shift[:, None]
-    first = unary + start[:, None]
-    tau = recovery_threshold(unary.dtype, L)
-    transposed = factors.T
-
-    def step(log_alpha, inputs):
-        continued_t, first_t, start_t, inner_t, valid_t = inputs
-        sums = _matmul(transposed, jnp.exp(log_alpha))
-        recover = jnp.any((sums < tau) & inner_t)
-        log_sums = jax.lax.cond(
-            recover, lambda: logsumexp(log_alpha[:, None, :] + shifted_transitions[:, :, None], 0),
-            lambda: _safe_log(sums))
-        new = jnp.where(start_t, first_t, log_sums + continued_t)
-        shift = finite_max(new, 0)
-        log_alpha = jnp.where(valid_t, new - shift, log_alpha)
-        return log_alpha, (log_alpha, log_sums, recover, jnp.where(valid_t, shift, 0.0))
-
-    init = jnp.zeros((L, B), unary.dtype)  # position 0 starts a chain (or the row is empty)
-    _, (log_alphas, log_sums, recovered, shifts) = jax.lax.scan(
-        step, init, (continued, first, starts, inner, valid))
-    alphas = jnp.exp(log_alphas)
-    # Each chain adds the log of its last forward sum (0 at least, or -inf without an allowed path).
-    totals = jnp.where(ends, _safe_log(jnp.sum(alphas, 1)), 0.0)
-    log_z = pairwise_sum(shifts) + pairwise_sum(totals)
-    return _Rows(log_z, log_alphas, alphas, log_sums, recovered, shifted_transitions, factors, starts, valid, ends)
-
-
-def _edge_sums_in_scan(num_labels: int, batch: int) -> bool:
-    return num_labels * num_labels * batch <= tuning().edge_sums_in_scan_max_size
-
-
-class _RowMarginals(NamedTuple):
-    """nodes: `[B, T, L]`; firsts: `[L, B]` node marginals summed over chain
-    starts; ratios: `[T, L, B]`, `m_{t+1}(j) / s_{t+1}(j)` where position
-    `t + 1` continues a chain through an ordinary step (else 0), or
-    `edge_sums`: per row `sum_t alpha_t(i) ratios_t(j)`, `[L, L, B]`, when
-    that block is small (`_edge_sums_in_scan`); exact_edges: `[L, L, B]`
-    per-row expected transition counts of the recovered steps."""
-
-    nodes: jax.Array
-    firsts: jax.Array
-    ratios: Optional[jax.Array]
-    edge_sums: Optional[jax.Array]
-    exact_edges: jax.Array
+def at_position(x, t):
+    """`x[t]` along the leading axis, read in place (also when `x` is batched
+    under `vmap`: a `[B, T, ...]` tensor is never moved to time-major)."""
+    return jax.lax.dynamic_index_in_dim(x, t, 0, keepdims=False)
 
 
 def _following(x, fill):
@@ -230,295 +237,440 @@ def _following(x, fill):
     return jnp.concatenate([x[1:], jnp.full((1,) + x.shape[1:], fill, x.dtype)])
 
 
-def _exact_conditional(log_alpha, shifted_scores, log_sums):
-    """`P(y_{t-1} = i | y_t = j) = exp(la(i) + A(i, j) - c(j) - log s(j))` in log
-    space, `[L, L, ...]` from `log_alpha [L, ...]`, `shifted_scores [L, L, ...]`
-    and `log_sums [L, ...]`; 0 where `s(j) = 0`."""
-    finite = jnp.isfinite(log_sums)
-    exponent = log_alpha[:, None] + shifted_scores - jnp.where(finite, log_sums, 0.0)[None]
-    return jnp.where(finite[None], jnp.exp(exponent), 0.0)
+# ---------------------------------------------------------------------------
+# The scan
+# ---------------------------------------------------------------------------
 
 
-def _rows_marginals(rows: _Rows) -> _RowMarginals:
-    """The backward pass (smoothed node marginals, see the module docstring)."""
-    T, L, B = rows.alphas.shape
-    inner_next = _following(rows.valid & ~rows.starts, False)
-    log_sums_next = _following(rows.log_sums, 0.0)
-    recovered_next = _following(rows.recovered, False)
-    # m_{t+1}(j) / s_{t+1}(j) needs 1 / s, finite on ordinary steps (s >= tau).
-    inverse_sums_next = jnp.where(inner_next[:, None] & ~recovered_next[:, None, None],
-                                  jnp.exp(-jnp.where(jnp.isfinite(log_sums_next), log_sums_next, 0.0)), 0.0)
-    in_scan = _edge_sums_in_scan(L, B)
-
-    def step(carry, inputs):
-        following, edge_sums = carry  # the marginals at t + 1
-        alpha_t, log_alpha_t, end_t, valid_t, continues, log_sums_next, recovered_next, inverse_sums_next = inputs
-        ratio = following * inverse_sums_next
-
-        def exact():
-            conditional = _exact_conditional(log_alpha_t, rows.shifted_transitions[:, :, None], log_sums_next)
-            return jnp.sum(conditional * jnp.where(continues, following, 0.0)[None], 1)
-
-        backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _matmul(rows.factors, ratio))
-        nodes_t = jnp.where(valid_t, _normalized(jnp.where(end_t, alpha_t, backward), 0), 0.0)
-        if in_scan:
-            return (nodes_t, edge_sums + alpha_t[:, None, :] * ratio[None]), nodes_t
-        return (nodes_t, edge_sums), (nodes_t, ratio)
-
-    dtype = rows.alphas.dtype
-    init = (jnp.zeros((L, B), dtype), jnp.zeros((L, L, B) if in_scan else (), dtype))
-    inputs = (rows.alphas, rows.log_alphas, rows.ends, rows.valid, inner_next, log_sums_next, recovered_next,
-              inverse_sums_next)
-    (_, edge_sums), outputs = jax.lax.scan(step, init, inputs, reverse=True)
-    nodes, ratios = (outputs, None) if in_scan else outputs
-    exact_edges = jax.lax.cond(jnp.any(rows.recovered), lambda: _rows_exact_edges(rows, nodes),
-                               lambda: jnp.zeros((L, L, B), dtype))
-    firsts = jnp.sum(jnp.where(rows.starts[:, None], nodes, 0.0), 0)
-    return _RowMarginals(jnp.transpose(nodes, (2, 0, 1)), firsts, ratios, edge_sums if in_scan else None,
-                         exact_edges)
+def row_starts(starts, length):
+    """Chain starts of one row `[T]`: the given ones and position 0, inside the length."""
+    positions = jnp.arange(starts.shape[0])
+    return (starts | (positions == 0)) & (positions < length)
 
 
-def _rows_exact_edges(rows: _Rows, nodes):
-    """Per-row expected transition counts `[L, L, B]` of the recovered steps,
-    in log space (run only when a step was recovered)."""
-    T, L, B = rows.alphas.shape
-    taken = rows.recovered[1:, None] & rows.valid[1:] & ~rows.starts[1:]  # [T - 1, B]
+class Forward(NamedTuple):
+    """What `scan(..., keep_values=True)` saw, for a derivative or a sampler.
 
-    def step(edges, inputs):
-        log_alpha_previous, log_sums_t, nodes_t, taken_t = inputs
-        conditional = _exact_conditional(log_alpha_previous, rows.shifted_transitions[:, :, None], log_sums_t)
-        return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
-
-    edges, _ = jax.lax.scan(step, jnp.zeros((L, L, B), rows.alphas.dtype),
-                            (rows.log_alphas[:-1], rows.log_sums[1:], nodes[1:], taken))
-    return edges
-
-
-def _edge_tangent(rows: _Rows, marginals: _RowMarginals, transitions_tangent):
-    """Per row `[B]`, `sum_{t, i, j} xi_t(i, j) dA(i, j)` for a tangent `dA
-    [L, L]` of the transitions: ordinary steps from the edge sums or, for
-    large blocks, as `(exp(A - c) * dA)^T` applied to every forward vector
-    at once (reverse mode turns it into one `[L, T B] x [T B, L]` product);
-    recovered steps from their exact counts."""
-    allowed = rows.shifted_transitions > -jnp.inf  # a forbidden transition's tangent may be infinite
-    tangent = jnp.where(allowed, transitions_tangent, 0.0)
-    exact = jnp.sum(tangent[:, :, None] * marginals.exact_edges, (0, 1))
-    weighted = rows.factors * tangent
-    if marginals.edge_sums is not None:
-        return exact + jnp.sum(weighted[:, :, None] * marginals.edge_sums, (0, 1))
-    T, L, B = rows.alphas.shape
-    flat = lambda x: jnp.transpose(x, (1, 0, 2)).reshape(L, T * B)
-    fast = jnp.sum(((weighted.T @ flat(rows.alphas)) * flat(marginals.ratios)).reshape(L, T, B), (0, 1))
-    return exact + fast
-
-
-@jax.custom_jvp
-def row_log_partition(unary, transitions, start, starts, lengths):
-    """Per row `[B]`, the sum of `log Z` over its back-to-back chains.
-
-    unary: `[B, T, L]` float; transitions: `[L, L]`; start: `[L]`; starts:
-    `[B, T]` bool, True at each chain's first position (position 0 always
-    starts one); lengths: `[B]` ints in `[0, T]`. Inputs are assumed valid
-    (`chain` checks them). Differentiable in `unary`, `transitions` and
-    `start` to any order, in forward and reverse mode.
+    values: `[T, ...]` each position's carried (normalised) semiring value,
+    unchanged past the length; aux: `[T, ...]` the step's auxiliary outputs
+    (`()` for most steps; the exact log steps: their log column sums `[T, L]`
+    and whether each step was recovered, `[T]`); inputs: the arrays the
+    step read (`lift`'s first output).
     """
-    if unary.shape[1] == 0:
-        return jnp.zeros(unary.shape[:1], unary.dtype)
-    return _rows_forward(unary, transitions, start, starts, lengths).log_z
+
+    values: object
+    aux: object
+    inputs: object
 
 
-@row_log_partition.defjvp
-def _row_log_partition_jvp(primals, tangents):
-    unary, transitions, start, starts, lengths = primals
-    unary_tangent, transitions_tangent, start_tangent = tangents[:3]
-    if unary.shape[1] == 0:
-        zeros = jnp.zeros(unary.shape[:1], unary.dtype)
-        return zeros, zeros
-    rows = _rows_forward(unary, transitions, start, starts, lengths)
-    marginals = _rows_marginals(rows)
-    # Tangents where a marginal is zero (e.g. at -inf scores) may be infinite; 0 * inf must not leak in.
-    masked = lambda weights, tangent: jnp.where(weights > 0, tangent, 0.0)
-    tangent = (jnp.sum(marginals.nodes * masked(marginals.nodes, unary_tangent), (1, 2))
-               + _edge_tangent(rows, marginals, transitions_tangent)
-               + jnp.sum(marginals.firsts * masked(marginals.firsts, start_tangent[:, None]), 0))
-    return rows.log_z, tangent
+def scan(semiring, potentials, length, starts=None, keep_values: bool = False):
+    """The one restartable scan, left to right, O(T L^2) (one row, `T >= 1`).
+
+    Without `starts`: the semiring's output for one chain (`unconvert` of its
+    sum over label sequences). With `starts [T]` (chains start there and at
+    position 0): the sum over the row's chains of their outputs, for
+    semirings whose output adds up that way (log Z, best scores). With
+    `keep_values`, also the `Forward` pass (values, auxiliary outputs and
+    inputs of every step).
+
+    The form's step (`potentials.lift(semiring)`) is called at every
+    position as `step(value, inputs, t, live)`: it reads position `t` of
+    `inputs` itself (in place), and `live` tells it whether its result is
+    used (inside the length, not a chain start), so that an exactness check
+    can ignore the steps whose result is discarded.
+    """
+    T = potentials.num_steps
+    dtype = potentials.dtype
+    positions = jnp.arange(T)
+    valid = positions < length
+    restarts = starts is not None
+    starts = row_starts(starts if restarts else jnp.zeros((T,), bool), length)
+    potentials = potentials.masked(valid)
+    first, first_scale = semiring.convert_scaled(potentials.first_scores(), (-1,))
+    inputs, step = potentials.lift(semiring)
+
+    def first_at(t):  # read in place (the logical time axis of a semiring value is -2)
+        value = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, x.ndim - 2, False), first)
+        return value, at_position(first_scale, t)
+
+    # A single chain starts at position 0 only: no per-position first scores.
+    first_0 = first_at(0)
+
+    def chain_total(value):
+        return semiring.unconvert(semiring.sum(value, -1), jnp.zeros((), dtype))
+
+    def body(value, xs):
+        t, start_t, valid_t, live_t = xs
+        new, scale, aux = step(value, inputs, t, live_t)
+        first_t, first_scale_t = first_at(t) if restarts else first_0
+        new = semiring.select(start_t, first_t, new)
+        new, norm = semiring.normalize(new, -1)
+        total = jnp.where(valid_t, jnp.where(start_t, first_scale_t, scale) + norm, 0.0)
+        if restarts:  # a chain ends where the next one starts: add its output
+            total = total + jnp.where(start_t & (t > 0), chain_total(value), 0.0)
+        value = semiring.select(valid_t, new, value)
+        return value, ((total, value, aux) if keep_values else total)
+
+    # Position 0 always starts a chain; the step computed there and discarded
+    # still sees a normalised value (a step may assume one).
+    init, _ = semiring.normalize(first_0[0], -1)
+    value, outputs = jax.lax.scan(body, init, (positions, starts, valid, valid & ~starts))
+    totals, values, aux = outputs if keep_values else (outputs, None, None)
+    log_scale = pairwise_sum(totals)
+    if restarts:
+        out = log_scale + jnp.where(length > 0, chain_total(value), 0.0)
+    else:
+        out = finish(semiring, value, log_scale, length)
+    return (out, Forward(values, aux, inputs)) if keep_values else out
+
+
+def finish(semiring, value, log_scale, length):
+    """Sum the final forward value; the empty path (length 0) scores one."""
+    out = semiring.unconvert(semiring.sum(value, -1), log_scale)
+    dtype = log_scale.dtype
+    empty = semiring.unconvert(semiring.one((), dtype), jnp.zeros((), dtype))
+    return jnp.where(length == 0, empty, out)
 
 
 # ---------------------------------------------------------------------------
-# Per-position potentials `[B, T, L, L]`
+# The exact log steps
 # ---------------------------------------------------------------------------
 
 
-class _Blocks(NamedTuple):
-    """Position `t`'s scores shifted per column, `shifted(t) [B, L, L]`
-    (`scores - shifts[:, t]`, scores past the length read as 0), and their
-    exponentials `block(t)`; `kept` holds all exponentials when small enough
-    to keep (`Tuning.keep_factors_max_bytes`)."""
+def _vecmat(vector, matrix):
+    """`[L] x [L, L] -> [L]` (mapped over the batch: `[B, L] x [L, L]`)."""
+    if matrix.size * _batch() <= tuning().fused_matmul_max_size:
+        return jnp.sum(vector[:, None] * matrix, 0)
+    return matrix.T @ vector  # mapped: [L, L] x [L, B], the faster layout of XLA:CPU's dots
+
+
+def _block_vecmat(vector, block):
+    """`[L] x [L, L] -> [L]` with a per-chain block (mapped: `[B, L] x [B, L, L]`)."""
+    if vector.shape[-1] <= tuning().fused_products_max_labels:
+        return jnp.sum(vector[:, None] * block, 0)
+    return vector @ block
+
+
+def _block_matvec(block, vector):
+    if vector.shape[-1] <= tuning().fused_products_max_labels:
+        return jnp.sum(block * vector[None, :], 1)
+    return block @ vector
+
+
+def _checked_step(log_alpha, sums, exact, live):
+    """`(log_sums, recovered)`: the logs of the column sums `sums`, or, where any
+    chain of the batch has a live column sum below `tau`, `exact()` (the same
+    logs computed in log space)."""
+    tau = recovery_threshold(sums.dtype, sums.shape[-1])
+    recover = any_in_batch(live & jnp.any(sums < tau))
+    return jax.lax.cond(recover, exact, lambda: safe_log(sums)), recover
+
+
+class FactoredSteps(NamedTuple):
+    """`lift(Log)` inputs of the factored form: continued `[T, L]`, each
+    position's unary scores plus the column shifts `c` of the transitions;
+    shifted: `[L, L]`, `A - c`; factors: `exp(A - c)`, each column peaking at 1."""
+
+    continued: jax.Array
+    shifted: jax.Array
+    factors: jax.Array
+
+
+def factored_log_steps(unary, transitions):
+    """The exact log step of the factored form: `(inputs, step)` of its `lift(Log)`
+    (`unary [T, L]`, masked; `transitions [L, L]`, exponentiated once here)."""
+    column_shift = finite_max(transitions, 0)  # c [L]
+    shifted = transitions - column_shift
+    inputs = FactoredSteps(unary + column_shift, shifted, jnp.exp(shifted))
+
+    def step(log_alpha, inputs, t, live):
+        sums = _vecmat(jnp.exp(log_alpha), inputs.factors)
+        log_sums, recovered = _checked_step(
+            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted, 0), live)
+        return log_sums + at_position(inputs.continued, t), jnp.zeros((), unary.dtype), (log_sums, recovered)
+
+    return inputs, step
+
+
+class DenseSteps(NamedTuple):
+    """`lift(Log)` inputs of the dense form: scores `[T, L, L]` (masked),
+    shifts `[T, L]` each block's column maxima, and `kept`, every block's
+    exponentials `exp(scores - shifts)`, when small enough to keep
+    (`Tuning.keep_factors_max_bytes`), else None (exponentiated per block)."""
 
     scores: jax.Array
     shifts: jax.Array
     kept: Optional[jax.Array]
 
     def shifted(self, t):
-        scores = jax.lax.dynamic_index_in_dim(self.scores, t, 1, keepdims=False)
-        return scores - jax.lax.dynamic_index_in_dim(self.shifts, t, 1, keepdims=False)[:, None, :]
+        return at_position(self.scores, t) - at_position(self.shifts, t)[None, :]
 
     def block(self, t):
-        if self.kept is not None:
-            return jax.lax.dynamic_index_in_dim(self.kept, t, 1, keepdims=False)
-        return jnp.exp(self.shifted(t))
+        return at_position(self.kept, t) if self.kept is not None else jnp.exp(self.shifted(t))
 
     def all(self):
-        return self.kept if self.kept is not None else jnp.exp(self.scores - self.shifts[:, :, None, :])
+        return self.kept if self.kept is not None else jnp.exp(self.scores - self.shifts[:, None, :])
 
 
-def _blocks(potentials, valid) -> _Blocks:
-    scores = jnp.where(valid[:, :, None, None], potentials, 0.0)
-    blocks = _Blocks(scores, finite_max(scores, -2), None)
-    return blocks._replace(kept=blocks.all()) if potentials.nbytes <= tuning().keep_factors_max_bytes else blocks
+def dense_log_steps(scores):
+    """The exact log step of the dense form: `(inputs, step)` of its `lift(Log)`
+    (`scores [T, L, L]`, masked)."""
+    inputs = DenseSteps(scores, finite_max(scores, -2), None)
+    if scores.nbytes * _batch() <= tuning().keep_factors_max_bytes:
+        inputs = inputs._replace(kept=inputs.all())
+
+    def step(log_alpha, inputs, t, live):
+        sums = _block_vecmat(jnp.exp(log_alpha), inputs.block(t))
+        log_sums, recovered = _checked_step(
+            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted(t), 0), live)
+        return log_sums + at_position(inputs.shifts, t), jnp.zeros((), scores.dtype), (log_sums, recovered)
+
+    return inputs, step
 
 
-def _batched_vecmat(vectors, matrices):
-    """`[B, L] x [B, L, L] -> [B, L]`."""
-    if vectors.shape[-1] <= tuning().fused_products_max_labels:
-        return jnp.sum(vectors[:, :, None] * matrices, 1)
-    return jnp.einsum("bi,bij->bj", vectors, matrices)
+# ---------------------------------------------------------------------------
+# log Z with the closed-form derivative
+# ---------------------------------------------------------------------------
 
 
-def _batched_matvec(matrices, vectors):
-    """`[B, L, L] x [B, L] -> [B, L]`."""
-    if vectors.shape[-1] <= tuning().fused_products_max_labels:
-        return jnp.sum(matrices * vectors[:, None, :], 2)
-    return jnp.einsum("bij,bj->bi", matrices, vectors)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _log_partition(tangent_rule, batch, potentials, length, starts):
+    with batch_size(batch):
+        return scan(semirings.Log, potentials, length, starts)
+
+
+@_log_partition.defjvp
+def _log_partition_jvp(tangent_rule, batch, primals, tangents):
+    # JAX traces this rule lazily, outside the caller's `batch_size`: it
+    # travels as an argument.
+    potentials, length, starts = primals
+    with batch_size(batch):
+        log_z, forward = scan(semirings.Log, potentials, length, starts, keep_values=True)
+        return log_z, tangent_rule(potentials, length, starts, forward, tangents[0])
+
+
+def log_partition(tangent_rule, potentials, length, starts=None):
+    """`log Z` of one chain (the sum over its chains with `starts [T]`) by
+    `scan`, with the derivative `tangent_rule(potentials, length, starts,
+    forward, tangent) -> []` (the JVP, linear in `tangent`, a form of the
+    same structure as `potentials`); `T >= 1`."""
+    return _log_partition(tangent_rule, _batch(), potentials, length, starts)
 
 
 class _Chains(NamedTuple):
-    """The forward pass over per-position potentials (time first inside).
+    """Where one row's chains start, continue and end, `[T]` each."""
 
-    log_z: `[B]`; log_alphas, alphas: `[T, B, L]`; log_sums: `[T, B, L]`
-    (row 0 unread); recovered: `[T]`; blocks; valid: `[B, T]`.
-    """
-
-    log_z: jax.Array
-    log_alphas: jax.Array
-    alphas: jax.Array
-    log_sums: jax.Array
-    recovered: jax.Array
-    blocks: _Blocks
+    starts: jax.Array
     valid: jax.Array
+    ends: jax.Array
+    continues: jax.Array  # position t + 1 continues t's chain
 
 
-def _chains_forward(potentials, lengths) -> _Chains:
-    """Time is read in place, one `[B, L, L]` block per step: moving it to the
-    front would copy the whole tensor."""
-    B, T, L, _ = potentials.shape
-    valid = jnp.arange(T)[None, :] < lengths[:, None]
-    blocks = _blocks(potentials, valid)
-    first = jnp.where(valid[:, :1], potentials[:, 0, 0], 0.0)
-    first_shift = finite_max(first, -1)
-    tau = recovery_threshold(potentials.dtype, L)
+def _chains(length, starts, T) -> _Chains:
+    valid = jnp.arange(T) < length
+    starts = row_starts(jnp.zeros((T,), bool) if starts is None else starts, length)
+    next_starts, next_valid = _following(starts, True), _following(valid, False)
+    return _Chains(starts, valid, valid & (next_starts | ~next_valid), next_valid & ~next_starts)
 
-    def step(log_alpha, t):
-        valid_t = valid[:, t]
-        sums = _batched_vecmat(jnp.exp(log_alpha), blocks.block(t))
-        recover = jnp.any((sums < tau) & valid_t[:, None])
-        log_sums = jax.lax.cond(recover, lambda: logsumexp(log_alpha[:, :, None] + blocks.shifted(t), 1),
-                                lambda: _safe_log(sums))
-        new = log_sums + blocks.shifts[:, t]
-        shift = finite_max(new, -1)
-        log_alpha = jnp.where(valid_t[:, None], new - shift[:, None], log_alpha)
-        return log_alpha, (log_alpha, log_sums, recover, jnp.where(valid_t, shift, 0.0))
 
-    log_alpha = first - first_shift[:, None]
-    last, (log_alphas, log_sums, recovered, shifts) = jax.lax.scan(step, log_alpha, jnp.arange(1, T))
-    log_alphas = jnp.concatenate([log_alpha[None], log_alphas])
-    log_sums = jnp.concatenate([jnp.zeros((1, B, L), potentials.dtype), log_sums])
-    recovered = jnp.concatenate([jnp.zeros((1,), bool), recovered])
-    shifts = jnp.concatenate([first_shift[None], shifts])
+def _exact_conditional(log_alpha, shifted_scores, log_sums):
+    """`P(y_{t-1} = i | y_t = j) = exp(la(i) + A(i, j) - c(j) - log s(j))` in log
+    space, `[L, L]`; 0 where `s(j) = 0`."""
+    finite = jnp.isfinite(log_sums)
+    exponent = log_alpha[:, None] + shifted_scores - jnp.where(finite, log_sums, 0.0)[None]
+    return jnp.where(finite[None], jnp.exp(exponent), 0.0)
+
+
+def _next_step(log_sums, recovered, continues, t):
+    """What the backward pass at `t` needs of step `t + 1` (read in place):
+    its log column sums, whether it was recovered, and `1 / s_{t+1}` where it
+    continues a chain through an ordinary step (finite there: `s >= tau`),
+    else 0, `[L]`."""
+    last = log_sums.shape[0] - 1
+    after = jnp.minimum(t + 1, last)
+    log_sums_next = at_position(log_sums, after)
+    # (not and-ed with `continues`: a batched predicate would turn the conds
+    # on it into selects)
+    recovered_next = at_position(recovered, after) & (t < last)
+    ordinary = continues & ~recovered_next
+    inverse = jnp.where(ordinary, jnp.exp(-jnp.where(jnp.isfinite(log_sums_next), log_sums_next, 0.0)), 0.0)
+    return log_sums_next, recovered_next, inverse
+
+
+def _contract(tangent, weights):
+    """`sum(tangent * weights)` over two `[L, L]` arrays as a dot product: mapped
+    over a batch with a shared tangent, reverse mode then sums the batch's
+    weights with one product rather than a reduction over a broadcast."""
+    return jnp.tensordot(tangent, weights, 2)
+
+
+def _masked(weights, tangent):
+    """A tangent where its weight (a marginal) is zero may be infinite (a -inf
+    score's): 0 * inf must not leak in."""
+    return jnp.where(weights > 0, tangent, 0.0)
+
+
+def factored_tangent(potentials, length, starts, forward: Forward, tangent):
+    """The closed-form JVP of `log Z` of one row of factored chains (the
+    backward pass of smoothed node marginals, see the module docstring).
+
+    potentials, tangent: `FactoredPotentials` (`unary [T, L]`, `transitions
+    [L, L]`, `start [L]`); forward: the scan's with `factored_log_steps`.
+    """
+    T, L = potentials.unary.shape
+    chains = _chains(length, starts, T)
+    log_alphas = forward.values
+    log_sums, recovered = forward.aux
+    steps = forward.inputs
     alphas = jnp.exp(log_alphas)
-    total = jnp.where(lengths > 0, _safe_log(jnp.sum(jnp.exp(last), -1)), 0.0)
-    log_z = pairwise_sum(shifts) + total
-    return _Chains(log_z, log_alphas, alphas, log_sums, recovered, blocks, valid)
+    in_scan = L * L * _batch() <= tuning().edge_sums_in_scan_max_size
+    # exp(A - c) ratio as ratio^T exp(A - c)^T: mapped over a batch, the product
+    # then reduces over a leading axis, vectorised along the labels
+    transposed_factors = steps.factors.T
+
+    def step(carry, inputs):
+        following, edge_sums = carry  # the marginals at t + 1
+        t, alpha_t, log_alpha_t, end_t, valid_t, continues_t = inputs
+        log_sums_next, recovered_next, inverse_sums = _next_step(log_sums, recovered, continues_t, t)
+        ratio = following * inverse_sums
+
+        def exact():
+            conditional = _exact_conditional(log_alpha_t, steps.shifted, log_sums_next)
+            return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
+
+        backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _vecmat(ratio, transposed_factors))
+        nodes_t = jnp.where(valid_t, _normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
+        if in_scan:
+            return (nodes_t, edge_sums + alpha_t[:, None] * ratio[None, :]), nodes_t
+        return (nodes_t, edge_sums), (nodes_t, ratio)
+
+    init = (jnp.zeros((L,), alphas.dtype), jnp.zeros((L, L) if in_scan else (), alphas.dtype))
+    inputs = (jnp.arange(T), alphas, log_alphas, chains.ends, chains.valid, chains.continues)
+    (_, edge_sums), outputs = jax.lax.scan(step, init, inputs, reverse=True)
+    nodes, ratios = (outputs, None) if in_scan else outputs
+
+    # Transitions: ordinary steps from the edge sums or, for large blocks, as
+    # `(exp(A - c) * dA)` applied to every forward vector at once (reverse mode
+    # turns it into one `[L, T B] x [T B, L]` product); recovered steps from
+    # their exact counts.
+    allowed = steps.shifted > -jnp.inf  # a forbidden transition's tangent may be infinite
+    transitions_tangent = jnp.where(allowed, tangent.transitions, 0.0)
+    weighted = steps.factors * transitions_tangent
+    if in_scan:
+        edges = _contract(weighted, edge_sums)
+    else:
+        edges = jnp.sum((alphas @ weighted) * ratios)
+    exact_edges = jax.lax.cond(jnp.any(recovered), lambda: _factored_exact_edges(forward, chains, nodes),
+                               lambda: jnp.zeros((L, L), alphas.dtype))
+    firsts = jnp.sum(jnp.where(chains.starts[:, None], nodes, 0.0), 0)
+    return (jnp.sum(nodes * _masked(nodes, tangent.unary)) + edges
+            + _contract(transitions_tangent, exact_edges) + jnp.sum(firsts * _masked(firsts, tangent.start)))
 
 
-def _chains_edge_marginals(chains: _Chains):
-    """The backward pass: edge marginals `[B, T, L, L]`, `xi_t(i, j) =
-    P(y_{t-1} = i, y_t = j)`, and at `t = 0` the node marginals in row 0;
-    zero past the length and in the unread rows of position 0. The scan
-    carries the node marginals; the products are one vectorised pass after
-    it (the recovered steps' in log space, when there are any)."""
-    T, B, L = chains.alphas.shape
-    valid = chains.valid.T  # [T, B]
-    continues = _following(valid, False)
-    recovered_next = _following(chains.recovered, False)
-    log_sums_next = _following(chains.log_sums, 0.0)
-    inverse_sums_next = jnp.where(continues[:, :, None] & ~recovered_next[:, None, None],
-                                  jnp.exp(-jnp.where(jnp.isfinite(log_sums_next), log_sums_next, 0.0)), 0.0)
+def _factored_exact_edges(forward: Forward, chains: _Chains, nodes):
+    """Expected transition counts `[L, L]` of the recovered steps, in log
+    space (run only when a step was recovered)."""
+    log_sums, recovered = forward.aux
+    taken = recovered[1:] & chains.valid[1:] & ~chains.starts[1:]
+
+    def step(edges, inputs):
+        log_alpha_previous, log_sums_t, nodes_t, taken_t = inputs
+        conditional = _exact_conditional(log_alpha_previous, forward.inputs.shifted, log_sums_t)
+        return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
+
+    L = nodes.shape[-1]
+    edges, _ = jax.lax.scan(step, jnp.zeros((L, L), nodes.dtype),
+                            (forward.values[:-1], log_sums[1:], nodes[1:], taken))
+    return edges
+
+
+def dense_tangent(potentials, length, starts, forward: Forward, tangent):
+    """The closed-form JVP of `log Z` of one row of chains with per-position
+    potentials: `sum_t sum_{i, j} xi_t(i, j) dpsi_t(i, j)` with the edge
+    marginals `xi_t(i, j) = P(y_{t-1} = i, y_t = j)` (at a chain's first
+    position, row 0 holds its node marginals).
+
+    potentials, tangent: `DensePotentials` (`[T, L, L]`); forward: the
+    scan's with `dense_log_steps`. The backward scan carries the node
+    marginals; the edge marginals are one vectorised pass after it (the
+    recovered steps' in log space, when there are any).
+    """
+    scores = tangent.scores
+    T, L, _ = scores.shape
+    chains = _chains(length, starts, T)
+    log_alphas = forward.values
+    log_sums, recovered = forward.aux
+    blocks = forward.inputs
+    alphas = jnp.exp(log_alphas)
 
     def step(following, inputs):
-        t, alpha_t, log_alpha_t, valid_t, continues_t, recovered_t, log_sums_t, inverse_sums_t = inputs
-        ratio = following * inverse_sums_t
+        t, alpha_t, log_alpha_t, valid_t, continues_t = inputs
+        log_sums_next, recovered_next, inverse_sums = _next_step(log_sums, recovered, continues_t, t)
+        ratio = following * inverse_sums
         after = jnp.minimum(t + 1, T - 1)
 
         def exact():
-            conditional = _exact_conditional(jnp.moveaxis(log_alpha_t, 0, -1),
-                                             jnp.moveaxis(chains.blocks.shifted(after), 0, -1),
-                                             jnp.moveaxis(log_sums_t, 0, -1))
-            return jnp.sum(conditional * jnp.where(continues_t, following.T, 0.0)[None], 1).T
+            conditional = _exact_conditional(log_alpha_t, blocks.shifted(after), log_sums_next)
+            return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
 
-        backward = jax.lax.cond(recovered_t, exact,
-                                lambda: alpha_t * _batched_matvec(chains.blocks.block(after), ratio))
-        nodes_t = jnp.where(continues_t[:, None], backward, alpha_t)
-        nodes_t = jnp.where(valid_t[:, None], _normalized(nodes_t, -1), 0.0)
+        backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _block_matvec(blocks.block(after), ratio))
+        nodes_t = jnp.where(valid_t, _normalized(jnp.where(continues_t, backward, alpha_t)), 0.0)
         return nodes_t, (nodes_t, ratio)
 
-    inputs = (jnp.arange(T), chains.alphas, chains.log_alphas, valid, continues, recovered_next, log_sums_next,
-              inverse_sums_next)
-    _, (nodes, ratios) = jax.lax.scan(step, jnp.zeros((B, L), chains.alphas.dtype), inputs, reverse=True)
-    to_batch = lambda x: jnp.transpose(x, (1, 0, 2))
-    edges = to_batch(chains.alphas[:-1])[:, :, :, None] * chains.blocks.all()[:, 1:] * to_batch(ratios[:-1])[:, :, None, :]
-    edges = jax.lax.cond(jnp.any(chains.recovered), lambda: _chains_exact_edges(chains, nodes, edges),
+    inputs = (jnp.arange(T), alphas, log_alphas, chains.valid, chains.continues)
+    _, (nodes, ratios) = jax.lax.scan(step, jnp.zeros((L,), alphas.dtype), inputs, reverse=True)
+    # edges[t] = xi_{t+1}: from t's forward vector through block t + 1 to t + 1's ratio
+    edges = alphas[:-1, :, None] * blocks.all()[1:] * ratios[:-1, None, :]
+    edges = jax.lax.cond(jnp.any(recovered), lambda: _dense_exact_edges(forward, chains, nodes, edges),
                          lambda: edges)
-    heads = jnp.zeros((B, 1, L, L), chains.alphas.dtype).at[:, 0, 0].set(nodes[0])
-    return jnp.concatenate([heads, edges], 1)
+    marginals = jnp.concatenate([jnp.zeros((1, L, L), edges.dtype), edges])
+    heads = jnp.zeros((T, L, L), edges.dtype).at[:, 0].set(jnp.where(chains.starts[:, None], nodes, 0.0))
+    marginals = jnp.where(chains.starts[:, None, None], heads, marginals)
+    return jnp.sum(marginals * _masked(marginals, scores))
 
 
-def _chains_exact_edges(chains: _Chains, nodes, edges):
-    """`edges [B, T - 1, L, L]` with the recovered steps' entries recomputed in
+def _dense_exact_edges(forward: Forward, chains: _Chains, nodes, edges):
+    """`edges [T - 1, L, L]` with the recovered steps' entries recomputed in
     log space (run only when a step was recovered)."""
-    shifted = chains.blocks.scores[:, 1:] - chains.blocks.shifts[:, 1:, None, :]  # [B, T - 1, L, L]
-    to_batch = lambda x: jnp.transpose(x, (1, 0, 2))
-    finite = jnp.isfinite(chains.log_sums[1:])
-    log_sums = jnp.where(finite, chains.log_sums[1:], 0.0)
-    exponent = to_batch(chains.log_alphas[:-1])[:, :, :, None] + shifted - to_batch(log_sums)[:, :, None, :]
-    exact = jnp.where(to_batch(finite)[:, :, None, :], jnp.exp(exponent), 0.0)
-    exact = exact * jnp.where(chains.valid[:, 1:, None], to_batch(nodes[1:]), 0.0)[:, :, None, :]
-    return jnp.where(chains.recovered[None, 1:, None, None], exact, edges)
+    log_sums, recovered = forward.aux
+    blocks = forward.inputs
+    shifted = blocks.scores[1:] - blocks.shifts[1:, None, :]
+    finite = jnp.isfinite(log_sums[1:])
+    exponent = forward.values[:-1, :, None] + shifted - jnp.where(finite, log_sums[1:], 0.0)[:, None, :]
+    exact = jnp.where(finite[:, None, :], jnp.exp(exponent), 0.0)
+    taken = chains.valid[1:] & ~chains.starts[1:]
+    exact = exact * jnp.where(taken[:, None], nodes[1:], 0.0)[:, None, :]
+    return jnp.where(recovered[1:, None, None], exact, edges)
 
 
-@jax.custom_jvp
-def log_partition_per_position(potentials, lengths):
-    """Per chain `[B]`, `log Z` of per-position potentials.
+# ---------------------------------------------------------------------------
+# The exact log-semiring matrix product (the parallel algorithm's)
+# ---------------------------------------------------------------------------
 
-    potentials: `[B, T, L, L]` float (`chain`'s convention: at `t = 0` only
-    row 0, the start scores, is read); lengths: `[B]` ints in `[0, T]`.
-    Inputs are assumed valid (`chain` checks them). Differentiable in
-    `potentials` to any order, in forward and reverse mode; the gradient is
-    the edge marginals.
+
+def log_matmul(left, right):
+    """`log(exp(left) @ exp(right))`, `[..., L, M] x [..., M, N] -> [..., L, N]`,
+    exact, as one real-space dot product.
+
+    Rows of `left` and columns of `right` are shifted by their maxima `a`,
+    `b`, so every term of `S = exp(left - a) @ exp(right - b)` is at most 1
+    and the result is `log S + a + b`. An entry whose terms are all
+    `-inf` is `-inf` exactly (`S = 0` where no finite path joins the row and
+    the column: a second, boolean product says which); where any other entry
+    of the batch has `S < tau` (a term may have underflowed, as in the scan)
+    the whole product is redone in log space, `L M N` exponentials, under one
+    `lax.cond` for the batch (`any_in_batch`).
     """
-    if potentials.shape[1] == 0:
-        return jnp.zeros(potentials.shape[:1], potentials.dtype)
-    return _chains_forward(potentials, lengths).log_z
-
-
-@log_partition_per_position.defjvp
-def _log_partition_per_position_jvp(primals, tangents):
-    potentials, lengths = primals
-    if potentials.shape[1] == 0:
-        zeros = jnp.zeros(potentials.shape[:1], potentials.dtype)
-        return zeros, zeros
-    chains = _chains_forward(potentials, lengths)
-    marginals = _chains_edge_marginals(chains)
-    # A tangent where the marginal is zero (e.g. at a -inf score) may be infinite.
-    tangent = jnp.where(marginals > 0, tangents[0], 0.0)
-    return chains.log_z, jnp.sum(marginals * tangent, (1, 2, 3))
+    row_shift = finite_max(left, -1)
+    column_shift = finite_max(right, -2)
+    shifted_left = left - row_shift[..., :, None]
+    shifted_right = right - column_shift[..., None, :]
+    sums = jnp.exp(shifted_left) @ jnp.exp(shifted_right)
+    finite = lambda x: (x > -jnp.inf).astype(sums.dtype)
+    joined = (finite(left) @ finite(right)) > 0
+    tau = recovery_threshold(sums.dtype, left.shape[-1])
+    recover = any_in_batch(jnp.any(joined & (sums < tau)))
+    log_sums = jax.lax.cond(
+        recover, lambda: logsumexp(shifted_left[..., :, :, None] + shifted_right[..., None, :, :], -2),
+        lambda: safe_log(sums))
+    return log_sums + row_shift[..., :, None] + column_shift[..., None, :]

@@ -113,19 +113,19 @@ class SparsePotentials(NamedTuple):
         unary_t, weights_t = inputs_t
         return self._transitions() + unary_t[None, :] + self._pairs(weights_t)
 
+    def column(self, inputs_t, label):
+        unary_t, weights_t = inputs_t
+        pairs = jnp.zeros((self.num_labels,), weights_t.dtype).at[self.pair_previous].add(
+            jnp.where(self.pair_next == label, weights_t, 0.0))
+        return self._transitions()[:, label] + unary_t[label] + pairs
+
     def edge_scores(self):
         return self._transitions()[..., None, :, :] + self.unary[..., :, None, :] + self._pairs(self.pair_weights)
 
     def lift(self, semiring):
         if type(semiring) is semirings.LogSemiring:
             return _sparse_log_step(self)
-        blocks, scales = semiring.convert_scaled(self.edge_scores(), (-2, -1))
-
-        def step(value, inputs_t):
-            block_t, scale_t = inputs_t
-            return semiring.vecmat(value, block_t), scale_t
-
-        return (forms._time_major(blocks, -3), scales), step
+        return forms.generic_lift(semiring, self.edge_scores())
 
     def score_terms(self, labels, previous, starts):
         positions = jnp.arange(labels.shape[0])
@@ -183,25 +183,23 @@ def _sparse_log_step(potentials: SparsePotentials):
     # lost more than about 1e-5 of relative precision (a few roundings of eps).
     cancellation = min(1.0, 4 * float(jnp.finfo(unary.dtype).eps) / 1e-5)
 
-    def step(log_alpha, inputs_t):
-        unary_t, weights_t, factors_t, shift_t = inputs_t
+    def step(log_alpha, inputs, t, live):
+        unary_t, weights_t, factors_t, shift_t = (kernel.at_position(x, t) for x in inputs)
         alpha = jnp.exp(log_alpha)
         dense_t = jnp.exp(-shift_t)
         dense = dense_t * (jnp.sum(alpha) if rank_one else alpha @ dense_factors)
         gathered = alpha[previous] if rank_one else alpha[previous] * pair_dense
         sums = dense + jax.ops.segment_sum(gathered * (factors_t - dense_t), following, L)
         magnitudes = dense + jax.ops.segment_sum(gathered * (factors_t + dense_t), following, L)
-        recover = jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes))
-        # One decision for the whole batch: a batched predicate would turn the
-        # cond into a select that always pays for the log-space step.
-        recover = jax.lax.psum(recover.astype(jnp.int32), forms.BATCH_AXIS) > 0
+        # One decision for the whole batch (`kernel.any_in_batch`).
+        recover = kernel.any_in_batch(live & jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes)))
 
         def exact():
             scores = shifted + potentials._pairs(weights_t)
             return semirings.logsumexp(log_alpha[:, None] + scores, 0) - shift_t
 
-        log_sums = jax.lax.cond(recover, exact, lambda: kernel._safe_log(jnp.maximum(sums, 0.0)))
-        return log_sums + shift_t + column_shift + unary_t, jnp.zeros((), unary.dtype)
+        log_sums = jax.lax.cond(recover, exact, lambda: kernel.safe_log(jnp.maximum(sums, 0.0)))
+        return log_sums + shift_t + column_shift + unary_t, jnp.zeros((), unary.dtype), ()
 
     return (unary, pair_weights, pair_factors, pair_shift), step
 

@@ -122,12 +122,12 @@ def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_d
                                      to_state * base ** order + to_code]))
     number = lambda state, code: np.searchsorted(keys, state * base ** order + code)
     product_final = np.flatnonzero(final[keys // base ** order])
-    lattice = dag._from_arcs_numpy(np.stack([number(from_state, from_code), number(to_state, to_code), tag], axis=1),
+    lattice = dag.from_arcs_numpy(np.stack([number(from_state, from_code), number(to_state, to_code), tag], axis=1),
                                    final=product_final, num_states=keys.size)
     history = np.stack([from_code // base ** (order - 1 - i) % base for i in range(order)], axis=-1)
     tagged = TaggedLattice(lattice, np.asarray(word[arc], np.int32), np.asarray(history.reshape(-1, order), np.int32))
     # numpy while building, device arrays (a transfer, no compilation) once.
-    return tagged if as_numpy else TaggedLattice(dag._to_jax(lattice), *jax.device_put(tuple(tagged[1:])))
+    return tagged if as_numpy else TaggedLattice(dag.to_jax(lattice), *jax.device_put(tuple(tagged[1:])))
 
 
 def stack(tagged: Sequence[TaggedLattice]) -> TaggedLattice:

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..lattices import decode
 from ..validation import integer_values
 from .minimize import check_int
 
@@ -181,16 +182,16 @@ def _window_sizes(max_length: int, windows) -> tuple:
     return tuple(sizes)
 
 
-def _first_argmax(values):
-    """`jnp.argmax` (lowest index among ties) as a max and a min reduction,
-    which XLA's CPU backend runs faster than its variadic argmax."""
-    best = jnp.max(values)
-    return jnp.min(jnp.where(values == best, jnp.arange(values.shape[0], dtype=jnp.int32), values.shape[0]))
-
-
 def _viterbi_window(emission, transitions, transposed, narrow_transitions, bounds, ids, length, *, widths: tuple):
     """Exact Viterbi labels `[window]` (-1 past `length`) of one sentence
-    whose observation ids are `ids [window, F]`, and the decoder used."""
+    whose observation ids are `ids [window, F]`, and the decoder used.
+
+    Every variant is `lattices.decode`'s decoder (forward max scores, then a
+    backtrace that recomputes each pointer) on one chain, its loops stopping
+    at the length; they differ in the forward step and the label set: the
+    pruned ones decode a few label slots per position (`keep`), the dense
+    ones every label, in int16 or int32.
+    """
     window = ids.shape[0]
     num_labels = transitions.shape[0]
     dtype = emission.dtype
@@ -213,20 +214,12 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
     else:
         branch = jnp.zeros((), jnp.int32)
 
-    def backtrace(history, keep, column):
-        """Labels from the forward scores `history [window, k]` of the kept labels `keep`."""
-        last = _first_argmax(history[length - 1])
-        labels = jnp.full((window,), -1, jnp.int32).at[length - 1].set(keep(length - 1, last))
-
-        def backward(i, carry):
-            labels, label = carry
-            t = length - 2 - i
-            slot = _first_argmax(history[t] + column(t, label))
-            label = keep(t, slot)
-            return labels.at[t].set(label), label
-
-        labels, _ = jax.lax.fori_loop(0, length - 1, backward, (labels, keep(length - 1, last)))
-        return labels
+    def best_slots(first, step, column):
+        """The decoder on one chain of `[window, slots]` forward scores."""
+        history = decode.forward(first[:, None], lambda alpha, t: step(alpha[:, 0], t)[:, None], length, window,
+                                 stop_at_length=True)
+        _, final = decode.best_final(history, length, 1)
+        return decode.backtrace(history, column, length, final[0], stop_at_length=True)
 
     def dense(narrow: bool):
         # The [L, L] max-plus as maxima of `_GROUP` rows at a time and one
@@ -251,18 +244,16 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
         def normalise(alpha):
             return jnp.maximum(alpha - jnp.max(alpha), -_NARROW_FLOOR) if narrow else alpha
 
-        def forward(t, carry):
-            alpha, history = carry
+        def step(alpha, t):
             candidates = alpha[:rows].astype(work).reshape(rows // _GROUP, _GROUP)[:, :, None] + padded
             best = candidates[:, 0]
             for j in range(1, _GROUP):
                 best = jnp.maximum(best, candidates[:, j])
-            alpha = normalise(jnp.max(best, axis=0).astype(dtype) + unary[t])
-            return alpha, history.at[t].set(alpha)
+            return normalise(jnp.max(best, axis=0).astype(dtype) + unary[t])
 
-        first = normalise(unary[0])
-        _, history = jax.lax.fori_loop(1, length, forward, (first, unary.at[0].set(first)))
-        return backtrace(history[:, :num_labels], lambda t, slot: slot, lambda t, label: transposed[label])
+        # (the padded label columns never win: their scores are very low)
+        return best_slots(normalise(unary[0]), step, lambda t, label: jnp.full((columns,), very_low, dtype)
+                          .at[:num_labels].set(transposed[label]))
 
     def pruned(width):
         rank = jnp.cumsum(feasible, axis=1, dtype=jnp.int32) - 1
@@ -272,13 +263,11 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
         live = jnp.arange(width)[None, :] < counts[:, None]
         unary = jnp.where(live, jnp.take_along_axis(scores, keep, axis=1), very_low)
 
-        def forward(t, carry):
-            alpha, history = carry
-            alpha = jnp.max(alpha[:, None] + transitions[keep[t - 1]][:, keep[t]], axis=0) + unary[t]
-            return alpha, history.at[t].set(alpha)
+        def step(alpha, t):
+            return jnp.max(alpha[:, None] + transitions[keep[t - 1]][:, keep[t]], axis=0) + unary[t]
 
-        _, history = jax.lax.fori_loop(1, length, forward, (unary[0], unary))
-        return backtrace(history, lambda t, slot: keep[t, slot], lambda t, label: transitions[keep[t], label])
+        slots = best_slots(unary[0], step, lambda t, slot: transitions[keep[t - 1], keep[t, slot]])
+        return jnp.where(slots >= 0, keep[positions, jnp.maximum(slots, 0)], -1)
 
     largest = jnp.maximum(jnp.max(in_max), -jnp.min(in_min))
     branch = jnp.where((branch == len(widths)) & (largest > _NARROW_WEIGHT), branch + 1, branch)

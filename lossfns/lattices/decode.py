@@ -1,0 +1,130 @@
+"""The one back-pointer decoder: the k best label sequences of a chain
+(Viterbi is k = 1), for `chain.viterbi`, `chain.kbest` and the sparse
+perceptron's exact integer decoders (`optimizers.sparse_perceptron`).
+
+The forward pass keeps, for each position and label, the k best scores of
+partial sequences ending there (`history [T, L, k]`), not their pointers;
+the backtrace recomputes each pointer from the history and the column of
+edge scores into the chosen label. It forms the same candidates from the
+same numbers as the forward pass, so it makes the same choice (ties: the
+lowest (label, rank) index, as `lax.top_k`; for k = 1 the lowest label).
+That costs one max per label and step in the forward pass, rather than a
+max and an argmax, and `O(L k)` per position in the backtrace.
+
+What varies is passed in: `first [L, k]` (the first position's scores at
+rank 0), the forward `step(alpha [L, k], t) -> [L, k]` and `column(t, j)
+-> [L]`, the scores of the edges into label `j` at position `t` from every
+label at `t - 1` (a term shared by every predecessor may be left out, if
+the step leaves it out too). `best_paths` gives them for any potential
+form; the sparse perceptron gives its int16 grouped max-plus step, and its
+pruned decoder is this one over a few label slots per position, mapped
+back to labels by the caller.
+
+Loops run over every position (for a mapped batch) or, with
+`stop_at_length`, to the length only (one chain, not mapped: under `vmap`
+a loop bound by a batched length copies its carried history at every
+step). With every position, rows past the length hold values that are
+never read.
+
+Acyclic lattices (`dag.viterbi`) keep their back-pointers in the level
+scan instead: their states have arcs, not labels, as predecessors, spread
+over blocks of different in-degree, so there is no column to recompute a
+pointer from; they share `first_best`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def first_best(values):
+    """`jnp.argmax` of `values [M]` (the lowest index among ties) as a max and
+    a min reduction, which XLA's CPU backend runs faster than its variadic
+    argmax; int32."""
+    best = jnp.max(values)
+    return jnp.min(jnp.where(values == best, jnp.arange(values.shape[0], dtype=jnp.int32), values.shape[0]))
+
+
+def _nth_best(candidates, rank, k: int):
+    """The index of the `rank`-th best of `candidates [M]` (the k best kept)."""
+    if k == 1:
+        return first_best(candidates)
+    return jax.lax.top_k(candidates, k)[1][rank].astype(jnp.int32)
+
+
+def forward(first, step, length, num_steps: int, *, stop_at_length: bool = False):
+    """The history `[T, L, k]`: `first` at position 0, then `step(alpha, t)`."""
+    history = jnp.broadcast_to(first, (num_steps,) + first.shape)
+
+    def body(t, carry):
+        alpha, history = carry
+        alpha = step(alpha, t)
+        return alpha, history.at[t].set(alpha)
+
+    _, history = jax.lax.fori_loop(1, length if stop_at_length else num_steps, body, (first, history))
+    return history
+
+
+def backtrace(history, column, length, final, *, stop_at_length: bool = False):
+    """The labels `[T]` of one sequence, -1 at and past the length, from its
+    flat index `final` (`label * k + rank`) at position `length - 1`."""
+    T, _, k = history.shape
+    labels = jnp.full((T,), -1, jnp.int32)
+
+    def body(i, carry):
+        labels, state = carry
+        t = length - 1 - i  # the position of `state`; below 0 once a mapped chain is done
+        label = state // k
+        labels = labels.at[jnp.where(t >= 0, t, T)].set(label, mode="drop")
+        candidates = jax.lax.dynamic_index_in_dim(history, jnp.maximum(t - 1, 0), 0, False) \
+            + column(jnp.maximum(t, 0), label)[:, None]
+        previous = _nth_best(candidates.reshape(-1), state % k, k)
+        return labels, jnp.where(t > 0, previous, state)
+
+    labels, _ = jax.lax.fori_loop(0, length if stop_at_length else T, body, (labels, final.astype(jnp.int32)))
+    return labels
+
+
+def best_final(history, length, k: int):
+    """`(scores [k], flat indices [k])` of the k best entries of
+    `history[length - 1]` (`length >= 1`)."""
+    last = jax.lax.dynamic_index_in_dim(history, jnp.maximum(length - 1, 0), 0, False).reshape(-1)
+    if k == 1:
+        return jnp.max(last)[None], first_best(last)[None]
+    scores, index = jax.lax.top_k(last, k)
+    return scores, index.astype(jnp.int32)
+
+
+def best_paths(k: int, potentials, length):
+    """The k best label sequences of one chain (any potential form).
+
+    Returns `(scores [k], labels [k, T])`, best first; labels are -1 at and
+    past the length, and for sequences that do not exist (fewer than `k`
+    with a finite score: score -inf). A length-0 chain has one empty
+    sequence of score 0.
+    """
+    T, L, dtype = potentials.num_steps, potentials.num_labels, potentials.dtype
+    if T == 0:
+        return jnp.zeros((k,), dtype).at[1:].set(-jnp.inf), jnp.zeros((k, 0), jnp.int32)
+    valid = jnp.arange(T) < length
+    potentials = potentials.masked(valid)
+    inputs = potentials.time_inputs()
+    at = lambda t: jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, 0, False), inputs)
+    first = jnp.full((L, k), -jnp.inf, dtype).at[:, 0].set(potentials.first_scores()[0])
+
+    def step(alpha, t):
+        scores_t = potentials.block(at(t))
+        if k == 1:
+            return jnp.max(alpha[:, 0][:, None] + scores_t, 0)[:, None]
+        # candidates[j, i * k + r] = alpha[i, r] + scores_t[i, j]
+        candidates = (alpha[:, None, :] + scores_t[:, :, None]).transpose(1, 0, 2).reshape(L, L * k)
+        return jax.lax.top_k(candidates, k)[0]
+
+    history = forward(first, step, length, T)
+    scores, final = best_final(history, length, k)
+    column = lambda t, label: potentials.column(at(t), label)
+    labels = jax.vmap(lambda f: backtrace(history, column, length, f))(final)
+    present = valid[None, :] & (scores > -jnp.inf)[:, None]
+    empty = jnp.zeros((k,), dtype).at[1:].set(-jnp.inf)  # length 0: one empty sequence of score 0
+    return jnp.where(length == 0, empty, scores), jnp.where(present, labels, -1)
