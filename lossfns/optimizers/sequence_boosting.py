@@ -498,7 +498,9 @@ class BoostingRun(NamedTuple):
     stopped_by: "exp-loss converged", "no weak learner lowers the bound",
     "development plateau", "round cap", "non-finite exp-loss" or "paused"
     (`until` reached; run again to continue); seconds: time in rounds,
-    over all resumed runs (evaluations and compilation excluded).
+    over all resumed runs (evaluations and compilation excluded);
+    setup_seconds: this call's time before its first round (statistics at
+    the start, and compiling the rounds).
     """
 
     theta: jax.Array
@@ -507,6 +509,7 @@ class BoostingRun(NamedTuple):
     evaluations: np.ndarray
     stopped_by: str
     seconds: float
+    setup_seconds: float
 
     @property
     def converged(self) -> bool:
@@ -547,15 +550,17 @@ def boost(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, ma
         check_int("until", until, 0)
     if evaluate is not None:
         check_callable("evaluate", evaluate)
+    setup_start = time.perf_counter()
     state = boosting_init(data, potentials_fn, max_rounds=max_rounds, window=window)
     loop = init_loop(state, max_rounds, state.theta.dtype)
     num_evaluations = -(-max_rounds // eval_every) + 2
     # Everything a resumed run needs besides the loop, in fixed shapes.
     extras = {"evaluations": np.full((num_evaluations, 2), np.nan), "count": np.zeros((), np.int64),
               "seconds": np.zeros(()), "best_theta": np.asarray(state.theta), "plateau": np.zeros((), bool)}
-    run = lambda loop, target: _run_rounds_jit(loop, data, jnp.asarray(target, jnp.int32),
-                                                potentials_fn=potentials_fn, step=step, tol=tol,
-                                                refresh_every=refresh_every)
+    # Compiled ahead, so that the timed rounds exclude compilation.
+    run = _run_rounds_jit.lower(loop, data, jnp.zeros((), jnp.int32), potentials_fn=potentials_fn, step=step,
+                                tol=tol, refresh_every=refresh_every).compile()
+    setup_seconds = time.perf_counter() - setup_start
     with checkpoint.locked(checkpoint_dir):
         if checkpoint_dir is not None:
             latest = checkpoint.latest_checkpoint(checkpoint_dir)
@@ -587,7 +592,7 @@ def boost(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, ma
             before = int(loop.step)
             target = min(before + chunk_rounds, stop_at, (before // eval_every + 1) * eval_every)
             start = time.perf_counter()
-            loop = run(loop, target)
+            loop = run(loop, data, jnp.asarray(target, jnp.int32))
             jax.block_until_ready(loop)
             extras["seconds"] = np.asarray(float(extras["seconds"]) + time.perf_counter() - start)
             if int(loop.step) % eval_every == 0 or bool(loop.inner.converged) or int(loop.step) == max_rounds:
@@ -604,7 +609,7 @@ def boost(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, ma
     count = int(extras["count"])
     best = jnp.asarray(extras["best_theta"]) if evaluate is not None and count else loop.inner.theta
     return BoostingRun(loop.inner.theta, best, loop, extras["evaluations"][:count], _stopped_by(loop, extras,
-                       max_rounds), float(extras["seconds"]))
+                       max_rounds), float(extras["seconds"]), setup_seconds)
 
 
 def _stopped_by(loop: LoopState, extras: dict, max_rounds: int) -> str:
