@@ -48,10 +48,10 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 
 from lossfns import checkpoint, metrics
-from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model, sequence_pieces
+from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model
 
 from . import tagging
-from .altun2003 import L2_WEIGHT, PAPER_NER_F1, TOLERANCE
+from .altun2003 import L2_WEIGHT, PAPER_NER_F1, TOLERANCE, boosting_pieces
 from .harness import RunDirectory, markdown_table
 
 # MATH.md section 7 (Altun et al. 2003, Table 2): NER entity F1 for S1, S2, S3.
@@ -184,10 +184,7 @@ def _run_sets(run: RunDirectory, config: dict, progress: bool) -> dict:
           f"{len(data.labels)} labels", flush=True)
     encoded = tagging.encode_task(data, config["feature_sets"], config["num_buckets"])
     L = len(data.labels)
-    pieces = {s: sequence_pieces([np.asarray(b.ids) for b in encoded.train[s]],
-                                 [np.asarray(b.labels) for b in encoded.train[s]],
-                                 [np.asarray(b.lengths) for b in encoded.train[s]], config["piece_length"])
-              for s in config["feature_sets"]}
+    pieces = {s: boosting_pieces(encoded.train[s], config["piece_length"]) for s in config["feature_sets"]}
     rows = []
     for set_name in config["feature_sets"]:
         piece_ids, piece_labels, piece_lengths = pieces[set_name]

@@ -12,7 +12,6 @@ import importlib
 import itertools
 
 import numpy as np
-import pytest
 
 import jax
 import jax.numpy as jnp
