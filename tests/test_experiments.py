@@ -46,11 +46,14 @@ def test_quick_run_writes_table_json_plots_and_command(quick_run):
     summary = json.loads((quick_run / "results.json").read_text())
     rows = summary["tasks"]["ner"]["rows"]
     assert {(row["features"], row["loss"]) for row in rows} == {
-        (s, loss) for s in ("S1", "S2", "S3") for loss in tagging.LOSSES + ("perceptron",)}
+        (s, loss) for s in ("S1", "S2", "S3") for loss in tagging.LOSSES + ("perceptron", "boosting")}
     for row in rows:
         assert 0.0 <= row["score"] <= 100.0 and math.isfinite(row["train_seconds"])
         assert row["nonzero_parameters"] > 0
-        if row["loss"] != "perceptron":
+        if row["loss"] == "boosting":  # the library's sequence boosting, to its stop rule or cap
+            assert row["log_exp_loss"][-1] < row["log_exp_loss"][0] and row["steps"] <= 100
+            assert row["converged"] == (row["stopped_by"] != "round cap")
+        elif row["loss"] != "perceptron":
             trace = row["objective_trace"]
             assert all(map(math.isfinite, trace)) and trace[-1] < trace[0]
     # Richer features must help even on the quick slice (the paper's main finding).

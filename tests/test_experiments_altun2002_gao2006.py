@@ -1,11 +1,10 @@
 """The altun2002 and gao2006 experiments: their quick CLI runs on the real
-corpora (skipped locally without them, failing in CI), the sparse
-re-implementations they run against the library's dense originals:
-sequence boosting (`lossfns.optimizers.sequence_boosting`), and gao2006's methods (the library's rerankers on
-their sparse layout) against the dense ones.
+corpora (skipped locally without them, failing in CI), and gao2006's
+methods (the library's rerankers on their sparse layout) against the dense
+ones. (altun2002's boosting is the library's: its oracles are in
+tests/test_optimizers_chain_boosting.py.)
 """
 
-import importlib
 import json
 import os
 import subprocess
@@ -14,20 +13,14 @@ import sys
 import numpy as np
 import pytest
 
-import jax
 import jax.numpy as jnp
 
 from conftest import corpus_or_fail
-from lossfns.lattices import chain
-from lossfns.models.linear_chain import LinearChainModel
-from lossfns.optimizers import SequenceData
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 
 from experiments import altun2002, gao2006
 
-# The package re-exports a function named like the module.
-sequence_boosting = importlib.import_module("lossfns.optimizers.sequence_boosting")
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -61,57 +54,9 @@ def test_altun2002_quick_run_writes_table_json_plot(tmp_path):
     assert 0 < boost["features_used"] <= boost["rounds"] < rows["sequential log"]["features_used"]
     assert boost["log_exp_loss"][-1] < boost["log_exp_loss"][0]  # boosting lowers the exp-loss
     assert all(0.0 < bound <= 1.0 + 1e-6 for bound in boost["bound"])  # each round shrinks the loss bound
+    assert boost["stopped_by"] == "round cap" and boost["rounds"] == altun2002.QUICK["rounds"]
     assert (tmp_path / "boosting_rounds.png").read_bytes()[:8] == PNG
     assert "-m experiments altun2002 --quick" in (tmp_path / "COMMAND.txt").read_text()
-
-
-def test_split_into_pieces_keeps_every_token_in_order():
-    ids = np.arange(2 * 11 * 2, dtype=np.int32).reshape(2, 11, 2)
-    labels = np.arange(22, dtype=np.int32).reshape(2, 11)
-    bucket = altun2002.tagging.Bucket(ids, labels, np.array([11, 3], np.int32))
-    pieces = altun2002.split_into_pieces([bucket], 4)
-    assert pieces.lengths.tolist() == [4, 4, 3, 3]
-    assert pieces.ids.shape == (4, 4, 2)
-    kept = np.concatenate([pieces.labels[i, :n] for i, n in enumerate(pieces.lengths)])
-    np.testing.assert_array_equal(kept, np.concatenate([labels[0], labels[1, :3]]))
-    assert np.all(pieces.labels[2, 3:] == -1) and np.all(pieces.ids[2, 3:] == -1)
-
-
-def _random_pieces(seed, N=7, T=5, F=3, K_obs=6, L=3):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(-1, K_obs, (N, T, F)).astype(np.int32)
-    lengths = rng.integers(1, T + 1, N).astype(np.int32)
-    labels = rng.integers(0, L, (N, T)).astype(np.int32)
-    for i in range(N):
-        labels[i, lengths[i]:] = -1
-        ids[i, lengths[i]:] = -1
-    return altun2002.Pieces(ids, labels, lengths)
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_sparse_sequence_boosting_equals_the_library(seed):
-    """Round by round, the sparse round picks the feature, step and bound
-    of `sequence_boosting_step_fn` (line search, ranges from Viterbi runs),
-    also when padded with inert entries."""
-    K_obs, L = 6, 3
-    pieces = _random_pieces(seed, K_obs=K_obs, L=L)
-    arrays = altun2002.boosting_arrays(pieces, K_obs, L)
-    padded = {key: value + 3 for key, value in arrays["sizes"].items()}
-    data = altun2002.sparse_boosting_data(arrays, padded, dtype=jnp.float64)
-    theta, unravel = LinearChainModel.zeros(K_obs, L, dtype=jnp.float64).flat()
-    potentials_fn = lambda weights, inputs: unravel(weights)(inputs)
-    dense = SequenceData(jnp.asarray(pieces.ids), jnp.asarray(pieces.labels), jnp.asarray(pieces.lengths))
-    statistics = sequence_boosting.boosting_statistics(potentials_fn, dense, theta.shape[0], jnp.float64)
-    step_fn = jax.jit(sequence_boosting.sequence_boosting_step_fn(potentials_fn, dense, statistics, "line_search"))
-    state = sequence_boosting.BoostingState(theta, jnp.ones(()), -jnp.ones((), jnp.int32))
-    sparse_round = jax.jit(altun2002.boosting_round, static_argnums=2)
-    for _ in range(15):
-        state, exp_loss = step_fn(state, 0)
-        theta, feature, delta, bound, log_exp_loss = sparse_round(theta, data, unravel)
-        assert int(feature) == int(state.feature)
-        np.testing.assert_allclose(bound, state.bound, rtol=1e-10)
-        np.testing.assert_allclose(theta, state.theta, atol=1e-10)
-    np.testing.assert_allclose(np.exp(altun2002.boosting_round(theta, data, unravel)[4]), exp_loss, rtol=1e-10)
 
 
 # ---------------------------------------------------------------------------

@@ -28,8 +28,10 @@ from .perceptron import (PerceptronState, SequenceData, averaged_params, no_mist
 from .reranking import (RerankingData, RerankingState, SparseRerankingData, blasso_step_fn,
                         boosting_with_shrinkage_step_fn, exp_loss, fslr_step_fn, lasso_loss, reranking_data,
                         reranking_init, run_reranker, sparse_reranking_data)
-from .sequence_boosting import (BoostingState, boosting_statistics, sequence_boosting,
-                                sequence_boosting_step_fn, sequence_exp_loss)
+from .chain_boosting import ChainBoostingData, chain_boosting_data, chain_boosting_model, sequence_pieces
+from .sequence_boosting import (BoostingData, BoostingRun, BoostingState, boost, boosting_converged, boosting_data,
+                                boosting_init, round_bounds, sequence_boosting, sequence_boosting_step_fn,
+                                sequence_exp_loss)
 from .sparse_perceptron import (SparsePerceptronState, SparseSequenceData, sparse_averaged_params,
                                 sparse_perceptron_epoch, sparse_perceptron_init, sparse_sequence_data)
 from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
@@ -50,7 +52,9 @@ __all__ = [
     "RerankingData", "RerankingState", "SparseRerankingData", "blasso_step_fn", "boosting_with_shrinkage_step_fn",
     "exp_loss", "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
     "sparse_reranking_data",
-    "BoostingState", "boosting_statistics", "sequence_boosting", "sequence_boosting_step_fn", "sequence_exp_loss",
+    "BoostingData", "BoostingRun", "BoostingState", "boost", "boosting_converged", "boosting_data", "boosting_init",
+    "round_bounds", "sequence_boosting", "sequence_boosting_step_fn", "sequence_exp_loss",
+    "ChainBoostingData", "chain_boosting_data", "chain_boosting_model", "sequence_pieces",
     "SparsePerceptronState", "SparseSequenceData", "sparse_averaged_params", "sparse_perceptron_epoch",
     "sparse_perceptron_init", "sparse_sequence_data",
     "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "sgd_l1",
