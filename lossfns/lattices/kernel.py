@@ -147,6 +147,8 @@ class _Rows(NamedTuple):
     """The forward pass over rows, batch last (`T` positions, `B` rows).
 
     log_z: `[B]`; log_alphas: `[T, L, B]` max-shifted log forward scores;
+    shifts: `[T, B]` each step's shift (a chain's log forward scores at `t`
+    are `log_alphas[t]` plus the sum of its shifts up to `t`);
     alphas: their exponentials; log_sums: `[T, L, B]` the exact logs of each
     step's column sums `s_t` (unread at chain starts); recovered: `[T]`
     steps redone in log space; shifted_transitions: `[L, L]`, `A - c`;
@@ -156,6 +158,7 @@ class _Rows(NamedTuple):
 
     log_z: jax.Array
     log_alphas: jax.Array
+    shifts: jax.Array
     alphas: jax.Array
     log_sums: jax.Array
     recovered: jax.Array
@@ -203,7 +206,8 @@ def _rows_forward(unary, transitions, start, starts, lengths) -> _Rows:
     # Each chain adds the log of its last forward sum (0 at least, or -inf without an allowed path).
     totals = jnp.where(ends, _safe_log(jnp.sum(alphas, 1)), 0.0)
     log_z = pairwise_sum(shifts) + pairwise_sum(totals)
-    return _Rows(log_z, log_alphas, alphas, log_sums, recovered, shifted_transitions, factors, starts, valid, ends)
+    return _Rows(log_z, log_alphas, shifts, alphas, log_sums, recovered, shifted_transitions, factors, starts, valid,
+                 ends)
 
 
 def _edge_sums_in_scan(num_labels: int, batch: int) -> bool:
@@ -395,12 +399,14 @@ def _batched_matvec(matrices, vectors):
 class _Chains(NamedTuple):
     """The forward pass over per-position potentials (time first inside).
 
-    log_z: `[B]`; log_alphas, alphas: `[T, B, L]`; log_sums: `[T, B, L]`
-    (row 0 unread); recovered: `[T]`; blocks; valid: `[B, T]`.
+    log_z: `[B]`; log_alphas, alphas: `[T, B, L]`; shifts: `[T, B]` (as in
+    `_Rows`); log_sums: `[T, B, L]` (row 0 unread); recovered: `[T]`;
+    blocks; valid: `[B, T]`.
     """
 
     log_z: jax.Array
     log_alphas: jax.Array
+    shifts: jax.Array
     alphas: jax.Array
     log_sums: jax.Array
     recovered: jax.Array
@@ -438,7 +444,7 @@ def _chains_forward(potentials, lengths) -> _Chains:
     alphas = jnp.exp(log_alphas)
     total = jnp.where(lengths > 0, _safe_log(jnp.sum(jnp.exp(last), -1)), 0.0)
     log_z = pairwise_sum(shifts) + total
-    return _Chains(log_z, log_alphas, alphas, log_sums, recovered, blocks, valid)
+    return _Chains(log_z, log_alphas, shifts, alphas, log_sums, recovered, blocks, valid)
 
 
 def _chains_edge_marginals(chains: _Chains):

@@ -10,7 +10,7 @@ The functions `minimize`, `bcd`, `perceptron`, `owlqn`, `sgd_l1` and
 use them from this package (`lossfns.optimizers.minimize(...)`).
 """
 
-from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, sparse_potentials
+from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_loss, bcd_objective, bcd_sweep_fn
 from .finetune import active_mask, finetune
 from .minimize import (CONVERGED, ITERATION_LIMIT, LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, LoopState,
                        MinimizeResult, Status, drive, epoch_step_fn, gradient_step_fn, halt_on_failure, init_loop,
@@ -29,7 +29,7 @@ from .sparse_perceptron import (SparsePerceptronState, SparseSequenceData, spars
 from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
 
 __all__ = [
-    "BcdData", "bcd", "bcd_data", "bcd_init", "bcd_loss", "bcd_sweep_fn", "sparse_potentials",
+    "BcdData", "bcd", "bcd_block_statistics", "bcd_data", "bcd_loss", "bcd_objective", "bcd_sweep_fn",
     "active_mask", "finetune",
     "LoopState", "MinimizeResult", "drive", "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize",
     "minimize_stochastic", "num_examples", "optimizer_update", "relative_change_below", "run_loop", "run_loop_jit",
