@@ -24,7 +24,7 @@ Tasks (conll2000 WSJ; `experiments.synthetic` planted data without it):
   Nettalk+prosody (Table 5);
 * `pairs`: with and without label-pair-observation features `f_{y', y, x}`
   (here: the current word), OWL-QN for both, Table 1 analogue;
-* `blocks`: all three optimizers on the block model of `optimizers.bcd` (every
+* `blocks`: all three optimizers on the block model (`block_model_encoding`: every
   observation test carries unigram and label-pair weights) on a task small
   enough for BCD: coarse POS (12 classes) with a small observation alphabet,
   the analogue of Nettalk's 26-letter alphabet;
@@ -463,8 +463,9 @@ def _count_nonzero(params) -> int:
 
 
 def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Encoded, config: dict,
-                progress: bool, name: str = None) -> dict | None:
-    """OWL-QN or SGD-L1 (each then fine-tuned) on the chain model of a task."""
+                progress: bool, name: str = None, bcd_data: optimizers.BcdData = None) -> dict | None:
+    """OWL-QN, SGD-L1 or BCD (`bcd_data` from `optimizers.bcd_data`), each then
+    fine-tuned, on the chain model of a task."""
     name = name or f"{task}-{optimizer.lower()}"
 
     def compute():
@@ -473,8 +474,12 @@ def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Enc
         extra = {}
         if optimizer == "OWL-QN":
             fit = fit_owlqn(params, encoded.train, corpus_loss, config, evaluate, progress)
-        else:
+        elif optimizer == "SGD-L1":
             fit, extra["calibration"] = fit_sgd(params, encoded.stacked, batch_loss, config, evaluate, progress)
+        else:
+            make = functools.partial(_bcd_step_fn, l1=L1, l2=L2)
+            fit = run_timed(make, params, bcd_data, max_steps=config["bcd_sweeps"], tol=config["tol"], chunk=1,
+                            params_of=lambda inner: inner, evaluate=evaluate, progress=progress, desc="BCD")
         last = fit.curve[-1]
         rows = [_row(task, optimizer, steps=fit.steps, nonzero=last["nonzero"],
                      errors={k: v for k, v in last.items() if k.endswith("error")},
@@ -509,74 +514,26 @@ def _nonzero_label_pairs(model) -> float:
     return float(np.mean(support))
 
 
-# The BCD block model: the data are per-token active tests.
+# The block model: every observation test carries unigram and label-pair weights.
 
 
-class BlockTask(NamedTuple):
-    """train, test: `optimizers.BcdData` (`active [N, T, A]` tests per token);
-    num_tests: X, observation tests (blocks)."""
+def block_model_encoding(encoded: Encoded) -> Encoded:
+    """`encoded` with each token's unigram tests as its label-pair tests too
+    (K2 = K): the chain model where every test is one block of `L + L^2`
+    weights, as in the paper's Nettalk experiments."""
+    as_pairs = lambda batch: batch._replace(pair_ids=batch.unigram_ids)
+    return encoded._replace(train=tuple(map(as_pairs, encoded.train)), test=tuple(map(as_pairs, encoded.test)),
+                            stacked=as_pairs(encoded.stacked), num_pair=encoded.num_unigram)
 
-    train: optimizers.BcdData
-    test: optimizers.BcdData
-    num_tests: int
 
-
-def encode_blocks(data: tagging.TaskData, encoded: Encoded) -> BlockTask:
-    """The stacked unigram ids as BCD's active tests (one block per test)."""
+def packed_training_set(encoded: Encoded) -> feature_index.PackedCorpus:
+    """The training set of `encoded` as a labelled `features.PackedCorpus` (what `optimizers.bcd_data` reads)."""
     stacked = encoded.stacked
-    train = optimizers.bcd_data(np.asarray(stacked.unigram_ids), stacked.labels, stacked.lengths,
-                                encoded.num_unigram)
-    (test_batch,) = encoded.test  # one bucket (num_buckets=1), rows in test_order
-    # No occurrence lists for the test set: it is only decoded.
-    test = optimizers.BcdData(test_batch.unigram_ids, test_batch.labels, test_batch.lengths,
-                              jnp.zeros((0, 1), jnp.int32))
-    return BlockTask(train, test, encoded.num_unigram)
-
-
-def block_loss(params, data) -> jax.Array:
-    """`optimizers.bcd_loss` on `(active, labels, lengths)` (a minibatch)."""
-    active, labels, lengths = data
-    return optimizers.bcd_loss(params, optimizers.BcdData(active, labels, lengths, None))
-
-
-@jax.jit
-def _block_viterbi(params, active, lengths):
-    return chain.viterbi(optimizers.sparse_potentials(params, active), lengths)[1]
-
-
-def block_errors(params, blocks: BlockTask, encoded: Encoded, data) -> dict:
-    decoded = _block_viterbi(params, blocks.test.active, blocks.test.lengths)
-    return {"error": _error_from_decoded([decoded], encoded.test_order, data)}
-
-
-def _block_unit(run: RunDirectory, optimizer: str, data, encoded: Encoded, blocks: BlockTask, config: dict,
-                progress: bool) -> dict | None:
-    """One optimizer (+ fine-tuning) on the block model of the `blocks` task."""
-    def compute():
-        params = optimizers.bcd_init(blocks.num_tests, len(data.labels), jnp.float32)
-        evaluate = lambda p: {**block_errors(p, blocks, encoded, data), "nonzero": _count_nonzero(p)}
-        triple = (blocks.train.active, blocks.train.labels, blocks.train.lengths)
-        extra = {}
-        if optimizer == "OWL-QN":
-            fit = fit_owlqn(params, triple, block_loss, dict(config, chunk=20), evaluate, progress)
-        elif optimizer == "SGD-L1":
-            fit, extra["calibration"] = fit_sgd(params, triple, block_loss, config, evaluate, progress)
-        else:
-            make = functools.partial(_bcd_step_fn, l1=L1, l2=L2)
-            fit = run_timed(make, params, blocks.train, max_steps=config["bcd_sweeps"], tol=config["tol"], chunk=1,
-                            params_of=lambda inner: inner, evaluate=evaluate, progress=progress, desc="BCD")
-        last = fit.curve[-1]
-        rows = [_row("blocks", optimizer, steps=fit.steps, nonzero=last["nonzero"], errors={"error": last["error"]},
-                     seconds=fit.train_seconds, compile_seconds=fit.compile_seconds, curve=fit.curve, **extra)]
-        tuned, steps, seconds, compile_seconds = fine_tune(fit.params, triple, block_loss, config["finetune_steps"])
-        rows.append(_row("blocks", optimizer + " + fine-tuning", steps=steps, nonzero=_count_nonzero(tuned),
-                         errors=block_errors(tuned, blocks, encoded, data), seconds=seconds,
-                         compile_seconds=compile_seconds))
-        print("  " + "; ".join(f"{r['optimizer']}: {r['error']:.2f}% error, {r['nonzero']} non-zeros, "
-                               f"{r['iterations']} it., {r['train_seconds']:.0f} s" for r in rows), flush=True)
-        return {"rows": rows, "num_parameters": _num_parameters(params)}
-
-    return run.unit(f"blocks-{optimizer.lower()}", compute)
+    ids = lambda table, i, n: [[int(x) for x in row if x >= 0] for row in np.asarray(table[i, :n])]
+    lengths = np.asarray(stacked.lengths)
+    sentences = [(ids(stacked.unigram_ids, i, n), ids(stacked.pair_ids, i, n)) for i, n in enumerate(lengths)]
+    labels = [np.asarray(stacked.labels[i, :n]).tolist() for i, n in enumerate(lengths)]
+    return feature_index.pack(sentences, labels)
 
 
 def bcd_cost(encoded: Encoded, num_labels: int) -> dict:
@@ -647,12 +604,14 @@ def _pairs_task(run: RunDirectory, config: dict, progress: bool) -> dict:
 
 def _blocks_task(run: RunDirectory, config: dict, progress: bool) -> dict:
     data = load("blocks", config)
-    encoded = encode(data, Extractor(BLOCK_TEMPLATES), 1)
-    blocks = encode_blocks(data, encoded)
+    encoded = block_model_encoding(encode(data, Extractor(BLOCK_TEMPLATES), 1))
+    model = LinearChainModel.zeros(encoded.num_unigram, len(data.labels), encoded.num_pair)
+    train = optimizers.bcd_data(packed_training_set(encoded), model)
     info = _describe(data, encoded)
     print(f"[blocks] {data.source}: {info['num_train']} train / {info['num_test']} test sentences, "
-          f"{info['num_labels']} coarse labels, {blocks.num_tests} observation tests (blocks)", flush=True)
-    units = [_block_unit(run, optimizer, data, encoded, blocks, config, progress) for optimizer in OPTIMIZERS]
+          f"{info['num_labels']} coarse labels, {encoded.num_unigram} observation tests (blocks)", flush=True)
+    units = [_chain_unit(run, "blocks", optimizer, data, encoded, config, progress, bcd_data=train)
+             for optimizer in OPTIMIZERS]
     units = [unit for unit in units if unit is not None]
     return {**info, "rows": [row for unit in units for row in unit["rows"]],
             "num_parameters": units[0]["num_parameters"] if units else None}

@@ -23,7 +23,7 @@ import optax
 
 from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
 from lossfns.corpora import Sentence
-from lossfns.features import design, dicts, pack_tokens, templates
+from lossfns.features import design, dicts, pack, pack_tokens, templates
 from lossfns.lattices import chain, dag
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.optimizers import reranking
@@ -93,8 +93,13 @@ def _squares(params, batch=None):
 _EXAMPLES = jnp.zeros((4, 2))  # a 4-example data set for the stochastic optimizers
 
 
-def _bcd_data(lengths=(3,)):
-    return optimizers.bcd_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), np.asarray(lengths), 2)
+def _bcd_corpus(ids=(0, 1, 0), labels=(0, 1, 0)):
+    """One labelled sentence of T tokens, one unigram test each."""
+    return pack([([[i] for i in ids], [[] for _ in ids])], [list(labels)])
+
+
+def _bcd_data():
+    return optimizers.bcd_data(_bcd_corpus(), LinearChainModel.zeros(2, L))
 
 
 def _sequence_data():
@@ -432,23 +437,26 @@ CASES = [
      ValueError, ["l2", ">= 0", "-1.0"]),
     # --- block coordinate descent, perceptron, sequence boosting ---
     ("bcd-num-sweeps", "num_sweeps = 0 for BCD",
-     lambda _: optimizers.bcd(_bcd_data(), optimizers.bcd_init(2, L), 0.1, num_sweeps=0),
+     lambda _: optimizers.bcd(_bcd_data(), LinearChainModel.zeros(2, L), 0.1, num_sweeps=0),
      ValueError, ["num_sweeps", ">= 1", "0"]),
-    ("bcd-lengths", "a BCD length above T", lambda _: _bcd_data(lengths=(5,)),
-     ValueError, ["lengths", "[0, 3]", "got 5"]),
-    ("bcd-lengths-fractional", "a fractional BCD length", lambda _: _bcd_data(lengths=(2.5,)),
-     TypeError, ["lengths", "integer", "2.5"]),
-    ("bcd-lengths-wrap", "an int64 BCD length 2**32 + 2",
-     lambda _: optimizers.bcd_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), np.array([_WIDE]), 2),
-     ValueError, ["lengths", "[0, 3]", "4294967298"]),
+    ("bcd-corpus", "a padded id array instead of a PackedCorpus for BCD",
+     lambda _: optimizers.bcd_data(np.zeros((1, T, 1), np.int32), LinearChainModel.zeros(2, L)),
+     TypeError, ["corpus", "PackedCorpus", "ndarray"]),
+    ("bcd-model", "a parameter dict instead of a LinearChainModel for BCD",
+     lambda _: optimizers.bcd_data(_bcd_corpus(), {"emission": jnp.zeros((2, L))}),
+     TypeError, ["model", "LinearChainModel", "dict"]),
+    ("bcd-feature-ids", "a feature id past the model's rows for BCD",
+     lambda _: optimizers.bcd_data(_bcd_corpus(ids=(0, 2, 0)), LinearChainModel.zeros(2, L)),
+     ValueError, ["corpus.unigram_ids", "[-1, 2)", "[0, 2]"]),
+    ("bcd-labels", "a label past the model's labels for BCD",
+     lambda _: optimizers.bcd_data(_bcd_corpus(labels=(0, 2, 0)), LinearChainModel.zeros(2, L)),
+     ValueError, ["labels", "[0, 2)", "got 2"]),
     ("sparse-perceptron-ids", "a fractional feature id for the sparse perceptron",
      lambda _: optimizers.sparse_sequence_data([[[0, 1.5], [2]]], [[0, 1]], 3),
      TypeError, ["feature_ids[0][0]", "integer", "1.5"]),
     ("sparse-perceptron-id-range", "a feature id equal to num_features (the padding id)",
      lambda _: optimizers.sparse_sequence_data([[[0, 3], [2]]], [[0, 1]], 3),
      ValueError, ["feature ids", "[0, 3)", "got 3"]),
-    ("bcd-num-labels", "bcd_init with 0 labels", lambda _: optimizers.bcd_init(2, 0),
-     ValueError, ["num_labels", ">= 1", "0"]),
     ("perceptron-num-epochs", "num_epochs = 0 for the perceptron",
      lambda _: optimizers.perceptron(_unary_model, jnp.zeros(L + L * L), _sequence_data(), num_epochs=0),
      ValueError, ["num_epochs", ">= 1", "0"]),

@@ -255,12 +255,15 @@ class Forward(NamedTuple):
     unchanged past the length; aux: `[T, ...]` the step's auxiliary outputs
     (`()` for most steps; the exact log steps: their log column sums `[T, L]`
     and whether each step was recovered, `[T]`); inputs: the arrays the
-    step read (`lift`'s first output).
+    step read (`lift`'s first output); scales: `[T]` each step's log scale
+    (a chain's log forward scores at `t` are `values[t]` plus the sum of its
+    own scales from its start to `t`; 0 past the length).
     """
 
     values: object
     aux: object
     inputs: object
+    scales: object
 
 
 def scan(semiring, potentials, length, starts=None, keep_values: bool = False):
@@ -305,23 +308,24 @@ def scan(semiring, potentials, length, starts=None, keep_values: bool = False):
         first_t, first_scale_t = first_at(t) if restarts else first_0
         new = semiring.select(start_t, first_t, new)
         new, norm = semiring.normalize(new, -1)
-        total = jnp.where(valid_t, jnp.where(start_t, first_scale_t, scale) + norm, 0.0)
+        own = jnp.where(valid_t, jnp.where(start_t, first_scale_t, scale) + norm, 0.0)
+        total = own
         if restarts:  # a chain ends where the next one starts: add its output
             total = total + jnp.where(start_t & (t > 0), chain_total(value), 0.0)
         value = semiring.select(valid_t, new, value)
-        return value, ((total, value, aux) if keep_values else total)
+        return value, ((total, value, aux, own) if keep_values else total)
 
     # Position 0 always starts a chain; the step computed there and discarded
     # still sees a normalised value (a step may assume one).
     init, _ = semiring.normalize(first_0[0], -1)
     value, outputs = jax.lax.scan(body, init, (positions, starts, valid, valid & ~starts))
-    totals, values, aux = outputs if keep_values else (outputs, None, None)
+    totals, values, aux, scales = outputs if keep_values else (outputs, None, None, None)
     log_scale = pairwise_sum(totals)
     if restarts:
         out = log_scale + jnp.where(length > 0, chain_total(value), 0.0)
     else:
         out = finish(semiring, value, log_scale, length)
-    return (out, Forward(values, aux, inputs)) if keep_values else out
+    return (out, Forward(values, aux, inputs, scales)) if keep_values else out
 
 
 def finish(semiring, value, log_scale, length):

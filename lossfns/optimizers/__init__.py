@@ -13,7 +13,7 @@ The functions `minimize`, `bcd`, `perceptron`, `owlqn`, `sgd_l1` and
 use them from this package (`lossfns.optimizers.minimize(...)`).
 """
 
-from .bcd import BcdData, bcd, bcd_data, bcd_init, bcd_loss, bcd_sweep_fn, sparse_potentials
+from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_loss, bcd_objective, bcd_sweep_fn
 from .finetune import active_mask, finetune
 from .elastic_net import ElasticNetTraining, check_elastic_net, crfsuite_elastic_net, elastic_net_training
 from .driver import DriveResult, Report, TrainResult, describe, drive, fingerprint, train
@@ -37,7 +37,7 @@ from .sparse_perceptron import (SparsePerceptronState, SparseSequenceData, spars
 from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
 
 __all__ = [
-    "BcdData", "bcd", "bcd_data", "bcd_init", "bcd_loss", "bcd_sweep_fn", "sparse_potentials",
+    "BcdData", "bcd", "bcd_block_statistics", "bcd_data", "bcd_loss", "bcd_objective", "bcd_sweep_fn",
     "active_mask", "finetune",
     "ElasticNetTraining", "check_elastic_net", "crfsuite_elastic_net", "elastic_net_training",
     "DriveResult", "Report", "TrainResult", "describe", "drive", "fingerprint", "train",
