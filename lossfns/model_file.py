@@ -53,6 +53,11 @@ def _serialised(model) -> bytes:
 def save(path, saved: SavedModel) -> None:
     """Write `saved` to `path` atomically: a save that fails or is killed
     leaves the previous file at `path` as it was."""
+    checkpoint.write_atomically(path, to_bytes(saved))
+
+
+def to_bytes(saved: SavedModel) -> bytes:
+    """The bytes `save` writes (e.g. to pickle a model or measure its size)."""
     index, model = saved.index, saved.model
     vocabulary = None
     if not index.hashed:
@@ -63,7 +68,7 @@ def save(path, saved: SavedModel) -> None:
               "vocabulary": vocabulary, "dtype": str(jnp.dtype(model.emission.dtype)),
               "masked": model.emission_mask is not None, "pair_masked": model.pair_mask is not None,
               "num_buckets": saved.num_buckets}
-    checkpoint.write_atomically(path, checkpoint.pack_file(MODEL_FILE, header, _serialised(model)))
+    return checkpoint.pack_file(MODEL_FILE, header, _serialised(model))
 
 
 def load(path) -> SavedModel:
@@ -73,6 +78,12 @@ def load(path) -> SavedModel:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise checkpoint.ModelFileError(f"model file {path} does not exist") from None
+    return from_bytes(data, path)
+
+
+def from_bytes(data: bytes, path="<bytes>") -> SavedModel:
+    """The model of `to_bytes`' bytes, checked as `load` checks a file
+    (errors name `path`)."""
     header, payload = checkpoint.unpack_file(Path(path), data, MODEL_FILE)
     try:
         _check_header(header)
