@@ -204,7 +204,6 @@ class CRF(BaseEstimator):
         rows = corpus.pack_rows(index, [[lookup[label] for label in sequence] for sequence in y])
         tagger.fit_packed(rows, labels, index, callback=self._report if self.verbose else None)
         self.tagger_ = tagger
-        self.size_ = len(model_file.to_bytes(tagger.saved()))
         if self.model_filename is not None:
             tagger.save(self.model_filename)
         dev = None if X_dev is None else self.score(X_dev, y_dev)
@@ -227,6 +226,11 @@ class CRF(BaseEstimator):
         if tagger is None:
             raise ValueError("this CRF is not fitted yet: call fit() first (or give model_filename, a model file)")
         return tagger
+
+    @property
+    def size_(self) -> int:
+        """Bytes of the model file (`model_file.to_bytes`)."""
+        return len(model_file.to_bytes(self._fitted().saved()))
 
     @property
     def classes_(self) -> list:

@@ -119,7 +119,7 @@ def test_nbest_scores_and_posteriors(files, capsys):
     (["train", "-a", "sgd-l1", "-p", "p", "t", "m"], ["-a/--algo", "sgd-l1"]),
     (["train", "-a", "lbfgs", "-p", "p", "t", "m"], ["-a/--algo", "-1 0"]),
     (["train", "-a", "newton", "-p", "p", "t", "m"], ["-a/--algo", "newton"]),
-    (["train", "-i", "-3", "-p", "p", "t", "m"], ["-i/--maxiter", "-3"]),
+    (["train", "--maxiter=-3", "-p", "p", "t", "m"], ["-i/--maxiter", "-3"]),
     (["train", "t", "m"], ["-p/--pattern"]),
     (["label", "-m", "m", "--nbest", "0", "x"], ["-n/--nbest", "0"]),
     (["label", "-m", "m", "--post", "--nbest", "2", "x"], ["-p/--post", "--nbest"]),
