@@ -215,7 +215,7 @@ def test_weights_of_one_model_under_the_header_of_another_are_refused(tmp_path, 
 
 
 @pytest.mark.parametrize("change, words", [
-    (lambda arrays: arrays[0][2].__setitem__(0, arrays[0][2][0] - 1), ["emission_indptr"]),  # [K'+1] read as [K']
+    (lambda arrays: arrays[0][2].__setitem__(0, arrays[0][2][0] - 1), ["bytes of weights"]),  # [K'+1] read as [K']
     (lambda arrays: arrays.reverse(), []),  # the same bytes read in another order
     (lambda arrays: arrays[1].__setitem__(1, "<i1"), ["emission_labels", "dtype"]),
 ])
