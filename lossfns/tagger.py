@@ -139,6 +139,7 @@ class Tagger:
         return self._train(packed_corpus, tuple(labels), index, None, None, checkpoint_dir, checkpoint_every, callback)
 
     def _train(self, packed_corpus, labels, index, shards, mesh, checkpoint_dir, checkpoint_every, callback):
+        """The masks from `packed_corpus`, then the driver on it (or on `shards`, one block per device of `mesh`)."""
         self.labels, self.index = labels, index
         self.model = self._initial_model(padded_buckets(packed_corpus))
         structure = self.model.structure()
