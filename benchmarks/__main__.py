@@ -7,6 +7,7 @@ and a markdown summary to `benchmarks/results/`.
     python -m benchmarks --only crf          # CRF loss plus gradient vs pytorch-crf
     python -m benchmarks --only nn           # the nn.CRF layer vs pytorch-crf (masked, end transitions)
     python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
+    python -m benchmarks --only sklearn --tag cpu-sklearn         # sklearn-crfsuite's tutorial, both estimators
 
 Peers (torch==2.13.0 with torch-struct 0.5 and pytorch-crf 0.7.2, python-crfsuite) are installed
 with pip into the running interpreter when missing (`--no-install` to skip
@@ -31,7 +32,7 @@ import subprocess
 import sys
 
 PEERS = {"torch": "torch==2.13.0", "torch_struct": "torch-struct==0.5", "torchcrf": "pytorch-crf==0.7.2",
-         "pycrfsuite": "python-crfsuite"}
+         "pycrfsuite": "python-crfsuite", "sklearn_crfsuite": "sklearn-crfsuite"}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -151,6 +152,10 @@ def markdown(report) -> str:
     if "training" in report:
         for task, result in report["training"].items():
             lines += [f"## Training vs CRFsuite: {task}", "", "```", json.dumps(result, indent=2), "```", ""]
+    if "sklearn" in report:
+        from benchmarks import sklearn_benchmark
+
+        lines += sklearn_benchmark.markdown(report["sklearn"])
     if "perceptron" in report:
         lines += ["## Averaged perceptron epoch vs CRFsuite (conll2000, joint POS|chunk labels)", ""]
         result = report["perceptron"]
@@ -179,7 +184,7 @@ def write(report, stem):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("chain", "crf", "nn", "sparse", "training", "perceptron"), action="append")
+    parser.add_argument("--only", choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn"), action="append")
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
@@ -247,6 +252,10 @@ def main(argv=None):
         report["perceptron"] = perceptron_benchmark.run(
             quick=args.quick, epochs=[int(e) for e in args.epochs.split(",")], repeats=min(repeats, 3))
 
+    if "sklearn" in parts:
+        from benchmarks import sklearn_benchmark
+
+        report["sklearn"] = sklearn_benchmark.run(quick=args.quick)
     write(report, stem)
     print(f"wrote {stem}.json and {stem}.md")
 

@@ -1,23 +1,34 @@
 """The tagger's model file: labels, feature extractor, feature index and
-weights of a `LinearChainModel` in one self-checking file.
+the non-zero weights of a `LinearChainModel` in one self-checking file.
 
-Layout: a JSON header (format version, labels, feature extractor, feature
-vocabulary, shapes, and a SHA-256 over header and weights) followed by the
-weights written with `equinox.tree_serialise_leaves`, framed and written
-atomically as `lossfns.checkpoint` writes checkpoints (`pack_file`,
-`write_atomically`). Reading gives bit-identical weights, and refuses
-(`checkpoint.ModelFileError`, naming the file) a missing file, a file of
-another format version, a truncated or altered one, and a header that does
-not describe its weights: nothing is loaded as garbage.
+Layout: a JSON header (format version, labels, feature extractor, the
+vocabulary of the features that have a non-zero weight, the arrays'
+dtypes and shapes, and a SHA-256 over header and weights) followed by the
+arrays' raw little-endian bytes, framed and written atomically as
+`lossfns.checkpoint` writes checkpoints (`pack_file`, `write_atomically`).
+
+Only what decoding reads is kept, as CRFsuite keeps only its non-zero
+features: the emission table `[K, L]` is stored by rows (CSR: the rows of
+features with a non-zero weight, their labels and weights), so a feature
+whose weights are all 0 (L1 training zeroes most) is left out of the
+vocabulary too, and reads as unknown (-1) when decoding, which scores the
+same; pair weights `[K2, L, L]` are stored as their non-zero entries and
+the pair mask (which decides which transitions exist) as its true
+entries. A loaded model so has the same non-zero weights bit for bit and
+decodes identically; its emission mask (which weights training could move)
+is not kept: a model file is for decoding, a checkpoint for training.
+
+Reading refuses (`checkpoint.ModelFileError`, naming the file) a missing
+file, a file of another format version (1 and 2 wrote the dense tables),
+a truncated or altered one, and a header that does not describe its
+arrays: nothing is loaded as garbage.
 """
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import NamedTuple
 
-import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,7 +38,7 @@ from .features.index import FeatureIndex
 from .models.linear_chain import LinearChainModel
 
 MAGIC = b"LOSSFNS-TAGGER\n"
-MODEL_FORMAT = 2  # 1: no checksum, no payload size (refused)
+MODEL_FORMAT = 3  # 1: no checksum (refused); 2: dense tables (refused)
 MODEL_FILE = checkpoint.FileKind(MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT,
                                  checkpoint.ModelFileError)
 
@@ -43,36 +54,67 @@ class SavedModel(NamedTuple):
     num_buckets: int
 
 
-def _serialised(model) -> bytes:
-    """`equinox.tree_serialise_leaves` of `model`, as bytes."""
-    buffer = io.BytesIO()
-    eqx.tree_serialise_leaves(buffer, model)
-    return buffer.getvalue()
-
-
 def save(path, saved: SavedModel) -> None:
     """Write `saved` to `path` atomically: a save that fails or is killed
     leaves the previous file at `path` as it was."""
+    checkpoint.write_atomically(path, to_bytes(saved))
+
+
+def _label_dtype(num_labels: int):
+    return np.uint8 if num_labels <= 256 else np.int32
+
+
+def _arrays(saved: SavedModel) -> tuple[dict, list]:
+    """`(kept rows [K'] of the emission table, {name: array})` of the non-zero weights."""
+    model = saved.model
+    emission = np.asarray(model.emission)
+    rows = np.flatnonzero(np.any(emission != 0, axis=1))
+    kept = emission[rows]
+    row_of, labels = np.nonzero(kept)
+    arrays = {"emission_indptr": np.searchsorted(row_of, np.arange(rows.size + 1)).astype(np.int32),
+              "emission_labels": labels.astype(_label_dtype(emission.shape[1])),
+              "emission_weights": kept[row_of, labels],
+              "transitions": np.asarray(model.transitions), "start": np.asarray(model.start)}
+    pair = np.asarray(model.pair_emission).ravel()
+    arrays["pair_index"] = np.flatnonzero(pair).astype(np.int64)
+    arrays["pair_weights"] = pair[arrays["pair_index"]]
+    if model.pair_mask is not None:
+        arrays["pair_mask_index"] = np.flatnonzero(np.asarray(model.pair_mask)).astype(np.int64)
+    if saved.index.hashed:
+        arrays["rows"] = rows.astype(np.int64)
+    return rows, arrays
+
+
+def to_bytes(saved: SavedModel) -> bytes:
+    """The bytes `save` writes (e.g. to pickle a model or measure its size)."""
     index, model = saved.index, saved.model
+    rows, arrays = _arrays(saved)
     vocabulary = None
     if not index.hashed:
-        vocabulary = {"unigram": sorted(index.unigram, key=index.unigram.get),
-                      "pair": sorted(index.pair, key=index.pair.get)}
+        names = sorted(index.unigram, key=index.unigram.get)
+        vocabulary = {"unigram": [names[i] for i in rows.tolist()], "pair": sorted(index.pair, key=index.pair.get)}
     header = {"labels": list(saved.labels), "features": extractor_spec(saved.features),
-              "num_unigram": index.num_unigram, "num_pair": index.num_pair, "hashed": index.hashed,
-              "vocabulary": vocabulary, "dtype": str(jnp.dtype(model.emission.dtype)),
-              "masked": model.emission_mask is not None, "pair_masked": model.pair_mask is not None,
-              "num_buckets": saved.num_buckets}
-    checkpoint.write_atomically(path, checkpoint.pack_file(MODEL_FILE, header, _serialised(model)))
+              "num_unigram": index.num_unigram if index.hashed else int(rows.size), "num_pair": index.num_pair,
+              "hashed": index.hashed, "vocabulary": vocabulary, "dtype": str(jnp.dtype(model.emission.dtype)),
+              "pair_masked": model.pair_mask is not None, "num_buckets": saved.num_buckets,
+              "arrays": [[name, array.dtype.newbyteorder("<").str, list(array.shape)] for name, array in arrays.items()]}
+    payload = b"".join(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes() for array in arrays.values())
+    return checkpoint.pack_file(MODEL_FILE, header, payload)
 
 
 def load(path) -> SavedModel:
-    """Read a file written by `save` (weights bit-identical); see the module
-    docstring for what is refused."""
+    """Read a file written by `save` (non-zero weights bit-identical); see
+    the module docstring for what is refused."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise checkpoint.ModelFileError(f"model file {path} does not exist") from None
+    return from_bytes(data, path)
+
+
+def from_bytes(data: bytes, path="<bytes>") -> SavedModel:
+    """The model of `to_bytes`' bytes, checked as `load` checks a file
+    (errors name `path`)."""
     header, payload = checkpoint.unpack_file(Path(path), data, MODEL_FILE)
     try:
         _check_header(header)
@@ -81,36 +123,64 @@ def load(path) -> SavedModel:
         raise checkpoint.ModelFileError(f"model file {path} has an invalid header: "
                                         f"{type(error).__name__}: {error}") from None
     labels = tuple(header["labels"])
+    K, K2, L, dtype = header["num_unigram"], header["num_pair"], len(labels), np.dtype(header["dtype"])
+    described = f"the header describes {K} features x {L} labels, {K2} pair features, {header['dtype']}"
+    try:
+        arrays = _read_arrays(header["arrays"], payload)
+        model = _model(arrays, header, K, K2, L, dtype)
+    except ValueError as error:
+        raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}; "
+                                        f"{error}") from None
     if header["hashed"]:
-        index = FeatureIndex.hashed_index(header["num_unigram"], header["num_pair"])
+        index = FeatureIndex.hashed_index(K, K2)
     else:
         vocabulary = header["vocabulary"]
-        index = FeatureIndex({name: i for i, name in enumerate(vocabulary["unigram"])},
-                             {name: i for i, name in enumerate(vocabulary["pair"])},
-                             header["num_unigram"], header["num_pair"])
-    K, L = header["num_unigram"], len(labels)
-    like = LinearChainModel.zeros(K, L, header["num_pair"], dtype=jnp.dtype(header["dtype"]),
-                                  emission_mask=np.zeros((K, L), bool) if header["masked"] else None)
-    if header.get("pair_masked", False):
-        like = like.with_pair_mask(np.zeros((header["num_pair"], L, L), bool))
-    described = (f"the header describes {K} features x {L} labels, {header['num_pair']} pair features, "
-                 f"{header['dtype']}{', masked' if header['masked'] else ''}")
-    expected = len(_serialised(like))
-    if len(payload) != expected:
-        raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described} "
-                                        f"({expected} bytes of weights), the file holds {len(payload)} bytes")
-    try:
-        model = eqx.tree_deserialise_leaves(io.BytesIO(payload), like)
-        matches = _serialised(model) == payload
-    except Exception as error:  # numpy / equinox errors on weights that are not what the header says
-        raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}; "
-                                        f"reading them failed ({type(error).__name__}: {error})") from None
-    if not matches:
-        raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}, "
-                                        "but the stored arrays have other shapes, dtypes or memory order")
-    if model.pair_mask is not None:  # the sparse support is derived from the mask
-        model = model.with_pair_mask(np.asarray(model.pair_mask))
+        index = FeatureIndex(dict(zip(vocabulary["unigram"], range(K))), dict(zip(vocabulary["pair"], range(K2))),
+                             K, K2)
     return SavedModel(labels, features, index, model, header["num_buckets"])
+
+
+def _read_arrays(described: list, payload: bytes) -> dict:
+    """The arrays `[[name, dtype, shape]]` describes, read from `payload`."""
+    counts = [int(np.prod(shape, dtype=np.int64)) for _, _, shape in described]
+    offsets = np.cumsum([0] + [count * np.dtype(dtype).itemsize for count, (_, dtype, _) in zip(counts, described)])
+    if offsets[-1] != len(payload):
+        raise ValueError(f"the arrays it lists take {offsets[-1]} bytes of weights, the file holds {len(payload)} bytes")
+    return {name: np.frombuffer(payload, np.dtype(dtype), count, int(offset)).reshape(shape)
+            for (name, dtype, shape), count, offset in zip(described, counts, offsets)}
+
+
+def _model(arrays: dict, header: dict, K: int, K2: int, L: int, dtype) -> LinearChainModel:
+    """The `LinearChainModel` of the stored arrays, every index checked in range."""
+    def check(name, shape=None, kind=None, bound=None):
+        array = arrays[name]
+        if (shape is not None and array.shape != shape) or (kind is not None and array.dtype.kind != kind):
+            raise ValueError(f"{name} has shape {array.shape} and dtype {array.dtype}")
+        if bound is not None and array.size and (array.min() < 0 or array.max() >= bound):
+            raise ValueError(f"{name} holds indices outside [0, {bound})")
+        return array
+
+    indptr = check("emission_indptr", kind="i")
+    rows = check("rows", (indptr.size - 1,), "i", K) if header["hashed"] else np.arange(K)
+    if indptr.size != rows.size + 1 or indptr[0] != 0 or np.any(np.diff(indptr) < 1):
+        raise ValueError(f"emission_indptr does not describe {rows.size} non-empty rows")
+    labels = check("emission_labels", (int(indptr[-1]),), kind="u" if L <= 256 else "i", bound=L)
+    weights = check("emission_weights", (int(indptr[-1]),))
+    emission = np.zeros((K, L), dtype)
+    emission[np.repeat(rows, np.diff(indptr)), labels] = weights
+    pair_index = check("pair_index", kind="i", bound=K2 * L * L)
+    pair = np.zeros(K2 * L * L, dtype)
+    pair[pair_index] = check("pair_weights", pair_index.shape)
+    transitions, start = check("transitions", (L, L)), check("start", (L,))
+    if any(a.dtype != dtype for a in (weights, transitions, start, arrays["pair_weights"])):
+        raise ValueError(f"weights are not all {dtype}")
+    model = LinearChainModel(jnp.asarray(emission), jnp.asarray(transitions), jnp.asarray(start),
+                             jnp.asarray(pair.reshape(K2, L, L)))
+    if header["pair_masked"]:
+        mask = np.zeros(K2 * L * L, bool)
+        mask[check("pair_mask_index", kind="i", bound=K2 * L * L)] = True
+        model = model.with_pair_mask(mask.reshape(K2, L, L))
+    return model
 
 
 def _check_header(header: dict) -> None:
@@ -131,9 +201,22 @@ def _check_header(header: dict) -> None:
     num_unigram, num_pair = count("num_unigram"), count("num_pair")
     if count("num_buckets") < 1:
         raise ValueError(f"num_buckets must be an int >= 1, got {header['num_buckets']!r}")
-    if not all(isinstance(header.get(flag, False), bool) for flag in ("hashed", "masked", "pair_masked")):
-        raise ValueError(f"hashed, masked and pair_masked must be true or false, got {header['hashed']!r}, "
-                         f"{header['masked']!r}, {header.get('pair_masked')!r}")
+    if not all(isinstance(header[flag], bool) for flag in ("hashed", "pair_masked")):
+        raise ValueError(f"hashed and pair_masked must be true or false, got {header['hashed']!r}, "
+                         f"{header['pair_masked']!r}")
+    described = header["arrays"]
+    if not isinstance(described, list) or not all(
+            isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], str)
+            and isinstance(a[2], list) and all(isinstance(n, int) and n >= 0 for n in a[2]) for a in described):
+        raise ValueError(f"arrays must be a list of [name, dtype, shape], got {described!r:.80}")
+    names = [a[0] for a in described]
+    required = {"emission_indptr", "emission_labels", "emission_weights", "transitions", "start", "pair_index",
+                "pair_weights"} | ({"pair_mask_index"} if header["pair_masked"] else set()) | (
+                {"rows"} if header["hashed"] else set())
+    if set(names) != required or len(names) != len(set(names)):
+        raise ValueError(f"arrays must be {sorted(required)}, got {names}")
+    for _, dtype, _ in described:
+        np.dtype(dtype)
     if not jnp.issubdtype(jnp.dtype(header["dtype"]), jnp.floating):
         raise ValueError(f"dtype must be a floating-point dtype, got {header['dtype']!r}")
     if not isinstance(header["features"], dict):

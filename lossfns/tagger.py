@@ -33,7 +33,7 @@ from .corpora import Sentence
 from .lattices.constraints import allowed_transitions, scheme_of
 from .features.corpus import (build_index, check_sentences, corpus_arrays, encode, extractor, extractor_spec,
                               in_corpus_order, label_ids, pack_shards, padded_buckets)
-from .features.index import FeatureIndex, observed_label_pairs, observed_label_triples, pack, pack_rows
+from .features.index import FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack, pack_rows
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
@@ -120,15 +120,35 @@ class Tagger:
         if mesh is not None and self.loss is not None:
             raise ValueError("mesh: data-parallel training takes the default log-loss (loss=None)")
         extracted = [self.extractor(s.tokens) for s in sentences]
-        self.labels = tuple(sorted({label for s in sentences for label in s.labels}))
-        self.index = build_index(extracted, min_count=self.min_count, hash_size=self.hash_size)
-        encoded, ids = [self.index.encode(f) for f in extracted], label_ids(sentences, self.labels)
-        packed_corpus = self._pack(encoded, ids)
+        labels = tuple(sorted({label for s in sentences for label in s.labels}))
+        index = build_index(extracted, min_count=self.min_count, hash_size=self.hash_size)
+        encoded, ids = [index.encode(f) for f in extracted], label_ids(sentences, labels)
+        shards = None if mesh is None else pack_shards(encoded, ids, index.num_unigram, parallel.num_shards(mesh))
+        return self._train(self._pack(encoded, ids), labels, index, shards, mesh, checkpoint_dir, checkpoint_every,
+                           callback)
+
+    def fit_packed(self, packed_corpus: PackedCorpus, labels: Sequence[str], index: FeatureIndex, *,
+                   checkpoint_dir=None, checkpoint_every: int = 10, callback: Optional[Callable] = None) -> "Tagger":
+        """Train on a labelled corpus already indexed and packed by the
+        caller (e.g. `features.dicts.AttributeCorpus.pack_rows`: feature
+        dicts; rows for the default log-loss, buckets for a custom `loss`),
+        its label ids indexing `labels`, its feature ids `index`; as `fit` otherwise."""
+        check_int("checkpoint_every", checkpoint_every)
+        if packed_corpus.labels is None:
+            raise ValueError("packed_corpus must be labelled (packed with labels)")
+        return self._train(packed_corpus, tuple(labels), index, None, None, checkpoint_dir, checkpoint_every, callback)
+
+    def _train(self, packed_corpus, labels, index, shards, mesh, checkpoint_dir, checkpoint_every, callback):
+        """The masks from `packed_corpus`, then the driver on it (or on `shards`, one block per device of `mesh`)."""
+        self.labels, self.index = labels, index
         self.model = self._initial_model(padded_buckets(packed_corpus))
-        if mesh is None:
-            data = TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), self.model.structure())
-        else:
-            data = self._sharded(encoded, ids, parallel.num_shards(mesh))
+        structure = self.model.structure()
+        if shards is None:
+            data = TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), structure)
+        else:  # one copy of the masks per block
+            count = jax.tree_util.tree_leaves(shards)[0].shape[0]
+            data = TrainingData(shards, jax.tree_util.tree_map(
+                lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure))
         training = elastic_net_training(self.l1, self.l2, self.optimizer, memory_size=self.memory_size,
                                         regularizer=self.regularizer)
         objective = self.objective() if mesh is None else parallel.single_block(self.objective())
@@ -153,11 +173,6 @@ class Tagger:
             # model trains on the sparse form (Lavergne 4.1).
             model = model.with_pair_mask(observed_label_triples(batches, K2, L))
         return model
-
-    def _sharded(self, encoded, ids, shards: int) -> TrainingData:
-        structure = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (shards,) + np.shape(x)),
-                                           self.model.structure())
-        return TrainingData(pack_shards(encoded, ids, self.index.num_unigram, shards), structure)
 
     def training_data(self, sentences: Sequence[Sentence]) -> TrainingData:
         """Labelled `sentences` as `objective()` reads them, through the fitted
@@ -189,16 +204,25 @@ class Tagger:
             raise ValueError("the tagger has no model yet: call fit() or Tagger.load() first")
 
     def _decode(self, sentences, decode: Callable, *arguments):
-        """`(packed corpus, decode(model, arrays, *arguments, moves))` for
-        unlabelled `sentences`, per bucket (`moves`: the label scheme's, or None)."""
+        """`(packed corpus, per-bucket results)` of `decode_packed` for unlabelled `sentences`."""
         check_sentences(sentences, labelled=False)
         self._require_model()
         corpus = pack(encode(self.index, self.extractor, sentences), None, self.num_buckets)
+        return corpus, self.decode_packed(corpus, decode, *arguments)
+
+    def decode_packed(self, corpus: PackedCorpus, decode: Callable, *arguments) -> tuple:
+        """`decode(model, arrays, *arguments, moves)` per length bucket of a
+        corpus packed by the caller (`features.pack`, or
+        `AttributeCorpus.pack`) with this tagger's index (`moves`: the
+        label scheme's allowed transitions, or None; see `iob_constraints`),
+        e.g. `decode=models.packed.viterbi`; `in_corpus_order` puts the
+        results back in corpus order."""
+        self._require_model()
         arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(corpus, self.index.num_unigram))
         scheme = scheme_of(self.labels)
         constrained = scheme is not None if self.iob_constraints is None else self.iob_constraints
         moves = allowed_transitions(self.labels, scheme or "IOB2") if constrained else None
-        return corpus, decode(self.model, arrays, *arguments, moves)
+        return decode(self.model, arrays, *arguments, moves)
 
     def predict(self, sentences: Sequence[Sentence]) -> list[tuple[str, ...]]:
         """Viterbi label sequences, one tuple of label strings per sentence."""
@@ -229,15 +253,23 @@ class Tagger:
 
     def save(self, path) -> None:
         """Write the tagger to `path` atomically (`lossfns.model_file`)."""
-        self._require_model()
-        model_file.save(path, model_file.SavedModel(self.labels, self.extractor, self.index, self.model,
-                                                    self.num_buckets))
+        model_file.save(path, self.saved())
 
     @classmethod
     def load(cls, path) -> "Tagger":
         """Read a tagger written by `save` (weights bit-identical); a damaged
         or foreign file raises `checkpoint.ModelFileError` naming it."""
-        saved = model_file.load(path)
-        tagger = cls(saved.features, num_buckets=saved.num_buckets)
+        return cls.from_saved(model_file.load(path))
+
+    @classmethod
+    def from_saved(cls, saved: model_file.SavedModel, **settings) -> "Tagger":
+        """A tagger of a `model_file.SavedModel` (`model_file.load`,
+        `model_file.from_bytes`), with the other constructor `settings`."""
+        tagger = cls(saved.features, num_buckets=saved.num_buckets, **settings)
         tagger.labels, tagger.index, tagger.model = saved.labels, saved.index, saved.model
         return tagger
+
+    def saved(self) -> model_file.SavedModel:
+        """What `save` writes (`model_file.to_bytes` gives its bytes)."""
+        self._require_model()
+        return model_file.SavedModel(self.labels, self.extractor, self.index, self.model, self.num_buckets)

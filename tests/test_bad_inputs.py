@@ -33,6 +33,7 @@ from lossfns.models import LinearChainModel
 from lossfns.lattices import constraints
 from lossfns.nn import CRF, possible_tags
 from lossfns.tagger import Tagger
+from lossfns.sklearn import CRF as EstimatorCRF
 
 T, L = 3, 2
 
@@ -591,6 +592,18 @@ CASES = [
      lambda _: pack_tokens(np.zeros((5, 2), np.int32), [2, 2]), ValueError, ["sentence_lengths", "5 tokens", "4"]),
     ("zip-member-missing", "a path through a zip archive to no member",
      lambda tmp: corpora.read_conll(_zip_file(tmp) + "/conll2002/none"), FileNotFoundError, ["corpus.zip", "'conll2002/none'"]),
+    ("sklearn-algorithm", "a CRFsuite algorithm lossfns.sklearn.CRF does not train",
+     lambda _: EstimatorCRF(algorithm="pa").fit([[{"w": "a"}]], [["O"]]), ValueError, ["algorithm='pa'", "'lbfgs'"]),
+    ("sklearn-unknown-algorithm", "an algorithm name CRFsuite does not have either",
+     lambda _: EstimatorCRF(algorithm="newton").fit([[{"w": "a"}]], [["O"]]), ValueError, ["algorithm", "'newton'"]),
+    ("sklearn-ragged-y", "y with fewer labels than its sentence of X has tokens",
+     lambda _: EstimatorCRF().fit([[{"w": "a"}, {"w": "b"}]], [["O"]]), ValueError, ["y[0]", "2 tokens", "1 labels"]),
+    ("sklearn-y-count", "y with another number of sentences than X",
+     lambda _: EstimatorCRF().fit([[{"w": "a"}]], [["O"], ["O"]]), ValueError, ["y", "1 sentences", "2 label"]),
+    ("sklearn-other-trainer-setting", "a setting of CRFsuite's passive-aggressive trainer with lbfgs",
+     lambda _: EstimatorCRF(pa_type=1).fit([[{"w": "a"}]], [["O"]]), ValueError, ["pa_type", "None"]),
+    ("sklearn-unfitted", "predict before fit",
+     lambda _: EstimatorCRF().predict([[{"w": "a"}]]), ValueError, ["not fitted", "fit()"]),
     # --- label and id arrays checked before any cast ---
     ("hamming-float", "float predicted labels for hamming_loss",
      lambda _: losses.hamming_loss(np.array([[0.0, 1.5]]), np.array([[0, 1]])), TypeError, ["predicted", "integer"]),

@@ -58,13 +58,18 @@ def extractor(features) -> Extractor:
 
 
 def extractor_spec(features: Extractor) -> dict:
-    """What rebuilds an extractor: `{"preset": name}` or `{"templates": text}`."""
-    return {"preset": features.name} if isinstance(features, Preset) else {"templates": features.text}
+    """What rebuilds an extractor: `{"preset": name}` or `{"templates": text,
+    "dialect": dialect}` (how the text's regexes read)."""
+    if isinstance(features, Preset):
+        return {"preset": features.name}
+    return {"templates": features.text, "dialect": features.dialect}
 
 
 def extractor_from_spec(spec: dict) -> Extractor:
     """The extractor of an `extractor_spec`."""
-    return preset(spec["preset"]) if "preset" in spec else parse_templates(spec["templates"])
+    if "preset" in spec:
+        return preset(spec["preset"])
+    return parse_templates(spec["templates"], dialect=spec.get("dialect", "python"))
 
 
 def check_sentences(sentences, labelled: bool = True) -> None:

@@ -13,6 +13,8 @@
 * `lavergne_pos`: Lavergne et al.'s POS set: word, lower-cased word,
   prefixes and suffixes up to 4 letters, character shape, and the words and
   word pairs in a window of 5.
+* `feature_dicts`: tokens that are already feature dicts (sklearn-crfsuite's
+  `X`), read by `dicts.item_features`.
 
 String-valued tests become `name=value`; boolean tests are present only when
 true (a CRFsuite attribute of value 0 contributes nothing).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple, Sequence
 
+from .dicts import item_features
 from .extraction import TokenFeatures
 
 Tokens = Sequence[Sequence[str]]
@@ -129,6 +132,9 @@ PRESETS: dict[str, Callable[[Tokens], TokenFeatures]] = {
     "altun_s3": altun_s3,
     "crfsuite_ner": crfsuite_ner,
     "lavergne_pos": lavergne_pos,
+    # Tokens that are sklearn-crfsuite feature dicts (`dicts.item_features`):
+    # the name a model trained on them (`lossfns.sklearn.CRF`) is saved under.
+    "feature_dicts": item_features,
 }
 
 

@@ -1,0 +1,148 @@
+"""The `lossfns` command line, run in-process (`cli.main`) on a tiny CoNLL
+file and pattern file written here: train, then label; the output is the
+input with one label column appended (checked line by line against the
+input and against the `Tagger`'s own predictions, the oracle), n-best,
+posteriors, `--check`'s report (against `metrics.conlleval_report`), and
+argparse errors that name the option."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lossfns import cli, corpora, metrics
+from lossfns.tagger import Tagger
+
+TRAIN = """-DOCSTART- -X- O
+
+El DA O
+rey NC O
+Juan NP B-PER
+Carlos NP I-PER
+visita VM O
+Madrid NP B-LOC
+. Fp O
+
+Ana NP B-PER
+vive VM O
+en SP O
+Roma NP B-LOC
+
+Luis NP B-PER
+come VM O
+en SP O
+Paris NP B-LOC
+"""
+TEST = """Ana\tNP\tB-PER
+visita\tVM\tO
+Madrid\tNP\tB-LOC
+
+El DA O
+rey NC O
+"""
+PATTERN = """# words and tags
+U00:%x[-1,0]
+U01:%x[0,0]
+U02:%x[1,0]
+U03:%x[0,1]
+U04:%t[0,0,"^\\u"]
+
+B
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cli")
+    for name, text in (("train.conll", TRAIN), ("test.conll", TEST), ("ner.pattern", PATTERN)):
+        (directory / name).write_text(text)
+    model = directory / "model"
+    assert cli.main(["train", "-p", str(directory / "ner.pattern"), "-1", "0.01", "-2", "0.1", "-i", "30",
+                     "--quiet", "-d", str(directory / "test.conll"), str(directory / "train.conll"), str(model)]) == 0
+    return directory, model
+
+
+def _label(capsys, *arguments):
+    assert cli.main(["label", *map(str, arguments)]) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def test_train_writes_a_model_that_labels_like_the_tagger(files, capsys):
+    directory, model = files
+    tagger = Tagger.load(model)
+    assert set(tagger.labels) == {"O", "B-PER", "I-PER", "B-LOC"}  # -DOCSTART- is no token
+    out, _ = _label(capsys, "-m", model, directory / "test.conll")
+    lines, inputs = out.splitlines(), TEST.splitlines()
+    assert len(lines) == len(inputs)
+    expected = tagger.predict(corpora.read_column_file(directory / "test.conll", labelled=False).sentences)
+    labels = iter(label for sentence in expected for label in sentence)
+    for line, source in zip(lines, inputs):
+        if source:
+            separator = "\t" if "\t" in source else " "
+            assert line == source + separator + next(labels)
+        else:
+            assert line == ""
+    output = directory / "labelled.txt"
+    _label(capsys, "-m", model, directory / "test.conll", output)
+    assert output.read_text() == out
+
+
+def test_check_prints_accuracy_and_the_conlleval_report(files, capsys):
+    directory, model = files
+    out, err = _label(capsys, "-m", model, "--check", directory / "test.conll")
+    gold = [s.labels for s in corpora.read_conll(str(directory / "test.conll"))]
+    predicted = [[line.split()[-1] for line in block.splitlines()] for block in out.strip().split("\n\n")]
+    assert all(len(line.split()) == 4 for line in out.splitlines() if line)  # word, tag, gold, prediction
+    assert f"Token accuracy {metrics.token_accuracy(gold, predicted):.4f}" in err
+    assert metrics.conlleval_report(gold, predicted) in err
+
+
+def test_nbest_scores_and_posteriors(files, capsys):
+    directory, model = files
+    out, _ = _label(capsys, "-m", model, "--nbest", "3", "--score", directory / "test.conll")
+    scores = [float(line.split()[2]) for line in out.splitlines() if line.startswith("#")]
+    assert len(scores) == 3 + 3  # 3-best of each sentence (both have >= 3 labellings)
+    assert scores[:3] == sorted(scores[:3], reverse=True) and all(s <= 0 for s in scores)
+    out, _ = _label(capsys, "-m", model, "--post", directory / "test.conll")
+    tagger = Tagger.load(model)
+    marginals = tagger.predict_marginals(corpora.read_column_file(directory / "test.conll", labelled=False).sentences)
+    cells = [line.split()[-1] for line in out.splitlines() if line]
+    expected = [f"{tagger.labels[int(np.argmax(row))]}/{np.max(row):.6f}" for m in marginals for row in m]
+    assert cells == expected
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["train", "-a", "sgd-l1", "-p", "p", "t", "m"], ["-a/--algo", "sgd-l1"]),
+    (["train", "-a", "lbfgs", "-p", "p", "t", "m"], ["-a/--algo", "-1 0"]),
+    (["train", "-a", "newton", "-p", "p", "t", "m"], ["-a/--algo", "newton"]),
+    (["train", "--maxiter=-3", "-p", "p", "t", "m"], ["-i/--maxiter", "-3"]),
+    (["train", "t", "m"], ["-p/--pattern"]),
+    (["label", "-m", "m", "--nbest", "0", "x"], ["-n/--nbest", "0"]),
+    (["label", "-m", "m", "--post", "--nbest", "2", "x"], ["-p/--post", "--nbest"]),
+    (["label", "x"], ["-m/--model"]),
+])
+def test_bad_options_are_argparse_errors_naming_the_option(arguments, words, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(arguments)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+
+
+def test_missing_files_are_clear_errors(files, capsys):
+    directory, model = files
+    assert cli.main(["label", "-m", str(directory / "none"), str(directory / "test.conll")]) == 2
+    assert "none" in capsys.readouterr().err
+    assert cli.main(["train", "-p", str(directory / "none.pattern"), str(directory / "train.conll"), "m"]) == 2
+    assert "none.pattern" in capsys.readouterr().err
+
+
+def test_the_console_script_entry_point_runs(files):
+    """`python -m lossfns` is the same command line (a subprocess: its own exit status)."""
+    done = subprocess.run([sys.executable, "-m", "lossfns", "label", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--nbest" in done.stdout
