@@ -4,7 +4,12 @@ float32 tests build float32 arrays explicitly."""
 import os
 import signal
 
-import jax
+# The suite's cost is XLA's compilation of many small programs, not running
+# them: LLVM's optimisation passes are skipped (before the backend starts;
+# experiments run as subprocesses inherit it). Semantics are unchanged.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+import jax  # noqa: E402
 import pytest
 from hypothesis import HealthCheck, settings
 
