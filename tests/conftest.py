@@ -1,23 +1,13 @@
 """Test-suite configuration: float64 is on so gradient checks are exact;
 float32 tests build float32 arrays explicitly."""
 
-import atexit
 import os
-import shutil
 import signal
-import tempfile
 
 # The suite's cost is XLA's compilation of many small programs, not running
 # them: LLVM's optimisation passes are skipped (before the backend starts;
 # experiments run as subprocesses inherit it). Semantics are unchanged.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
-# One compilation cache for this run, shared by the xdist workers and the
-# experiments' subprocesses (set here, in the controller, before they start):
-# a program two of them build is compiled once. A fresh directory per run.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lossfns-tests-jax-cache-")
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest
