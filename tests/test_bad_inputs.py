@@ -23,7 +23,7 @@ import optax
 
 from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
 from lossfns.corpora import Sentence
-from lossfns.features import design, dicts, pack, pack_tokens, templates
+from lossfns.features import FeatureBatch, design, dicts, pack, pack_tokens, templates
 from lossfns.lattices import chain, dag
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.optimizers import reranking
@@ -92,6 +92,16 @@ def _squares(params, batch=None):
 
 
 _EXAMPLES = jnp.zeros((4, 2))  # a 4-example data set for the stochastic optimizers
+# 4 one-token sentences of one observation each (lazy SGD-L1)
+_FEATURE_BATCH = FeatureBatch(jnp.zeros((4, 1, 1), jnp.int32), jnp.zeros((4, 1, 0), jnp.int32), jnp.ones(4, jnp.int32),
+                              jnp.zeros((4, 1), jnp.int32))
+
+
+def _lazy_step(model, segments=1):
+    sgd = optimizers.lazy_sgd_l1(0.1, 0.1)
+    step = optimizers.lazy_epoch_step_fn(_squares, sgd, _FEATURE_BATCH, batch_size=2, max_rows=(1, 0),
+                                         segments_per_epoch=segments)
+    return step((model, None, jax.random.key(0)), jnp.zeros((), jnp.int32))
 
 
 def _bcd_corpus(ids=(0, 1, 0), labels=(0, 1, 0)):
@@ -374,6 +384,15 @@ CASES = [
     ("calibrate-sample-size", "a calibration sample of 0 examples",
      lambda _: optimizers.calibrate_learning_rate(_squares, jnp.zeros(2), _EXAMPLES, 0.1, key=jax.random.key(0),
                                                   sample_size=0), ValueError, ["sample_size", ">= 1", "0"]),
+    ("lazy-sgd-learning-rate", "a learning rate of 0 for lazy SGD-L1", lambda _: optimizers.lazy_sgd_l1(0.0, 0.1),
+     ValueError, ["learning_rate", "> 0", "0.0"]),
+    ("lazy-sgd-segments", "more segments of an epoch than minibatches",
+     lambda _: _lazy_step(LinearChainModel.zeros(1, 2), segments=3), ValueError, ["segments_per_epoch", "[1, 2]", "3"]),
+    ("lazy-sgd-masked-model", "a masked model for lazy SGD-L1",
+     lambda _: _lazy_step(LinearChainModel.zeros(1, 2, emission_mask=np.ones((1, 2), bool))),
+     ValueError, ["emission_mask", "pair_mask"]),
+    ("lazy-sgd-max-rows-batch", "batch_size = 0 to bound the rows of a minibatch",
+     lambda _: optimizers.max_rows_per_batch(_FEATURE_BATCH, 0), ValueError, ["batch_size", ">= 1", "0"]),
     ("decay-steps", "steps_per_epoch = 0 for the decaying schedule", lambda _: optimizers.decaying_schedule(0.1, 0),
      ValueError, ["steps_per_epoch", ">= 1", "0"]),
     ("decay-rate", "a decay factor above 1", lambda _: optimizers.decaying_schedule(0.1, 10, 1.5),

@@ -34,7 +34,8 @@ from .sequence_boosting import (BoostingData, BoostingRun, BoostingState, boost,
                                 sequence_exp_loss)
 from .sparse_perceptron import (SparsePerceptronState, SparseSequenceData, sparse_averaged_params,
                                 sparse_perceptron_epoch, sparse_perceptron_init, sparse_sequence_data)
-from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
+from .sgd_l1 import (LazySgdL1, LazySgdL1State, SgdL1State, calibrate_learning_rate, decaying_schedule,
+                     chain_batch_rows, lazy_epoch_step_fn, lazy_sgd_l1, max_rows_per_batch, sgd_l1, take_rows)
 
 __all__ = [
     "BcdData", "bcd", "bcd_block_statistics", "bcd_data", "bcd_loss", "bcd_objective", "bcd_sweep_fn",
@@ -57,5 +58,6 @@ __all__ = [
     "ChainBoostingData", "chain_boosting_data", "chain_boosting_model", "sequence_pieces",
     "SparsePerceptronState", "SparseSequenceData", "sparse_averaged_params", "sparse_perceptron_epoch",
     "sparse_perceptron_init", "sparse_sequence_data",
-    "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "sgd_l1",
+    "LazySgdL1", "LazySgdL1State", "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "lazy_epoch_step_fn",
+    "chain_batch_rows", "lazy_sgd_l1", "max_rows_per_batch", "sgd_l1", "take_rows",
 ]

@@ -1,0 +1,197 @@
+"""Lazy SGD-L1 (sparse rows, Tsuruoka's cumulative penalty caught up when a
+row is touched) against the dense `sgd_l1` on the same minibatches, against
+a dense reference that applies the L2 step only to the touched rows, against
+OWL-QN's optimum, and resumed mid-epoch from a `lossfns.checkpoint`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from lossfns import checkpoint, optimizers, semirings
+from lossfns.features.index import FeatureBatch
+from lossfns.losses import sequence
+from lossfns.models.linear_chain import LinearChainModel
+
+N, T, F, F2, K, K2, L = 12, 5, 3, 1, 40, 6, 3
+BATCH_SIZE = 2
+L1 = 0.3
+
+
+def _loss(model, batch):
+    potentials = model(batch.unigram_ids, batch.pair_ids)
+    return jnp.sum(sequence.sequence_log_loss(potentials, batch.labels, batch.lengths, semiring=semirings.Real))
+
+
+def _planted(pairs: bool) -> FeatureBatch:
+    """Planted sentences: labels follow the first observation of each token,
+    so that the L1 optimum has exact zeros and non-zeros."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, T + 1, N)
+    ids = rng.integers(0, K, (N, T, F))
+    labels = ids[..., 0] % L
+    valid = np.arange(T) < lengths[:, None]
+    ids = np.where(valid[..., None], ids, -1)
+    ids[:, :, 2] = np.where(rng.random((N, T)) < 0.3, -1, ids[:, :, 2])  # ragged tokens
+    pair_ids = np.where(valid[..., None], rng.integers(0, K2, (N, T, F2)), -1) if pairs else np.zeros((N, T, 0))
+    return FeatureBatch(jnp.asarray(ids, jnp.int32), jnp.asarray(pair_ids, jnp.int32), jnp.asarray(lengths, jnp.int32),
+                        jnp.asarray(np.where(valid, labels, -1), jnp.int32))
+
+
+# Built once, outside any trace (closed over by the jitted runs below).
+_DATA = {pairs: _planted(pairs) for pairs in (True, False)}
+
+
+def _data(pairs: bool = True) -> FeatureBatch:
+    return _DATA[pairs]
+
+
+def _model(pairs: bool = True) -> LinearChainModel:
+    return LinearChainModel.zeros(K, L, K2 if pairs else 0, dtype=jnp.float64)
+
+
+SCHEDULE = optimizers.decaying_schedule(0.02, steps_per_epoch=N // BATCH_SIZE, decay_per_epoch=0.9)
+
+
+def _lazy(l2, epochs, segments=1, pairs=True):
+    bounds = optimizers.max_rows_per_batch(_data(pairs), BATCH_SIZE)  # from the concrete data
+    return _lazy_run(l2, epochs, segments, pairs, bounds)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _lazy_run(l2, epochs, segments, pairs, bounds, key=jax.random.PRNGKey(3)):
+    data, model = _data(pairs), _model(pairs)
+    optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1, l2)
+    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds,
+                                            segments_per_epoch=segments,
+                                            penalty=optimizers.elastic_net_penalty(L1, l2))
+    loop = optimizers.init_loop((model, optimizer.init(model), key), epochs * segments)
+    return optimizers.run_loop(step_fn, loop, epochs * segments, optimizers.relative_change_below(0.0))
+
+
+@functools.partial(jax.jit, static_argnames=("epochs",))
+def _dense(epochs, key=jax.random.PRNGKey(3)):
+    data, model = _data(), _model()
+    optimizer = optimizers.sgd_l1(SCHEDULE, L1)
+    step_fn = optimizers.epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE,
+                                       penalty=optimizers.elastic_net_penalty(L1))
+    loop = optimizers.init_loop((model, optimizer.init(model), key), epochs)
+    return optimizers.run_loop(step_fn, loop, epochs, optimizers.relative_change_below(0.0))
+
+
+def _assert_models_close(a, b, atol=1e-12):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
+
+
+def test_lazy_equals_dense_without_l2():
+    # Clipping at a non-decreasing total is cumulative, so catching a row up
+    # when it is touched gives the weights of clipping every row every step.
+    lazy, dense = _lazy(0.0, 3), _dense(3)
+    _assert_models_close(lazy.inner[0], dense.inner[0])
+    np.testing.assert_allclose(np.asarray(lazy.trace), np.asarray(dense.trace), rtol=1e-12)
+    weights = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(lazy.inner[0])])
+    assert 0 < np.count_nonzero(weights) < weights.size  # the clipping did something, and not everything
+
+
+def test_lazy_equals_dense_steps_restricted_to_the_touched_rows():
+    # Reference: the dense optimizer (no L2) fed the batch gradient plus the L2
+    # term on the rows the batch uses, over the same minibatches.
+    l2, data, model, key = 0.5, _data(), _model(), jax.random.PRNGKey(3)
+    dense = optimizers.sgd_l1(SCHEDULE, L1)
+    state = dense.init(model)
+    grad = jax.jit(jax.grad(_loss))
+
+    @jax.jit
+    def step(model, state, batch):
+        gradient = jax.tree_util.tree_map(lambda g: g * (N / BATCH_SIZE), grad(model, batch))
+        used = lambda ids, size: jnp.zeros(size, bool).at[jnp.where(ids < 0, size, ids).reshape(-1)].set(
+            True, mode="drop")
+        touched = dataclasses.replace(model, emission=used(batch.unigram_ids, K)[:, None],
+                                      pair_emission=used(batch.pair_ids, K2)[:, None, None],
+                                      transitions=jnp.ones((), bool), start=jnp.ones((), bool))
+        gradient = jax.tree_util.tree_map(lambda g, w, t: g + l2 * jnp.where(t, w, 0.0), gradient, model, touched)
+        updates, state = dense.update(gradient, state, model)
+        return jax.tree_util.tree_map(jnp.add, model, updates), state
+
+    for epoch in range(2):
+        order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), N))
+        for index in range(N // BATCH_SIZE):
+            examples = order[index * BATCH_SIZE:(index + 1) * BATCH_SIZE]
+            model, state = step(model, state, jax.tree_util.tree_map(lambda x: x[examples], data))
+    _assert_models_close(_lazy(l2, 2).inner[0], model)
+
+
+def test_reaches_owlqn_optimum_on_a_strongly_convex_problem():
+    # Full-batch steps at a constant rate with an L2 term (strongly convex, one
+    # optimum): every row is touched at every step, so the lazy L2 is the exact
+    # L2 and the cumulative penalty's fixed points are the objective's minimiser.
+    l2, data, model = 0.5, _data(pairs=False), _model(pairs=False)
+    penalty = optimizers.elastic_net_penalty(L1, l2)
+    owlqn = jax.jit(lambda: optimizers.minimize(lambda m: _loss(m, data), model, optimizers.owlqn(L1, l2),
+                                                max_steps=300, tol=1e-14, penalty=penalty))()
+    optimizer = optimizers.lazy_sgd_l1(0.05, L1, l2)
+    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=N,
+                                            max_rows=optimizers.max_rows_per_batch(data, N), penalty=penalty)
+    loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), 600)
+    lazy = jax.jit(lambda: optimizers.run_loop(step_fn, loop, 600, optimizers.relative_change_below(0.0)))()
+    best = float(_loss(owlqn.params, data) + penalty(owlqn.params))
+    np.testing.assert_allclose(float(lazy.value), best, rtol=1e-10)
+    _assert_models_close(lazy.inner[0], owlqn.params, atol=1e-4)
+    emission = np.asarray(owlqn.params.emission)
+    assert 0 < np.count_nonzero(emission) < emission.size  # the optimum has zeros and non-zeros
+    np.testing.assert_array_equal(np.asarray(lazy.inner[0].emission) != 0, emission != 0)
+
+
+def test_resumes_mid_epoch_from_a_checkpoint(tmp_path):
+    # 2 epochs in 3 segments; interrupted after 2 segments (inside epoch 1).
+    data, model = _data(), _model()
+    optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1, 0.1)
+    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE,
+                                            max_rows=optimizers.max_rows_per_batch(data, BATCH_SIZE),
+                                            segments_per_epoch=3)
+    loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), 6)
+    stop = optimizers.relative_change_below(0.0)
+    run = jax.jit(lambda state, until: optimizers.run_loop(step_fn, state, until, stop))
+    straight = run(loop, 6)
+    path = checkpoint.save(tmp_path / "lazy.ckpt", run(loop, 2))
+    resumed = run(checkpoint.load(path, loop), 6)
+    for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Segments do not change the trajectory (flushing between them is a no-op on it).
+    _assert_models_close(straight.inner[0], _lazy(0.1, 2).inner[0])
+
+
+def test_batch_rows_give_the_loss_and_the_gradient_rows_jit_and_not():
+    data, model = _data(), _model()
+    model = jax.tree_util.tree_map(lambda x: jax.random.normal(jax.random.PRNGKey(1), x.shape, x.dtype), model)
+    batch = jax.tree_util.tree_map(lambda x: x[:3], data)
+    bounds = optimizers.max_rows_per_batch(data, 3)
+    dense = jax.grad(_loss)(model, batch)
+    for batch_rows in (optimizers.chain_batch_rows, jax.jit(optimizers.chain_batch_rows, static_argnums=2)):
+        rows, local_batch = batch_rows(model, batch, bounds)
+        local_model = optimizers.take_rows(model, rows)
+        np.testing.assert_allclose(_loss(local_model, local_batch), _loss(model, batch), rtol=1e-12)
+        local = jax.grad(_loss)(local_model, local_batch)
+        scattered = jax.tree_util.tree_map(lambda g, r, d: jnp.zeros_like(d).at[r].add(g, mode="drop"),
+                                           local, rows, dense)
+        _assert_models_close(scattered, dense)
+
+
+def test_rejects_masked_models_and_too_many_segments():
+    data = _data()
+    optimizer = optimizers.lazy_sgd_l1(0.1, L1)
+    bounds = optimizers.max_rows_per_batch(data, BATCH_SIZE)
+    with pytest.raises(ValueError, match="segments_per_epoch"):
+        optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds,
+                                      segments_per_epoch=N)
+    masked = LinearChainModel.zeros(K, L, K2, emission_mask=np.ones((K, L), bool), dtype=jnp.float64)
+    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds)
+    with pytest.raises(ValueError, match="emission_mask"):
+        step_fn((masked, None, jax.random.PRNGKey(0)), jnp.zeros((), jnp.int32))
