@@ -102,16 +102,28 @@ def test_synthetic_fallback_without_corpus(no_corpora):
             assert part == ("I" if tag == previous else "B")
 
 
-def test_bcd_cost_counts_blocks_and_padding():
+def test_bcd_cost_counts_blocks_visits_and_truncated_cells():
+    # Oracle: a plain loop over sentences and the tests active in each.
     data = lavergne2010.load_coarse(8, 4)
-    encoded = lavergne2010.encode(data, lavergne2010.Extractor(lavergne2010.BLOCK_TEMPLATES), 1)
+    encoded = lavergne2010.encode(data, lavergne2010.Extractor(lavergne2010.BLOCK_TEMPLATES, "B01:%x[0,0]"), 1)
     cost = lavergne2010.bcd_cost(encoded, num_labels=3)
-    assert cost["blocks"] == encoded.num_unigram
-    assert cost["longest_occurrence_list"] == 8  # the bias test occurs in every sentence
-    assert cost["multiply_adds_per_sweep"] == pytest.approx(
-        cost["blocks"] * (3 + 9) * 8 * cost["padded_length"] * 9)
-    assert cost["padded_length"] == max(len(s.labels) for s in data.train)
-    assert np.isfinite(cost["bytes_per_block_intermediate"])
+    blocks, visits, cells = set(), 0, 0
+    stacked = encoded.stacked
+    for ids, kind in ((stacked.unigram_ids, "unigram"), (stacked.pair_ids, "pair"), (None, "transitions")):
+        for sentence, length in enumerate(np.asarray(stacked.lengths)):
+            positions = {}
+            for t in range(length):
+                active = ["all"] if ids is None else [k for k in np.asarray(ids[sentence, t]) if k >= 0]
+                if kind == "pair" and t == 0:
+                    active = []  # pair weights do not apply at a chain's first position
+                for k in active:
+                    positions.setdefault(k, []).append(t)
+            for k, at in positions.items():
+                blocks.add((kind, k))
+                visits += 1
+                cells += length + max(at) - min(at) + 1
+    assert cost["blocks"] == len(blocks) and cost["visits"] == visits and cost["truncated_cells"] == cells
+    assert cost["multiply_adds_per_sweep"] == cells * 9
 
 
 def test_pair_features_enter_the_model_and_the_loss():

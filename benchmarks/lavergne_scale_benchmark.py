@@ -1,0 +1,180 @@
+"""Lavergne et al. (2010) at full scale: what one epoch, sweep or start costs.
+
+On all 8,936 sentences of conll2000's train.txt with Lavergne's POS feature
+set (`experiments.lavergne2010`'s `lavergne_pos`, the experiment's encoding),
+one part per run (each in its own process, so that its peak memory is its own):
+
+* `sgd`: one epoch of SGD-L1, dense (`optimizers.sgd_l1`: every weight at
+  every step) against lazy (`optimizers.lazy_sgd_l1`: the rows a minibatch
+  uses), the same minibatches. The dense epoch is timed on the first
+  `--dense-sentences` sentences (same feature index, so the same O(K) step)
+  and extrapolated to the whole set, stated as such; the lazy epoch runs
+  whole. The full objective after the epoch is timed apart.
+* `bcd`: the plan (`optimizers.bcd_data`) and one sweep of `optimizers.bcd`,
+  with the chain cells the sweep runs.
+* `startup`: `Tagger("lavergne_pos")` on the 319 joint POS|chunk labels of
+  train.txt, time to the end of its first iteration (features, indexing,
+  compilation, one OWL-QN iteration) and the process's peak memory.
+
+    NLTK_DATA=../shared/nltk_data python -m benchmarks.lavergne_scale_benchmark --part sgd
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from experiments import lavergne2010
+from lossfns import corpora, optimizers
+from lossfns.models.linear_chain import LinearChainModel
+from lossfns.tagger import Tagger
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RATE = 1e-5  # per-example rate; timing only (the experiment calibrates it)
+
+
+def _peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+
+
+def _timed(fn, *args):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - start
+
+
+def _compiled(fn, *args):
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def _pos_task(sentences=None):
+    start = time.perf_counter()
+    data = lavergne2010.load("pos", dict(num_train=sentences, num_test=10))
+    encoded = lavergne2010.encode(data, lavergne2010.Extractor("lavergne_pos"), 1)
+    return data, encoded, time.perf_counter() - start
+
+
+def _subset(batch, count):
+    return jax.tree_util.tree_map(lambda x: x[:count], batch)
+
+
+def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> dict:
+    data, encoded, index_seconds = _pos_task(sentences)
+    stacked, L = encoded.stacked, len(data.labels)
+    N = int(stacked.lengths.shape[0])
+    model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
+    penalty = optimizers.elastic_net_penalty(lavergne2010.L1, lavergne2010.L2)
+    objective = lambda m, d: lavergne2010.batch_loss(m, d) + penalty(m)
+    log(f"conll2000 POS: {N} sentences, {encoded.num_unigram} observation tests, {L} labels, "
+        f"{model.emission.size + L * L + L} weights; indexing {index_seconds:.1f} s")
+    full_objective, objective_compile = _compiled(objective, model, stacked)
+    _, objective_seconds = _timed(full_objective, model, stacked)
+    records = []
+    key = jax.random.PRNGKey(0)
+    for batch_size in batch_sizes:
+        row = {"batch_size": batch_size, "steps_per_epoch": N // batch_size}
+        lazy = optimizers.lazy_sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
+        max_rows = optimizers.max_rows_per_batch(stacked, batch_size)
+        lazy_epoch = lambda inner, d: optimizers.lazy_epoch_step_fn(
+            lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows)(inner, jnp.int32(0))
+        inner = (model, lazy.init(model), key)
+        compiled, row["lazy_compile_s"] = _compiled(lazy_epoch, inner, stacked)
+        (_, value), seconds = _timed(compiled, inner, stacked)
+        row["lazy_epoch_s"] = seconds - objective_seconds
+        row["lazy_objective"] = float(value)
+        log(f"  batch {batch_size}: lazy epoch {row['lazy_epoch_s']:.1f} s (+ {objective_seconds:.1f} s objective; "
+            f"compile {row['lazy_compile_s']:.1f} s), rows per step <= {max_rows}")
+        subset = _subset(stacked, max(batch_size, min(dense_sentences, N)))
+        part = int(subset.lengths.shape[0])
+        dense = optimizers.sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
+        dense_epoch = lambda inner, d: optimizers.epoch_step_fn(
+            lavergne2010.batch_loss, dense, d, batch_size=batch_size)(inner, jnp.int32(0))
+        inner = (model, dense.init(model), key)
+        compiled, row["dense_compile_s"] = _compiled(dense_epoch, inner, subset)
+        _, seconds = _timed(compiled, inner, subset)
+        part_objective, _ = _compiled(lavergne2010.batch_loss, model, subset)
+        _, subset_objective = _timed(part_objective, model, subset)
+        per_step = (seconds - subset_objective) / (part // batch_size)
+        row.update(dense_sentences=part, dense_step_s=per_step, dense_epoch_s=per_step * (N // batch_size),
+                   lazy_step_s=row["lazy_epoch_s"] / (N // batch_size))
+        row["speedup"] = row["dense_epoch_s"] / row["lazy_epoch_s"]
+        log(f"  batch {batch_size}: dense {1e3 * per_step:.1f} ms per step on {part} sentences -> epoch "
+            f"{row['dense_epoch_s']:.0f} s (extrapolated); lazy {1e3 * row['lazy_step_s']:.2f} ms per step: "
+            f"{row['speedup']:.1f}x")
+        records.append(row)
+    return {"sentences": N, "observation_tests": encoded.num_unigram, "labels": L, "index_s": index_seconds,
+            "objective_s": objective_seconds, "objective_compile_s": objective_compile, "records": records,
+            "peak_gib": _peak_gib()}
+
+
+def bcd_part(sentences=None, log=print) -> dict:
+    data, encoded, index_seconds = _pos_task(sentences)
+    L = len(data.labels)
+    model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
+    start = time.perf_counter()
+    plan = optimizers.bcd_data(lavergne2010.packed_training_set(encoded), model)
+    plan_seconds = time.perf_counter() - start
+    cells = {kind: int(np.sum(np.asarray(getattr(plan, kind).length)))
+             for kind in ("forward", "backward", "windows", "sentences")}
+    log(f"BCD plan {plan_seconds:.1f} s: {plan.num_rounds} rounds, cells per sweep {cells}")
+    sweep = lambda m, d: optimizers.bcd_sweep_fn(d, lavergne2010.L1, lavergne2010.L2)(m, jnp.int32(0))
+    compiled, compile_seconds = _compiled(sweep, model, plan)
+    (model, value), sweep_seconds = _timed(compiled, model, plan)
+    log(f"one sweep {sweep_seconds:.1f} s (compile {compile_seconds:.1f} s), objective {float(value):.1f}, "
+        f"{int(model.num_nonzero())} non-zero weights")
+    cost = lavergne2010.bcd_cost(encoded, L)
+    return {"sentences": len(data.train), "observation_tests": encoded.num_unigram, "labels": L,
+            "index_s": index_seconds, "plan_s": plan_seconds, "rounds": plan.num_rounds, "cells": cells,
+            "counted": cost, "compile_s": compile_seconds, "sweep_s": sweep_seconds, "objective": float(value),
+            "peak_gib": _peak_gib()}
+
+
+def startup_part(iterations: int, log=print) -> dict:
+    sentences = [lavergne2010.joint_labels(s) for s in corpora.conll2000("train.txt", task="chunk")]
+    start = time.perf_counter()
+    tagger = Tagger("lavergne_pos", l1=lavergne2010.L1, l2=lavergne2010.L2, max_iterations=iterations,
+                    progress=False).fit(sentences)
+    seconds = time.perf_counter() - start
+    log(f"Tagger at {len(tagger.labels)} labels: {seconds:.1f} s to the end of iteration {iterations} "
+        f"(training {tagger.training_seconds:.1f} s of it), peak {_peak_gib():.2f} GiB")
+    return {"sentences": len(sentences), "labels": len(tagger.labels), "iterations": iterations,
+            "seconds": seconds, "training_s": tagger.training_seconds, "peak_gib": _peak_gib()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("sgd", "bcd", "startup"), required=True)
+    parser.add_argument("--batch-sizes", default="64,8")
+    parser.add_argument("--dense-sentences", type=int, default=512)
+    parser.add_argument("--iterations", type=int, default=1)
+    parser.add_argument("--sentences", type=int, default=None, help="training sentences (default: all 8,936)")
+    parser.add_argument("--machine", default="cpu-2core")
+    args = parser.parse_args()
+    if args.part == "sgd":
+        result = sgd_part([int(b) for b in args.batch_sizes.split(",")], args.dense_sentences, args.sentences)
+    elif args.part == "bcd":
+        result = bcd_part(args.sentences)
+    else:
+        result = startup_part(args.iterations)
+    result.update(machine=args.machine, platform=platform.platform(), jax=jax.__version__,
+                  cpus=os.cpu_count())
+    name = f"lavergne-scale-{args.part}-{args.machine}" + (f"-{args.sentences}" if args.sentences else "")
+    path = os.path.join(RESULTS, f"{name}.json")
+    with open(path, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
