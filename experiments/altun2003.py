@@ -378,8 +378,8 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
                 f"L-BFGS (optax.lbfgs), Gaussian prior sigma^2 = {1 / L2_WEIGHT:g}, until the "
                 f"{LBFGS_CRITERION}; averaged perceptron shuffled each epoch (seed {SEED}) until its development "
                 f"score has not improved for {configs[next(iter(configs))]['perceptron_patience']} epochs (the best "
-                f"epoch's model is scored; development set: NER esp.testa, POS the NLTK treebank sample); safety "
-                f"caps ({caps}) far beyond convergence. The `converged` columns say which criterion each row met "
+                f"epoch's model is scored; development set: NER esp.testa, POS the NLTK treebank sample); caps "
+                f"({caps}){'' if quick else ': safety limits far beyond convergence'}. The `converged` columns say which criterion each row met "
                 f"and at which step, or why not. L-BFGS seconds exclude compilation (in the JSON); "
                 f"averaged-perceptron seconds include it.", ""]
     for task, result in results.items():

@@ -76,7 +76,8 @@ from lossfns.checkpoint import ModelFileError
 from lossfns.tagger import Tagger
 
 from . import synthetic
-from .harness import RunDirectory, converged_cell, markdown_table, plateau_convergence, stale_note, verdict
+from .harness import (RunDirectory, converged_cell, markdown_table, missing_note, plateau_convergence, stale_note,
+                      verdict)
 
 # Gao et al. 2006, Table 1: CER (%) of the baseline, boosting and BLasso, per
 # adaptation domain and training size (MAP, the paper's fourth column, is not
@@ -590,7 +591,8 @@ def _check_conclusions(settings: dict) -> dict:
     blasso_gains = {f"{d}-{s}": settings[(d, s)]["boosting"]["test_error"] - settings[(d, s)]["blasso"]["test_error"]
                     for d, s in complete}
     converged = all(settings[key][m]["convergence"]["met"] for key in complete for m in METHODS)
-    return {"settings_compared": len(complete), "converged": converged, "blasso_beats_boosting": len(wins),
+    current = not any(settings[key][m].get("stale") for key in complete for m in METHODS)
+    return {"settings_compared": len(complete), "converged": converged, "current": current, "blasso_beats_boosting": len(wins),
             "blasso_loses_to_boosting": len(losses), "ties": len(complete) - len(wins) - len(losses),
             "blasso_beats_boosting_everywhere": bool(complete) and len(wins) == len(complete),
             "boosting_minus_blasso": blasso_gains, "fslr_minus_boosting": differences,
@@ -644,11 +646,18 @@ def _plot_figures(run: RunDirectory, rows: dict, setting: tuple, synthetic_data:
     return names
 
 
+def _shrinkage_cell(boosting: dict | None) -> str | None:
+    """Boosting's nu chosen on held-out error, and the values tried."""
+    if boosting is None:
+        return None
+    return f"{boosting.get('shrinkage') or SHRINKAGE:g} ({', '.join(boosting['shrinkage_trials'])})"
+
+
 def _table(baselines: dict, settings: dict, config: dict) -> str:
     header = ["domain (training sentences)", "baseline", "oracle", "boosting", "FSLR", "BLasso",
               "BLasso over boosting (%)", "non-zero weights (boosting / FSLR / BLasso)", "paper domain",
-              "paper baseline", "paper boosting", "paper BLasso", "boosting nu (held-out)",
-              "converged (boosting / FSLR / BLasso)", "best step / steps run (boosting / FSLR / BLasso)",
+              "paper baseline", "paper boosting", "paper BLasso", "boosting nu (held-out; tried)",
+              "converged (boosting / FSLR / BLasso)", "best step of steps run (boosting / FSLR / BLasso)",
               "train s (boosting / FSLR / BLasso)"]
     rows = []
     for (domain, size), found in settings.items():
@@ -662,9 +671,9 @@ def _table(baselines: dict, settings: dict, config: dict) -> str:
         rows.append([f"{domain} ({size})", base["test"]["baseline_error"] if base else None,
                      base["test"]["oracle_error"] if base else None, error("boosting"), error("fslr"),
                      error("blasso"), relative, nonzero, f"{paper_key[0]} ({paper_key[1]})", *paper,
-                     f"{found['boosting'].get('shrinkage') or SHRINKAGE:g}" if "boosting" in found else None,
+                     _shrinkage_cell(found.get("boosting")),
                      " / ".join(converged_cell(found[m]["convergence"]) if m in found else "-" for m in METHODS),
-                     " / ".join(f"{found[m]['best_step']} / {found[m]['run_steps']}" if m in found else "-"
+                     " / ".join(f"{found[m]['best_step']} of {found[m]['run_steps']}" if m in found else "-"
                                 for m in METHODS),
                      " / ".join(f"{found[m]['seconds']:.0f}" if m in found else "-" for m in METHODS)])
     return markdown_table(header, rows)
@@ -707,7 +716,8 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         reduction = 1.0 - figure3["blasso_l1"] / figure3["fboosting_l1"]
         conclusions["figure3_l1_reduction"] = reduction
         figure3_converged = all(figure_rows[m]["convergence"]["met"] for m in ("blasso", "fboosting"))
-        conclusions["figure3"] = verdict(reduction > 0, quick=quick, converged=figure3_converged)
+        conclusions["figure3"] = verdict(reduction > 0, quick=quick, converged=figure3_converged,
+                                         current=not any(figure_rows[m].get("stale") for m in ("blasso", "fboosting")))
         if conclusions["figure3"] == "HOLDS" and reduction < APART_BY:
             conclusions["figure3"] = "HOLDS ONLY WEAKLY"
     synthetic_data = any(d.startswith("synthetic") for d in config["domains"])
@@ -736,7 +746,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         "(Table 1) for the domain and size in the same position (our small / large training set where it has "
         "800 / 8K).", "",
         _table(baselines, settings, config), "",
-        *stale_note([row for rows in settings.values() for row in rows.values()]),
+        *stale_note([row for rows in settings.values() for row in rows.values()]), *missing_note(run),
         f"![Figure 3]({os.path.basename(figures[0])}) ![Figure 4]({os.path.basename(figures[1])})", "",
         "## The paper's conclusions", "",
         "Gao et al.: BLasso outperforms boosting on every test set; FSLR's results are very close to boosting with "
@@ -745,14 +755,16 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     if conclusions["settings_compared"]:
         gains = ", ".join(f"{k}: {v:+.3f}" for k, v in conclusions["boosting_minus_blasso"].items())
         tracks = ", ".join(f"{k}: {v:+.3f}" for k, v in conclusions["fslr_minus_boosting"].items())
+        judge = lambda holds: verdict(holds, quick=quick, converged=conclusions["converged"],
+                                      current=conclusions["current"])
         document += [
             f"- BLasso beats boosting (by at least {TIE_WITHIN:g} points): in {conclusions['blasso_beats_boosting']} "
             f"of {conclusions['settings_compared']} settings, ties in {conclusions['ties']}, loses in "
             f"{conclusions['blasso_loses_to_boosting']} (boosting minus BLasso test error, points: {gains}): "
-            f"{verdict(conclusions['blasso_beats_boosting_everywhere'], quick=quick, converged=conclusions['converged'])}"
+            f"{judge(conclusions['blasso_beats_boosting_everywhere'])}"
             f" here (paper: BLasso below boosting in all 12 settings of Table 1, by 0.03-0.64 points CER).",
             f"- FSLR tracks boosting (within {TRACKS_WITHIN:g} points everywhere; FSLR minus boosting: {tracks}): "
-            f"{verdict(conclusions['fslr_tracks_boosting'], quick=quick, converged=conclusions['converged'])} here "
+            f"{judge(conclusions['fslr_tracks_boosting'])} here "
             f"(paper: 'very close', no numbers)."]
     if figure3 is not None:
         document.append(
@@ -768,6 +780,8 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
                                                                                 in PAPER_TABLE1.items()}}
     run.write_json("results.json", summary)
     finished = all(len(rows) == len(METHODS) + ((d, s) == tuple(config["figure_setting"]))
+                   and len(rows["boosting"]["shrinkage_trials"]) == len(config["shrinkage"])
+                   and not any(row.get("stale") for row in rows.values())
                    for (d, s), rows in settings.items()) and len(baselines) == len(config["domains"])
     if finished:  # the cached baseline tagger is only needed to resume
         shutil.rmtree(os.path.join(run.root, "checkpoints"), ignore_errors=True)

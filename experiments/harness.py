@@ -50,6 +50,7 @@ class RunDirectory:
         self.root = root
         self.compute_missing = compute_missing
         self.command = command if command is not None else [sys.executable, "-m", "experiments"] + sys.argv[1:]
+        self.missing: list[str] = []  # units a report (no `compute_missing`) found unfinished, in order
         os.makedirs(os.path.join(root, "units"), exist_ok=True)
 
     def _unit_path(self, name: str) -> str:
@@ -78,6 +79,7 @@ class RunDirectory:
             if not self.compute_missing:
                 return result | {"stale": True, "unit": name}
         if not self.compute_missing:
+            self.missing.append(name)
             return None
         result = compute()
         if settings is not None:
@@ -198,6 +200,13 @@ def stale_note(rows) -> list[str]:
             f"{', '.join(names)}.", ""]
 
 
+def missing_note(run: RunDirectory) -> list[str]:
+    """Markdown lines naming the units a report found unfinished."""
+    if not run.missing:
+        return []
+    return [f"Units not run yet (a run of the command computes them): {', '.join(run.missing)}.", ""]
+
+
 def converged_cell(convergence: dict | None) -> str:
     """The `converged` column: the criterion met at step k, or "not
     converged" with why (the cap reached, with the last relative change)."""
@@ -211,13 +220,16 @@ def converged_cell(convergence: dict | None) -> str:
     return f"not converged ({why})"
 
 
-def verdict(holds: bool | None, *, quick: bool, converged: bool) -> str:
+def verdict(holds: bool | None, *, quick: bool, converged: bool, current: bool = True) -> str:
     """A published claim's verdict: HOLDS / DOES NOT HOLD only when judged
-    from a full run's converged rows; else why it is not judged."""
+    from a full run's converged rows of the current configuration
+    (`current`: none read from a stale unit); else why it is not judged."""
     if quick:
         return "not judged (quick run)"
     if holds is None:
         return "not tested"
     if not converged:
         return "not judged (not converged)"
+    if not current:
+        return "not judged (rows of an earlier configuration)"
     return "HOLDS" if holds else "DOES NOT HOLD"

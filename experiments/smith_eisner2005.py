@@ -741,11 +741,13 @@ def select(rows: list, metric: str) -> dict:
     """Unsupervised selection (highest dev criterion) and oracle (highest
     `metric`) among the smoothing trials `rows` of one (criterion, data)."""
     if not rows:
-        return {"selected": None, "oracle": None, "selected_smoothing": None, "trials": 0, "converged": 0}
+        return {"selected": None, "oracle": None, "selected_smoothing": None, "trials": 0, "converged": 0,
+                "stale": False}
     chosen = max(rows, key=lambda row: row["dev_criterion"])
     return {"selected": chosen[metric], "oracle": max(row[metric] for row in rows),
             "selected_smoothing": chosen["smoothing"], "trials": len(rows),
-            "converged": sum(row["convergence"]["met"] for row in rows)}
+            "converged": sum(row["convergence"]["met"] for row in rows),
+            "stale": any(row.get("stale") for row in rows)}
 
 
 def check_conclusion(selections: dict, size_key: str) -> dict:
@@ -764,8 +766,9 @@ def check_conclusion(selections: dict, size_key: str) -> dict:
              > max(scores[c] for c in ("DEL1WORD", "DEL1SUBSEQ"))) if complete else None
     converged = all(selections[c][size_key]["converged"] == selections[c][size_key]["trials"] for c in CRITERIA
                     if size_key in selections.get(c, {}))
+    current = not any(selections[c][size_key].get("stale") for c in CRITERIA if size_key in selections.get(c, {}))
     return {"complete": complete, "holds": complete and all(good) and all(poor), "margins": margins,
-            "converged": converged,
+            "converged": converged, "current": current,
             "good_beat_em": all(good) if good else None, "poor_do_not": all(poor) if poor else None,
             "good_above_poor": above}
 
@@ -891,6 +894,20 @@ def _units_table(rows: list) -> str:
                            for row in sorted(rows, key=lambda row: row["unit"])])
 
 
+def _run_time_note(rows: list, num_missing: int) -> str:
+    """Wall time of the trained models, per model (EM and CE apart), and
+    what the models still to train (stale or missing) would take at that pace."""
+    seconds = lambda chosen: [row["train_seconds"] for row in chosen]
+    em, ce = (seconds([r for r in rows if (r["criterion"] == "EM") == is_em]) for is_em in (True, False))
+    todo = [row for row in rows if row.get("stale")]
+    mean = lambda values: sum(values) / max(len(values), 1)
+    estimate = sum(mean(em) if row["criterion"] == "EM" else mean(ce) for row in todo) + num_missing * mean(em + ce)
+    return (f"Wall time: {len(rows)} models in {sum(em + ce) / 3600:.1f} h (mean per model: EM {mean(em):.0f} s, "
+            f"CE {mean(ce):.0f} s). The {len(todo)} models of an earlier configuration and {num_missing} not yet "
+            f"run would take about {estimate / 3600:.1f} h at that pace (longer where a model runs past the "
+            f"earlier cap).")
+
+
 def _table3_table(result: dict, config: dict) -> str:
     models = [f"{c}{'+spelling' if s else ''}" for c, s in config["table3_models"]]
     header = ["dictionary"] + [f"{m} {kind}" for m in models for kind in ("sel.", "oracle", "paper")]
@@ -963,7 +980,8 @@ def _conclusion_text(result: dict, quick: bool) -> list[str]:
         if not check["complete"]:
             lines.append(f"- {key}: not all criteria finished yet (margins over EM so far: {margins or 'none'}).")
             continue
-        judged = verdict(check["holds"], quick=quick, converged=check.get("converged", False))
+        judged = verdict(check["holds"], quick=quick, converged=check.get("converged", False),
+                         current=check.get("current", True))
         paper = PAPER_FIGURE2.get("EM", {}).get(int(key[:-1]) if key.endswith("K") else None)
         paper_margins = "" if paper is None else " (paper: " + ", ".join(
             f"{c} {PAPER_FIGURE2[c][int(key[:-1])][0] - paper[0]:+.1f}" for c in CRITERIA if c != "EM") + ")"
@@ -1017,7 +1035,8 @@ def _table3_findings(result: dict, config: dict, quick: bool) -> list[str]:
     for claim, reference in zip(ours, theirs):
         chosen = [result["selections"].get(m, {}).get(d, {}) for m in claim["models"] for d in dilutions]
         converged = all(c.get("trials") and c["converged"] == c["trials"] for c in chosen)
-        judged = verdict(claim["holds"], quick=quick, converged=converged)
+        judged = verdict(claim["holds"], quick=quick, converged=converged,
+                         current=not any(c.get("stale") for c in chosen))
         lines.append(f"- {claim['claim']}: {judged}; ours {claim['numbers']}; paper {reference['numbers']} "
                      f"({'holds' if reference['holds'] else 'does not hold'} on its numbers).")
     return lines
@@ -1120,9 +1139,10 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
         document += _table3_findings(result, config, quick) + [""]
     trained = [row for result in results.values() for row in result["rows"]]
     document += stale_note(trained)
-    if trained:
-        document += ["## Trained models", "", _units_table(trained)]
     missing = missing_units(run, config, tuple(results))
+    if trained:
+        document += ["## Trained models", "", _run_time_note(trained, sum(map(len, missing.values()))), "",
+                     _units_table(trained)]
     if missing:
         document += ["## Missing units", "",
                      f"{sum(len(names) for names in missing.values())} trained models are not finished (the run "

@@ -274,7 +274,7 @@ def evaluate(params: LinearChainModel, buckets: list, order: np.ndarray, data: T
 # ---------------------------------------------------------------------------
 
 
-def _shuffled_perceptron_epochs(data):
+def shuffled_perceptron_epochs(data):
     """`make_step` of one averaged-perceptron epoch (`optimizers.perceptron_epoch_fn`)
     over every bucket, `data = (buckets, seed)`: the buckets and the sentences
     within each are visited in an order drawn from `(seed, epoch)`, so no
@@ -334,7 +334,7 @@ def train_perceptron(params: LinearChainModel, buckets: list, *, max_epochs: int
             best.update(params=averaged, epoch=len(scores))
         return len(scores) - best["epoch"] >= patience
 
-    run = optimizers.drive(_shuffled_perceptron_epochs, loop, (tuple(buckets), jnp.asarray(seed, jnp.uint32)),
+    run = optimizers.drive(shuffled_perceptron_epochs, loop, (tuple(buckets), jnp.asarray(seed, jnp.uint32)),
                            stop=optimizers.no_mistakes, progress=progress, description="perceptron",
                            callback=after_epoch)
     steps = int(run.loop.step)
