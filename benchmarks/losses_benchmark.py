@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lossfns import losses, semirings
 from lossfns.lattices.chain import FactoredPotentials, materialize

@@ -42,10 +42,9 @@ import json
 import os
 import shutil
 
-import numpy as np
-
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns import checkpoint, metrics
 from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model

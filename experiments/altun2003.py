@@ -14,15 +14,14 @@ from __future__ import annotations
 import os
 import shutil
 
-import numpy as np
-
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model, sequence_pieces
 
 from . import tagging
-from .tagging import LOSSES
 from .harness import RunDirectory, floors_section, markdown_table
+from .tagging import LOSSES
 
 # MATH.md section 7 (Altun et al. 2003, Tables 2 and 3): NER F1 for S1, S2, S3.
 PAPER_NER_F1 = {

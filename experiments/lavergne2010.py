@@ -40,15 +40,13 @@ import os
 import time
 from typing import Callable, NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
+import numpy as np
 import tqdm
+from matplotlib.ticker import NullFormatter
 
-from benchmarks import chain_benchmark
 from lossfns import corpora, metrics, optimizers, semirings
 from lossfns.features import index as feature_index
 from lossfns.features import presets, templates
@@ -59,6 +57,7 @@ from lossfns.models.linear_chain import LinearChainModel
 
 from . import synthetic, tagging
 from .harness import RunDirectory, markdown_table
+from benchmarks import chain_benchmark
 
 # ---------------------------------------------------------------------------
 # The paper's numbers (MATH.md section 6; paper text in /work/shared/papers)

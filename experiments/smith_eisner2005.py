@@ -50,14 +50,12 @@ import shutil
 import time
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
 import optax
 import tqdm
-
-import matplotlib.pyplot as plt
 
 from lossfns import corpora, hmm, metrics, optimizers, semirings
 from lossfns.lattices import dag, neighbourhoods, tagging

@@ -21,10 +21,9 @@ import functools
 import shutil
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lossfns import corpora, features, metrics, optimizers, semirings

@@ -52,10 +52,9 @@ try:
 except ImportError:  # not POSIX: DirectoryLock does not lock
     fcntl = None
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 FORMAT_VERSION = 1
 MAGIC = b"LOSSFNS-CHECKPOINT\n"

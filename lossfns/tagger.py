@@ -30,15 +30,31 @@ import optax
 
 from . import metrics, model_file, parallel
 from .corpora import Sentence
-from .lattices.constraints import allowed_transitions, scheme_of
-from .features.corpus import (build_index, check_sentences, corpus_arrays, encode, extractor, extractor_spec,
-                              in_corpus_order, label_ids, pack_shards, padded_buckets)
+from .features.corpus import (
+    build_index,
+    check_sentences,
+    corpus_arrays,
+    encode,
+    extractor,
+    extractor_spec,
+    in_corpus_order,
+    label_ids,
+    pack_shards,
+    padded_buckets,
+)
 from .features.index import FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack, pack_rows
+from .lattices.constraints import allowed_transitions, scheme_of
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
-from .optimizers import (Status, check_elastic_net, crfsuite_elastic_net, elastic_net_training,
-                         relative_improvement_below, train)
+from .optimizers import (
+    Status,
+    check_elastic_net,
+    crfsuite_elastic_net,
+    elastic_net_training,
+    relative_improvement_below,
+    train,
+)
 from .optimizers.minimize import check_callable, check_scalar
 from .validation import check_float_dtype, check_int
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.test_util import check_grads
 
 from .lattices.chain import FactoredPotentials, materialize

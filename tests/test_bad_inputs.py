@@ -14,26 +14,24 @@ import io
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 
 from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
+from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.corpora import Sentence
 from lossfns.features import design, dicts, pack, pack_tokens, templates
-from lossfns.lattices import chain, dag
+from lossfns.lattices import chain, constraints, dag
 from lossfns.lattices.chain import FactoredPotentials
-from lossfns.optimizers import reranking
-from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.lattices.sparse_chain import SparsePotentials
 from lossfns.models import LinearChainModel
-from lossfns.lattices import constraints
 from lossfns.nn import CRF, possible_tags
-from lossfns.tagger import Tagger
+from lossfns.optimizers import reranking
 from lossfns.sklearn import CRF as EstimatorCRF
+from lossfns.tagger import Tagger
 
 T, L = 3, 2
 

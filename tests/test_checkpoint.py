@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import equinox as eqx
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 
 from lossfns import checkpoint
 from lossfns.lattices import chain

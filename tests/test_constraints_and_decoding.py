@@ -19,8 +19,8 @@ from lossfns import testing
 from lossfns.corpora import Sentence
 from lossfns.features import pad_batch
 from lossfns.lattices import chain
-from lossfns.lattices.sparse_chain import SparsePotentials, to_dense
 from lossfns.lattices.constraints import allowed_transitions, scheme_of
+from lossfns.lattices.sparse_chain import SparsePotentials, to_dense
 from lossfns.models import constrain
 from lossfns.tagger import Tagger
 

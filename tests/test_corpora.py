@@ -10,10 +10,10 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import corpus_or_fail
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import corpus_or_fail
 from lossfns import corpora
 from lossfns.corpora import Sentence
 

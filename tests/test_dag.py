@@ -8,12 +8,12 @@ each path in numpy and reduces with each semiring's definition.
 import functools
 import itertools
 
-import numpy as np
-import pytest
-from hypothesis import given, strategies as st
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 from lossfns import semirings

@@ -17,11 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import semirings
 from lossfns.lattices import chain

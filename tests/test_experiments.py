@@ -10,11 +10,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import checkpoint, testing
 from lossfns.lattices import chain

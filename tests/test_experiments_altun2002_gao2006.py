@@ -10,17 +10,15 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.numpy as jnp
-
 from conftest import corpus_or_fail
+
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 
 from experiments import altun2002, gao2006
-
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b"\x89PNG\r\n\x1a\n"

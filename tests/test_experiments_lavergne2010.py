@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import corpus_or_fail
+
 from lossfns import corpora
 from lossfns.models.linear_chain import LinearChainModel
 

@@ -11,18 +11,17 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
 from lossfns import corpora, hmm
 from lossfns.lattices import dag, neighbourhoods, tagging
+from tests.conftest import corpus_or_fail
 
 from experiments import smith_eisner2005 as se
 from experiments import synthetic
-from tests.conftest import corpus_or_fail
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K, V = 2, 4

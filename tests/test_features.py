@@ -11,8 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lossfns.features import (FeatureIndex, TokenFeatures, observed_label_pairs, pad_batch, parse_templates, preset,
-                              read_templates)
+from lossfns.features import (
+    FeatureIndex,
+    TokenFeatures,
+    observed_label_pairs,
+    pad_batch,
+    parse_templates,
+    preset,
+    read_templates,
+)
 from lossfns.features.index import pack
 from lossfns.features.templates import wapiti_regex
 

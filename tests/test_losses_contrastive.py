@@ -4,11 +4,10 @@ semi-supervised objective (sequence log-loss + contrastive estimation)."""
 
 import itertools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import losses
 from lossfns.lattices import chain, dag, neighbourhoods, tagging

@@ -28,10 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lossfns import checkpoint
+from lossfns import checkpoint, optimizers
 from lossfns.checkpoint import CheckpointError, DirectoryLock, ModelFileError
 from lossfns.corpora import Sentence
-from lossfns import optimizers
 from lossfns.model_file import MAGIC, MODEL_FILE
 from lossfns.tagger import Tagger
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
-import pytest
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import assert_resume_bit_identical
 
 from lossfns import features, optimizers
 from lossfns.lattices import chain
@@ -22,7 +22,6 @@ from lossfns.losses import sequence_log_loss
 from lossfns.models import LinearChainModel
 from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from test_optimizers_problems import assert_resume_bit_identical
 
 K, K2, L = 8, 3, 3
 MAX_LENGTH = 6

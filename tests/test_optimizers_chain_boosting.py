@@ -11,10 +11,9 @@ import functools
 import importlib
 import itertools
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lossfns import optimizers
 from lossfns.models.linear_chain import LinearChainModel

@@ -7,10 +7,9 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from lossfns import testing

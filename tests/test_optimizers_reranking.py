@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import assert_resume_bit_identical
 
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below, run_loop_jit
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from test_optimizers_problems import assert_resume_bit_identical
 
 EPSILON = 0.02
 NUM_STEPS = 400

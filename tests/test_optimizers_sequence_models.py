@@ -7,20 +7,28 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import (
+    NUM_LABELS,
+    assert_resume_bit_identical,
+    linear_potentials,
+    make_crf_data,
+    num_linear_parameters,
+)
 
-from lossfns.lattices import chain
 from lossfns import optimizers
+from lossfns.lattices import chain
 from lossfns.optimizers.minimize import init_loop, relative_change_below
 from lossfns.optimizers.perceptron import SequenceData
-from lossfns.optimizers.sparse_perceptron import (sparse_averaged_params, sparse_perceptron_epoch,
-                                                  sparse_perceptron_init, sparse_sequence_data)
-from test_optimizers_problems import (NUM_LABELS, assert_resume_bit_identical, linear_potentials, make_crf_data,
-                                      num_linear_parameters)
+from lossfns.optimizers.sparse_perceptron import (
+    sparse_averaged_params,
+    sparse_perceptron_epoch,
+    sparse_perceptron_init,
+    sparse_sequence_data,
+)
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,11 +4,10 @@ back-to-back chains, float32)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns.lattices import chain, prefix
 from lossfns.lattices.chain import FactoredPotentials

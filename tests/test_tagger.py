@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import corpus_or_fail
+
 from lossfns import corpora, losses, metrics
 from lossfns.features import pad_batch
 from lossfns.losses.sequence import sequence_log_loss

@@ -54,8 +54,11 @@ from .. import semirings
 from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf, concrete
 from . import decode, kernel, sparse_chain, tree_product
-from .forms import DensePotentials, FactoredPotentials
-from .forms import materialize  # noqa: F401  (public as chain.materialize)
+from .forms import (
+    DensePotentials,
+    FactoredPotentials,
+    materialize,  # noqa: F401  (public as chain.materialize)
+)
 from .sparse_chain import SparsePotentials
 
 ALGORITHMS = ("auto", "sequential", "parallel")

@@ -84,7 +84,6 @@ import jax.numpy as jnp
 from .. import semirings
 from ..semirings import finite_max, logsumexp, pairwise_sum
 
-
 # ---------------------------------------------------------------------------
 # Backend tuning
 # ---------------------------------------------------------------------------

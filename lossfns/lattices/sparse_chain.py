@@ -58,8 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import semirings
-from . import forms, kernel
 from ..validation import as_float_array, as_lengths, check_finite_or_neg_inf, concrete
+from . import forms, kernel
 
 
 class SparsePotentials(NamedTuple):

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import dag
 

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from .. import semirings
 from ..features.corpus import CorpusArrays
 from ..lattices import chain
-from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
 from ..lattices.constraints import AllowedTransitions
+from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .constraints import constrain
 from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
 

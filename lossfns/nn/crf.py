@@ -59,8 +59,15 @@ from .. import losses
 from ..lattices import chain, constraints
 from ..lattices.chain import FactoredPotentials
 from ..lattices.constraints import AllowedTransitions
-from ..validation import as_float_array, as_integer_array, as_labels, as_lengths, check_finite_or_neg_inf
-from ..validation import check_int, concrete
+from ..validation import (
+    as_float_array,
+    as_integer_array,
+    as_labels,
+    as_lengths,
+    check_finite_or_neg_inf,
+    check_int,
+    concrete,
+)
 
 
 def _as_allowed(allowed, num_tags: int) -> Optional[AllowedTransitions]:

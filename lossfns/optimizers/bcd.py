@@ -54,10 +54,9 @@ import dataclasses
 from typing import NamedTuple
 
 import equinox as eqx
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..features.index import PackedCorpus
 from ..lattices import chain, prefix

@@ -59,11 +59,10 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple, Sequence
 
-import numpy as np
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..lattices import chain
 from ..models.linear_chain import LinearChainModel

@@ -46,9 +46,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import checkpoint, parallel
 from ..validation import check_int
-from .minimize import (GradientSteps, LoopState, MinimizeResult, StopRule, advance, check_callable,
-                       check_float_params, check_optimizer, float_dtype, init_loop, minimize_result,
-                       relative_change_below)
+from .minimize import (
+    GradientSteps,
+    LoopState,
+    MinimizeResult,
+    StopRule,
+    advance,
+    check_callable,
+    check_float_params,
+    check_optimizer,
+    float_dtype,
+    init_loop,
+    minimize_result,
+    relative_change_below,
+)
 
 
 class Report(NamedTuple):

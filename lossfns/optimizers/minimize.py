@@ -36,7 +36,6 @@ import optax
 from .. import validation
 from ..validation import concrete
 
-
 # ---------------------------------------------------------------------------
 # Argument checks shared by the optimizers (static values only: Python
 # scalars and concrete arrays; traced values pass unchecked)

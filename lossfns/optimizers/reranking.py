@@ -32,10 +32,9 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Union
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..validation import as_float_array, as_int_array, concrete
 from .minimize import check_int, check_scalar, init_loop, relative_change_below, run_loop

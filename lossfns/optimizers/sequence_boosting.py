@@ -53,17 +53,24 @@ import math
 import time
 from typing import Callable, NamedTuple, Optional, Union
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import checkpoint, losses
 from ..lattices import chain
-from .chain_boosting import (ChainBoostingData, ChainStatistics, chain_slot_groups, chain_statistics,
-                             chain_group_weak_learner, chain_weak_learner_row,
-                             chain_weak_learners, log_exp_loss, log_weights,
-                             update_chain_statistics)
+from .chain_boosting import (
+    ChainBoostingData,
+    ChainStatistics,
+    chain_group_weak_learner,
+    chain_slot_groups,
+    chain_statistics,
+    chain_weak_learner_row,
+    chain_weak_learners,
+    log_exp_loss,
+    log_weights,
+    update_chain_statistics,
+)
 from .minimize import LoopState, check_callable, check_int, check_scalar, init_loop, relative_change_below, run_loop
 from .perceptron import SequenceData, check_sequence_data
 from .scalar_newton import newton_minimize

@@ -36,11 +36,11 @@ from __future__ import annotations
 import itertools
 from typing import NamedTuple, Sequence
 
+import jax
 import numpy as np
 
-import jax
-
 from ...validation import check_int, integer_values
+
 
 class Lattice(NamedTuple):
     """An acyclic lattice (see the module docstring). All fields are int32
