@@ -34,7 +34,8 @@ import math
 import statistics
 import time
 import warnings
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -182,7 +183,7 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
     return Variant(f"lossfns {form} {semiring} {algorithm}", "lossfns", form, build, fits)
 
 
-def _torch_struct_variant() -> Optional[Variant]:
+def _torch_struct_variant() -> Variant | None:
     try:
         import torch
         import torch_struct

@@ -383,7 +383,7 @@ def error_rate(weights, evaluation: EvalSet) -> jax.Array:
     return 100.0 * jnp.sum(jnp.take_along_axis(evaluation.errors, chosen[:, None], 1)) / evaluation.tokens
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reranker_steps(method: str):
     """`make_step` of `method` for the driver, `data = (SparseRerankingData,
     BLasso tolerance)` (traced: every run of a method compiles once)."""

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import matplotlib
 

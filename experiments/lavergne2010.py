@@ -38,7 +38,8 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -449,7 +449,7 @@ def length_loss(params: tagging.TaggerParams, data) -> jax.Array:
     return jnp.sum(length_counts * normalisers) - total_log_partition(numerators, params, spelling_ids)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _penalised(loss):
     """`(params, (data, l2_weight)) -> loss + l2_weight / 2 ||params||^2`, one
     function per loss: `l2_weight = 1 / sigma^2` is data (traced), so the

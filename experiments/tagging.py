@@ -192,7 +192,7 @@ class TrainResult(NamedTuple):
     train_seconds: float
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _objective_of(loss: str, l2_weight: float):
     """`(params, (buckets, weights)) -> objective`, one function per (loss,
     prior), so the driver re-uses its compiled loop across feature sets."""

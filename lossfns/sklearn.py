@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 from sklearn.base import BaseEstimator
@@ -66,7 +66,7 @@ class TrainingLog(NamedTuple):
     iterations: list
     status: str
     seconds: float
-    dev: Optional[float] = None
+    dev: float | None = None
 
     @property
     def last_iteration(self) -> dict:
@@ -187,7 +187,7 @@ class CRF(BaseEstimator):
                       memory_size=self._setting("num_memories"), min_count=max(1, math.ceil(min_freq)),
                       observed_pairs_only=not self.all_possible_states, progress=False, iob_constraints=False)
 
-    def fit(self, X, y, X_dev=None, y_dev=None) -> "CRF":
+    def fit(self, X, y, X_dev=None, y_dev=None) -> CRF:
         """Train on `X` (sentences of token feature dicts) and `y` (label
         sequences); `X_dev`, `y_dev`: a held-out set, scored (token
         accuracy) into `training_log_.dev` after training."""

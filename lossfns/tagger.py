@@ -21,7 +21,7 @@ given (`optimizers.elastic_net_training`). It stops like CRFsuite: after
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -88,12 +88,12 @@ class Tagger:
         fit one. Training is unconstrained either way.
     """
 
-    def __init__(self, features="crfsuite_ner", *, loss: Optional[Callable] = None,
-                 l1: float = 0.0, l2: float = 0.0, regularizer: Optional[Callable] = None,
-                 optimizer: Optional[optax.GradientTransformation] = None, max_iterations: int = 100,
+    def __init__(self, features="crfsuite_ner", *, loss: Callable | None = None,
+                 l1: float = 0.0, l2: float = 0.0, regularizer: Callable | None = None,
+                 optimizer: optax.GradientTransformation | None = None, max_iterations: int = 100,
                  tol: float = 1e-5, period: int = 10, memory_size: int = 6, min_count: int = 1,
-                 hash_size: Optional[int] = None, observed_pairs_only: bool = True, num_buckets: int = 6,
-                 dtype=jnp.float32, progress: Optional[bool] = None, iob_constraints: Optional[bool] = None):
+                 hash_size: int | None = None, observed_pairs_only: bool = True, num_buckets: int = 6,
+                 dtype=jnp.float32, progress: bool | None = None, iob_constraints: bool | None = None):
         check_elastic_net(l1, l2, optimizer, regularizer)
         check_scalar("tol", tol, 0)
         if loss is not None:
@@ -108,17 +108,17 @@ class Tagger:
         self.max_iterations, self.tol, self.period, self.memory_size = max_iterations, tol, period, memory_size
         self.min_count, self.hash_size, self.observed_pairs_only = min_count, hash_size, observed_pairs_only
         self.num_buckets, self.dtype, self.progress, self.iob_constraints = num_buckets, dtype, progress, iob_constraints
-        self.model: Optional[LinearChainModel] = None
+        self.model: LinearChainModel | None = None
         self.labels: tuple[str, ...] = ()
-        self.index: Optional[FeatureIndex] = None
+        self.index: FeatureIndex | None = None
         self.history: list[float] = []  # the objective after each iteration
         self.training_seconds = 0.0  # the driver's compilation and iterations
-        self.status: Optional[Status] = None  # why the last fit stopped
+        self.status: Status | None = None  # why the last fit stopped
 
     # -- training -----------------------------------------------------------
 
     def fit(self, sentences: Sequence[Sentence], *, checkpoint_dir=None, checkpoint_every: int = 10,
-            callback: Optional[Callable] = None, mesh: Optional[jax.sharding.Mesh] = None) -> "Tagger":
+            callback: Callable | None = None, mesh: jax.sharding.Mesh | None = None) -> Tagger:
         """Index features, build a zero model and train it on `sentences`.
 
         checkpoint_dir: save the training state there every `checkpoint_every`
@@ -144,7 +144,7 @@ class Tagger:
                            callback)
 
     def fit_packed(self, packed_corpus: PackedCorpus, labels: Sequence[str], index: FeatureIndex, *,
-                   checkpoint_dir=None, checkpoint_every: int = 10, callback: Optional[Callable] = None) -> "Tagger":
+                   checkpoint_dir=None, checkpoint_every: int = 10, callback: Callable | None = None) -> Tagger:
         """Train on a labelled corpus already indexed and packed by the
         caller (e.g. `features.dicts.AttributeCorpus.pack_rows`: feature
         dicts; rows for the default log-loss, buckets for a custom `loss`),
@@ -272,13 +272,13 @@ class Tagger:
         model_file.save(path, self.saved())
 
     @classmethod
-    def load(cls, path) -> "Tagger":
+    def load(cls, path) -> Tagger:
         """Read a tagger written by `save` (weights bit-identical); a damaged
         or foreign file raises `checkpoint.ModelFileError` naming it."""
         return cls.from_saved(model_file.load(path))
 
     @classmethod
-    def from_saved(cls, saved: model_file.SavedModel, **settings) -> "Tagger":
+    def from_saved(cls, saved: model_file.SavedModel, **settings) -> Tagger:
         """A tagger of a `model_file.SavedModel` (`model_file.load`,
         `model_file.from_bytes`), with the other constructor `settings`."""
         tagger = cls(saved.features, num_buckets=saved.num_buckets, **settings)

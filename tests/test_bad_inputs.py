@@ -127,7 +127,7 @@ _TINY_CORPUS = [Sentence((("El", "DA"), ("rey", "NC"), ("Juan", "NP")), ("O", "O
                 Sentence((("Ana", "NP"), ("vive", "VM")), ("B-PER", "O"))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny_tagger():
     return Tagger("crfsuite_ner", l2=1.0, max_iterations=2, num_buckets=1, progress=False).fit(_TINY_CORPUS)
 

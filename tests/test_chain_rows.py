@@ -23,7 +23,7 @@ WIDTH = 8
 ROWS = 3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted(name, *args, **kwargs):
     """One compiled `chain.<name>` per static configuration, shared by all tests."""
     return jax.jit(functools.partial(getattr(chain, name), *args, **kwargs))
@@ -97,7 +97,7 @@ def test_row_values_match_enumeration_chain_by_chain(factored, data):
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-9, atol=1e-9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def row_marginals_fn(semiring):
     """Compiled derivative of the summed row log Z with respect to the potentials."""
     return jax.jit(jax.grad(lambda p, s, n: jnp.sum(chain.row_log_partition(p, s, n, semiring=semiring))))

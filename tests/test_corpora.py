@@ -351,8 +351,8 @@ def test_zipped_treebank_through_nltk(monkeypatch, tmp_path):
 
 
 def test_column_file_keeps_lines_and_gold(tmp_path):
-    path = _write(tmp_path, "in.conll", ("-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\n"
-                                         "Madrid NP B-LOC\n").encode())
+    path = _write(tmp_path, "in.conll", (b"-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\n"
+                                         b"Madrid NP B-LOC\n"))
     checked = corpora.read_column_file(path, labelled=True)
     assert checked.lines == ("-DOCSTART- -X- O", "", "El DA O", "rey NC B-PER", "", "", "Madrid NP B-LOC")
     assert checked.sentences == (Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),

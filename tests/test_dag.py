@@ -77,7 +77,7 @@ def random_batch():
     return cases, dag.stack(lattices), jnp.asarray(scores)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted_forward(semiring):
     return jax.jit(functools.partial(dag.forward, semiring))
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lossfns import losses
-from lossfns.lattices import chain, dag, neighbourhoods, tagging
+from lossfns.lattices import dag, neighbourhoods, tagging
 from lossfns.lattices.chain import FactoredPotentials
 
 NUM_TAGS, VOCABULARY = 2, 4

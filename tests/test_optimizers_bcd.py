@@ -27,7 +27,7 @@ K, K2, L = 8, 3, 3
 MAX_LENGTH = 6
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _corpus(pairs: bool):
     """20 random sentences: a bias test 0 everywhere, test 1 at most once per
     sentence, tests 2..K-1 at random (some several times in a sentence, or
@@ -60,7 +60,7 @@ def _model(pairs: bool, seed=None) -> LinearChainModel:
                                pair_emission=jax.random.normal(keys[3], model.pair_emission.shape))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data(pairs: bool):
     return optimizers.bcd_data(_corpus(pairs)[0], _model(pairs))
 

@@ -55,7 +55,7 @@ def _enumerated(ids, labels, length):
     return _enumerated_cached(ids.tobytes(), ids.shape, labels.tobytes(), int(length))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _enumerated_cached(ids, shape, labels, length):
     ids, labels = np.frombuffer(ids, np.int32).reshape(shape), np.frombuffer(labels, np.int32)
     sequences = list(itertools.product(range(L), repeat=int(length)))
@@ -63,7 +63,7 @@ def _enumerated_cached(ids, shape, labels, length):
     return table, sequences.index(tuple(labels[:length]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problem(seed):
     ids, labels, lengths = _random_sequences(seed)
     sparse = optimizers.chain_boosting_data(ids, labels, lengths, K_OBS, L, tiers=(2, 4), dtype=jnp.float64)

@@ -22,7 +22,7 @@ EPSILON = 0.02
 NUM_STEPS = 400
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data():
     """Feature 3 is nearly `f1 + f2` while the truth uses f1 and f2: the lasso
     path takes f3 first and later shrinks it, which forward-only steps cannot.
@@ -50,7 +50,7 @@ def _step_fns(data, epsilon=EPSILON, tolerance=1e-12):
             "capped_fslr": reranking.fslr_step_fn(data, epsilon, cap=True)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _path(kind):
     """States after every step of one run, `[NUM_STEPS]`-stacked `LoopState`s."""
     data = _data()

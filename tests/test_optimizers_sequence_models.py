@@ -31,7 +31,7 @@ from lossfns.optimizers.sparse_perceptron import (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _separable_data():
     """Gold labels are the Viterbi paths of a random model: separable by construction."""
     with jax.ensure_compile_time_eval():
@@ -108,7 +108,7 @@ def test_perceptron_resume_is_bit_identical(tmp_path):
     assert_resume_bit_identical(step_fn, loop, relative_change_below(0.0), 2, tmp_path / "perceptron.eqx")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _boosting_data():
     crf = make_crf_data(seed=4, num_sequences=8, max_length=4)
     return SequenceData(crf.features, crf.labels, crf.lengths)

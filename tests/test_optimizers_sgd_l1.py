@@ -31,7 +31,7 @@ BATCH_SIZE = 4
 NUM_EPOCHS = 60
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data():
     return make_crf_data()
 

@@ -19,7 +19,7 @@ the transposed product then scales each scattered row by its value.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,10 +44,10 @@ class SparseDesign(NamedTuple):
     indices: np.ndarray
     values: np.ndarray
     row_ids: np.ndarray
-    row_values: Optional[np.ndarray] = None
+    row_values: np.ndarray | None = None
 
 
-def _csr(ids: np.ndarray, num_features: int, weights: Optional[np.ndarray] = None):
+def _csr(ids: np.ndarray, num_features: int, weights: np.ndarray | None = None):
     """CSR `(indptr, indices, values)` of per-row ids `ids [R, F]` (-1 =
     none), repeated ids of a row summed: counts (float32), or the sums of
     `weights [R, F]` (float64). Each row is sorted on its own (F is small),

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +128,7 @@ def _check_scores_inside(potentials, lengths) -> None:
     check_finite_or_neg_inf(name, np.where(inside, values, 0.0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _instance(fn, *static):
     """One stable callable per static configuration, so `_map_batch`'s jit
     cache is hit on every later call with the same shapes."""
@@ -170,8 +171,8 @@ class _Algorithms(NamedTuple):
     (None: the semiring's); `pad`, whether the scan runs on the form
     `padded` to the backend's label multiple (`kernel.Tuning`)."""
 
-    tangent_rule: Optional[Callable] = None
-    matmul: Optional[Callable] = None
+    tangent_rule: Callable | None = None
+    matmul: Callable | None = None
     pad: bool = False
 
 

@@ -55,7 +55,7 @@ branches in the algorithms.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -152,7 +152,7 @@ class FactoredPotentials(NamedTuple):
 
     unary: jax.Array
     transitions: jax.Array
-    start: Optional[jax.Array] = None
+    start: jax.Array | None = None
 
     @property
     def num_steps(self) -> int:

@@ -76,7 +76,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -403,7 +403,7 @@ class DenseSteps(NamedTuple):
 
     scores: jax.Array
     shifts: jax.Array
-    kept: Optional[jax.Array]
+    kept: jax.Array | None
 
     def shifted(self, t):
         return at_position(self.scores, t) - at_position(self.shifts, t)[None, :]

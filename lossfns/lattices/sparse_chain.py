@@ -51,7 +51,7 @@ accuracy.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,8 +76,8 @@ class SparsePotentials(NamedTuple):
     pair_weights: jax.Array
     pair_previous: jax.Array
     pair_next: jax.Array
-    start: Optional[jax.Array] = None
-    transitions: Optional[jax.Array] = None
+    start: jax.Array | None = None
+    transitions: jax.Array | None = None
 
     # -- the form protocol of `lattices.forms` (unbatched) ------------------
     # Sizes and dtype come from `unary [..., T, L]`, as for the factored form.

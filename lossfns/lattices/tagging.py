@@ -17,7 +17,8 @@ over the spelling features f of w)`.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +51,8 @@ class TaggerParams(NamedTuple):
 
     emission: jax.Array
     bigram: jax.Array
-    trigram: Optional[jax.Array] = None
-    spelling: Optional[jax.Array] = None
+    trigram: jax.Array | None = None
+    spelling: jax.Array | None = None
 
 
 def init_params(num_tags: int, vocabulary_size: int, *, order: int = 1, num_spelling_features: int = 0,

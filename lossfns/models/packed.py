@@ -14,7 +14,8 @@ corpus order.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ def corpus_potentials(model: LinearChainModel, arrays: CorpusArrays) -> tuple:
     return model.packed_potentials(arrays.design, arrays.pair_ids, arrays.positions, arrays.starts)
 
 
-def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Optional[Callable] = None) -> jax.Array:
+def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | None = None) -> jax.Array:
     """The loss summed over the corpus's sentences, `[]`.
 
     loss: `(potentials, labels [B, T], lengths [B]) -> [B]`, default the CRF
@@ -62,7 +63,7 @@ class TrainingData(NamedTuple):
     structure: ChainStructure
 
 
-def weights_objective(model: LinearChainModel, loss: Optional[Callable] = None) -> Callable:
+def weights_objective(model: LinearChainModel, loss: Callable | None = None) -> Callable:
     """`(ChainWeights, TrainingData) -> []`: `corpus_loss` of `model` with
     those weights (`model.with_weights`); the optimisation variables are
     `model.weights()`. Nothing of `model` but its shapes enters the result."""
@@ -72,7 +73,7 @@ def weights_objective(model: LinearChainModel, loss: Optional[Callable] = None) 
     return objective
 
 
-def _constrained(model, arrays, moves: Optional[AllowedTransitions]) -> tuple:
+def _constrained(model, arrays, moves: AllowedTransitions | None) -> tuple:
     buckets = corpus_potentials(model, arrays)
     if moves is None:
         return buckets
@@ -80,13 +81,13 @@ def _constrained(model, arrays, moves: Optional[AllowedTransitions]) -> tuple:
 
 
 @jax.jit
-def viterbi(model: LinearChainModel, arrays: CorpusArrays, moves: Optional[AllowedTransitions] = None) -> tuple:
+def viterbi(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, the best labels `[B_b, T_b]` int32 (-1 past each length)."""
     return tuple(chain.viterbi(p, lengths)[1] for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths))
 
 
 @functools.partial(jax.jit, static_argnames="k")
-def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: Optional[AllowedTransitions] = None) -> tuple:
+def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, `(log-probabilities [B_b, k], labels [B_b, k, T_b])` of
     the k best label sequences, best first (`-inf` and -1 where a sentence
     has fewer than k)."""
@@ -98,7 +99,7 @@ def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: Optional
 
 
 @jax.jit
-def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: Optional[AllowedTransitions] = None) -> tuple:
+def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, the label marginals `P(y_t = j | x)` `[B_b, T_b, L]` (0 past each length)."""
     return tuple(chain.node_marginals(p, lengths) for p, lengths in zip(_constrained(model, arrays, moves),
                                                                        arrays.lengths))

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..features.index import PackedCorpus
-from ..lattices import chain, prefix
+from ..lattices import prefix
 from ..lattices.chain import FactoredPotentials
 from ..models.linear_chain import LinearChainModel
 from . import bcd_schedule as schedule

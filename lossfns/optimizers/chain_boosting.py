@@ -57,7 +57,8 @@ observation features keep their sentence context; only the chain is cut).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax

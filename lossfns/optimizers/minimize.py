@@ -27,7 +27,8 @@ from __future__ import annotations
 import enum
 import numbers
 import warnings
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -260,7 +261,7 @@ def relative_improvement_below(tol: float, period: int) -> RelativeImprovement:
 
 
 def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: StopRule,
-             halt_fn: Optional[Callable] = None) -> LoopState:
+             halt_fn: Callable | None = None) -> LoopState:
     """Advance `loop` with `step_fn` until `until` steps in total, the trace is
     full, or the stop rule `stop_fn(trace, num_steps)` fires (or `halt_fn(inner,
     value)`, e.g. `halt_on_failure`). Jit-able (`until` may be traced;
@@ -333,7 +334,7 @@ def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, par
 
 
 def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
-                     penalty: Optional[Callable] = None) -> Callable:
+                     penalty: Callable | None = None) -> Callable:
     """The `step_fn` of one optax update on `inner = (params, opt_state)`.
 
     The objective recorded is `fun(params) + penalty(params)` at the new
@@ -377,8 +378,8 @@ class GradientSteps(NamedTuple):
 
     objective: Callable
     optimizer: optax.GradientTransformation
-    regularizer: Optional[Callable] = None
-    penalty: Optional[Callable] = None
+    regularizer: Callable | None = None
+    penalty: Callable | None = None
 
     def __call__(self, data):
         objective, regularizer = self.objective, self.regularizer
@@ -405,7 +406,7 @@ class MinimizeResult(NamedTuple):
 
 
 def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, max_steps: int,
-             tol: float = 1e-9, penalty: Optional[Callable] = None) -> MinimizeResult:
+             tol: float = 1e-9, penalty: Callable | None = None) -> MinimizeResult:
     """Minimise `fun(params)` (+ `penalty(params)`) with an optax optimizer.
 
     Runs up to `max_steps` updates in one `jax.lax.while_loop`, stopping when
@@ -458,7 +459,7 @@ def num_examples(data) -> int:
 
 
 def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, *, batch_size: int,
-                  penalty: Optional[Callable] = None) -> Callable:
+                  penalty: Callable | None = None) -> Callable:
     """The `step_fn` of one shuffled epoch of minibatch updates.
 
     inner: `(params, opt_state, key)`; the epoch's order is
@@ -501,7 +502,7 @@ def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, 
 
 def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransformation, data, *, key,
                         batch_size: int, num_epochs: int, tol: float = 0.0,
-                        penalty: Optional[Callable] = None) -> MinimizeResult:
+                        penalty: Callable | None = None) -> MinimizeResult:
     """Minibatch training for up to `num_epochs` epochs in one `while_loop`.
 
     fun: `(params, batch) -> loss summed over the batch`; data: pytree with a

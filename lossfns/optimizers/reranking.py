@@ -30,7 +30,8 @@ and `_margins` (`d . lambda` of any weights).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Union
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +75,7 @@ class SparseRerankingData(NamedTuple):
     feature_entries: jax.Array
 
 
-AnyRerankingData = Union[RerankingData, SparseRerankingData]
+AnyRerankingData = RerankingData | SparseRerankingData
 
 
 class RerankingState(NamedTuple):

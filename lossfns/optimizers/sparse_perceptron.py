@@ -39,7 +39,7 @@ of epochs of conll2000, `dtype=jnp.int64` with `jax_enable_x64` for more.)
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +90,7 @@ class SparsePerceptronState(NamedTuple):
     narrow: jax.Array
 
 
-def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: Optional[int] = None) -> SparseSequenceData:
+def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: int | None = None) -> SparseSequenceData:
     """Pack sentences for `sparse_perceptron_epoch`.
 
     feature_ids: per sentence, per token, a list of observation ids in

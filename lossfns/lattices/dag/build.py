@@ -34,7 +34,8 @@ and move them to the device once (`lattices.tagging`).
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import numpy as np
