@@ -347,13 +347,13 @@ def benchmark_chain(shapes=SHAPES, repeats: int = 7, budget_s: float = 60.0, log
                             "repeats": len(times),
                             "first_call_s": first, "compile_s": max(first - median, 0.0) if by_name[name].peer == "lossfns" else None,
                             "tokens_per_s": B * T / median})
-            log(f"{str(shape):>18} {name:<36} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+            log(f"{shape!s:>18} {name:<36} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
                 f"{B * T / median:12.0f} tok/s  "
                 f"compile {max(first - median, 0.0):6.2f} s")
         for name, reason in skipped.items():
             records.append({"shape": list(shape), "variant": name, "peer": by_name[name].peer,
                             "form": by_name[name].form, "skipped": reason})
-            log(f"{str(shape):>18} {name:<36} skipped: {reason}")
+            log(f"{shape!s:>18} {name:<36} skipped: {reason}")
         if on_shape is not None:
             on_shape(records)
     return records
@@ -493,14 +493,14 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
             median = statistics.median(times)
             record["variants"][name] = {"median_s": median, "min_s": min(times), "repeats": len(times),
                                         "first_call_s": first_s}
-            log(f"crf loss {str(shape):>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+            log(f"crf loss {shape!s:>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
                 f"first call {first_s:6.2f} s")
         if "pytorch-crf" in record["variants"]:
             peer = record["variants"]["pytorch-crf"]
             record["vs_pytorch_crf"] = {name: {"median": peer["median_s"] / v["median_s"],
                                                "min": peer["min_s"] / v["min_s"]}
                                         for name, v in record["variants"].items() if name != "pytorch-crf"}
-            log(f"crf loss {str(shape):>16} speed-up over pytorch-crf: " + ", ".join(
+            log(f"crf loss {shape!s:>16} speed-up over pytorch-crf: " + ", ".join(
                 f"{name} {r['median']:.1f}x (min {r['min']:.1f}x)" for name, r in record["vs_pytorch_crf"].items()))
         records.append(record)
     return records

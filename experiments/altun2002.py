@@ -158,7 +158,7 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, p
                "features_used": used, "num_weak_learners": total, "feature_fraction": used / total,
                "train_seconds": result.seconds, "rounds": rounds, "stopped_by": result.stopped_by,
                "converged": result.converged,
-               "distinct_rounds_features": int(len(np.unique(np.asarray(history.feature[:rounds])))),
+               "distinct_rounds_features": len(np.unique(np.asarray(history.feature[:rounds]))),
                "curve": {"round": points, "f1": [curve[r][0] for r in points],
                          "token_error": [curve[r][1] for r in points],
                          "features_used": [curve[r][2] for r in points],
@@ -197,7 +197,7 @@ def _run_sets(run: RunDirectory, config: dict, progress: bool) -> dict:
     piece_lengths = next(iter(pieces.values()))[2]
     return {"source": data.source, "synthetic": data.source.startswith("synthetic"),
             "num_train": len(data.train), "num_test": len(data.test), "num_labels": L,
-            "num_pieces": int(len(piece_lengths)), "piece_lengths": np.bincount(piece_lengths).tolist(),
+            "num_pieces": len(piece_lengths), "piece_lengths": np.bincount(piece_lengths).tolist(),
             "num_features_K": encoded.num_features, "rows": rows}
 
 

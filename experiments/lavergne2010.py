@@ -101,12 +101,12 @@ SEED = 0
 
 # Coarse POS classes for the `blocks` task (the universal tagset of Petrov et
 # al. for the Penn Treebank tags; written out: NLTK_DATA has no taggers/).
-COARSE_POS = {**{tag: "NOUN" for tag in ("NN", "NNS", "NNP", "NNPS")},
-              **{tag: "VERB" for tag in ("VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "MD")},
-              **{tag: "ADJ" for tag in ("JJ", "JJR", "JJS")}, **{tag: "ADV" for tag in ("RB", "RBR", "RBS", "WRB")},
-              **{tag: "PRON" for tag in ("PRP", "PRP$", "WP", "WP$", "EX")},
-              **{tag: "DET" for tag in ("DT", "PDT", "WDT")}, "IN": "ADP", "CD": "NUM", "CC": "CONJ",
-              **{tag: "PRT" for tag in ("RP", "TO", "POS")}, **{tag: "X" for tag in ("FW", "LS", "SYM", "UH")}}
+COARSE_POS = {**dict.fromkeys(("NN", "NNS", "NNP", "NNPS"), "NOUN"),
+              **dict.fromkeys(("VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "MD"), "VERB"),
+              **dict.fromkeys(("JJ", "JJR", "JJS"), "ADJ"), **dict.fromkeys(("RB", "RBR", "RBS", "WRB"), "ADV"),
+              **dict.fromkeys(("PRP", "PRP$", "WP", "WP$", "EX"), "PRON"),
+              **dict.fromkeys(("DT", "PDT", "WDT"), "DET"), "IN": "ADP", "CD": "NUM", "CC": "CONJ",
+              **dict.fromkeys(("RP", "TO", "POS"), "PRT"), **dict.fromkeys(("FW", "LS", "SYM", "UH"), "X")}
 # A small observation alphabet for BCD: a bias (the plain label bigrams),
 # the last letter, capitalisation, digits and hyphens of the current word.
 BLOCK_TEMPLATES = "U00:bias\nU01:%m[0,0,\".$\"]\nU02:%t[0,0,\"^[A-Z]\"]\nU03:%t[0,0,\"[0-9]\"]\nU04:%t[0,0,\"-\"]\n"
@@ -825,8 +825,8 @@ def _deviations(results: dict, configs: dict) -> list[str]:
         lines.append(f"- Joint labels: {results['joint']['num_train']} training sentences, whose "
                      f"{results['joint']['num_labels']} joint labels are the label set"
                      + (f" ({full} in the whole training set)" if full else "") + "; test tokens with a joint "
-                     f"label unseen in training count as errors. The paper's joint task is Nettalk+prosody "
-                     f"(114 labels).")
+                     "label unseen in training count as errors. The paper's joint task is Nettalk+prosody "
+                     "(114 labels).")
     if "blocks" in results:
         blocks = results["blocks"]
         lines.append(f"- BCD: `lossfns.optimizers.bcd` runs only on the `blocks` toy ({blocks['num_train']} "

@@ -683,7 +683,7 @@ def _train_unit(run: RunDirectory, name: str, study: Study, criterion: str, spel
                "train_words": int(sum(lengths[:count])), "train_sentences": count,
                "ambiguous_accuracy": 100 * metrics.ambiguous_accuracy(words, gold, guesses, dictionary),
                "all_accuracy": 100 * metrics.token_accuracy(gold, guesses),
-               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": int(len(trace)),
+               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": len(trace),
                "train_seconds": seconds, "trace": [float(v) for v in trace]}
         print(f"  {name}: ambiguous {row['ambiguous_accuracy']:.2f}, all {row['all_accuracy']:.2f}, "
               f"dev criterion {dev_criterion:.1f} ({row['steps']} steps, {seconds:.0f} s)", flush=True)

@@ -27,7 +27,7 @@ from lossfns.lattices import chain
 from lossfns.lattices.chain import FactoredPotentials
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_checkpoint import train  # noqa: E402  (the resumable training loop)
+from test_checkpoint import train  # the resumable training loop
 
 SCRIPT = Path(__file__).resolve()
 

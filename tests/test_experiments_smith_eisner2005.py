@@ -93,8 +93,8 @@ def test_padded_batches_add_nothing():
 
 def test_dilution_rules():
     sentence = lambda words: corpora.Sentence(tuple((w,) for w in words), ("N",) * len(words))
-    train = [sentence("a b a".split()), sentence("c a".split())]
-    dev = [sentence("b d".split())]
+    train = [sentence(["a", "b", "a"]), sentence(["c", "a"])]
+    dev = [sentence(["b", "d"])]
     vocabulary = ["a", "b", "c", "d"]
     assert not se.rare_words("all", vocabulary, train, dev).any()
     assert se.rare_words("first half", vocabulary, train, dev).tolist() == [False, False, True, True]

@@ -80,7 +80,7 @@ def test_closed_form_ranges_equal_enumeration():
     weak learner, `u = S(x, y) - S(x, y_gold)` over all label sequences."""
     rng = np.random.default_rng(7)
     lowest, highest = [], []
-    for length in range(0, 7):
+    for length in range(7):
         ids = np.full((1, 6, F), -1, np.int32)
         ids[0, :length] = rng.integers(0, 2, (length, F))  # few distinct features: counts above 1
         labels = np.full((1, 6), -1, np.int32)
