@@ -367,7 +367,7 @@ class DirectoryLock:
         self.directory.mkdir(parents=True, exist_ok=True)
         if fcntl is None:
             return self
-        handle = open(self.path, "a+")
+        handle = open(self.path, "a+")  # noqa: SIM115  (held open: the lock lives as long as the handle)
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):

@@ -37,7 +37,7 @@ def _split(label: str) -> tuple[str, str]:
     the first `-`, where a type Perl reads as false (`"0"`) is no type."""
     if label == "O":
         return "O", ""
-    prefix, dash, kind = label.partition("-")
+    prefix, _, kind = label.partition("-")
     return prefix, (kind if kind != "0" else "")
 
 

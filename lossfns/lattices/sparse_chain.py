@@ -271,7 +271,7 @@ def to_dense(potentials: SparsePotentials) -> jax.Array:
 
     Materialises `T L^2` scores: for tests and for the dense baseline.
     """
-    potentials, _, batch_shape, T, L = _prepare(potentials, None)
+    potentials, _, _, T, _ = _prepare(potentials, None)
     dense = potentials.edge_scores()
     if T == 0:
         return dense
@@ -283,7 +283,7 @@ def random_support(key, num_labels: int, density: float) -> tuple[np.ndarray, np
     `K = round(density * L^2)` distinct pairs, sorted by `pair_next`."""
     if not 0.0 <= density <= 1.0:
         raise ValueError(f"density must lie in [0, 1], got {density}")
-    K = int(round(density * num_labels * num_labels))
+    K = int(round(density * num_labels * num_labels))  # noqa: RUF046  (numpy 1 rounds a numpy scalar to a float)
     flat = np.sort(np.asarray(jax.random.choice(key, num_labels * num_labels, (K,), replace=False)))
     previous, following = np.divmod(flat, num_labels)
     order = np.argsort(following, kind="stable")

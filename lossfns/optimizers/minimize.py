@@ -25,6 +25,7 @@ that take `value=`, `grad=`, `value_fn=` (`optax.lbfgs`, `owlqn`).
 from __future__ import annotations
 
 import enum
+import math
 import numbers
 import warnings
 from collections.abc import Callable
@@ -68,7 +69,7 @@ def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = Fals
     number = array.item()
     below = low is not None and (number <= low if low_open else number < low)
     above = high is not None and (number >= high if high_open else number > high)
-    if number != number or below or above:
+    if math.isnan(number) or below or above:
         raise ValueError(f"{name} must be {expected}, got {number!r}")
     if number in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be {expected} and finite, got {number!r}")
