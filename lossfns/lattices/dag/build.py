@@ -295,7 +295,7 @@ def union(*lattices: Lattice) -> Lattice:
         lattice = _numpy_lattice(lattice)
         valid = lattice.arc_valid
         # Old start state 0 disappears; its other states shift by offset - 1.
-        renumber = lambda s: np.where(s == 0, 0, s + offset - 1)  # noqa: B023  (called in this iteration only)
+        renumber = lambda s: np.where(s == 0, 0, s + offset - 1)
         src.append(renumber(lattice.src[valid]))
         dst.append(renumber(lattice.dst[valid]))
         symbol.append(lattice.symbol[valid])
