@@ -48,7 +48,7 @@ def ensure_peers(install: bool, log=print):
             available[module] = False
         if install:
             log(f"installing {requirement} ...")
-            done = subprocess.run([sys.executable, "-m", "pip", "install", requirement], capture_output=True, text=True)
+            done = subprocess.run([sys.executable, "-m", "pip", "install", requirement], capture_output=True, check=False, text=True)
             if done.returncode == 0:
                 importlib.invalidate_caches()
                 try:

@@ -146,7 +146,7 @@ class Variant(NamedTuple):
 
 def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
     def build(problem: Problem):
-        B, T, L = problem.unary.shape
+        B, T, _L = problem.unary.shape
         lengths = jnp.full((B,), T, jnp.int32)
         if form == "factored":
             inputs = chain.FactoredPotentials(jnp.asarray(problem.unary), jnp.asarray(problem.transitions),
@@ -161,7 +161,7 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
             return jax.value_and_grad(total)(potentials)
 
         def run():
-            value, grads = jax.block_until_ready(value_and_marginals(inputs))
+            value, _grads = jax.block_until_ready(value_and_marginals(inputs))
             return value
 
         return run
@@ -193,7 +193,7 @@ def _torch_struct_variant() -> Variant | None:
     warnings.filterwarnings("ignore", message=".*does not define `arg_constraints`")
 
     def build(problem: Problem):
-        B, T, L = problem.unary.shape
+        B, T, _L = problem.unary.shape
         # torch-struct's log_potentials[b, n, z_{n+1}, z_n] over T - 1 edges;
         # the first node's scores are folded into the first edge.
         edges = problem.per_position[:, 1:].transpose(0, 1, 3, 2).copy()
@@ -204,7 +204,7 @@ def _torch_struct_variant() -> Variant | None:
         def run():
             distribution = torch_struct.LinearChainCRF(log_potentials, lengths=lengths)
             partition = distribution.partition
-            (marginals,) = torch.autograd.grad(partition.sum(), log_potentials)
+            (_marginals,) = torch.autograd.grad(partition.sum(), log_potentials)
             return partition.detach().numpy()
 
         return run
@@ -320,7 +320,7 @@ def benchmark_chain(shapes=SHAPES, repeats: int = 7, budget_s: float = 60.0, log
     records = []
     all_variants = variants()
     for shape in shapes:
-        B, T, L = shape
+        B, T, _L = shape
         problem = make_problem(shape)
         reference = numpy_factored(problem.unary, problem.transitions, problem.start)[0]
         runs, skipped = {}, {}
@@ -444,7 +444,7 @@ def _pytorch_crf_loss():
         return None
 
     def build(problem: Problem, tags):
-        B, T, L = problem.unary.shape
+        _B, _T, L = problem.unary.shape
         crf = CRF(L, batch_first=True)
         with torch.no_grad():
             crf.transitions.copy_(torch.tensor(problem.transitions))
@@ -478,7 +478,7 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
         builders["pytorch-crf"] = pytorch_crf
     records = []
     for shape in shapes:
-        B, T, L = shape
+        _B, _T, _L = shape
         problem, tags = make_problem(shape), _gold_tags(shape)
         runs = {name: build(problem, tags) for name, build in builders.items()}
         first, results = first_calls(runs)

@@ -38,6 +38,7 @@ sentences, 12 L-BFGS steps, 150 rounds (about 45 s of CPU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -384,8 +385,6 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
                "result": result, "conclusion": conclusion,
                "paper": {"f1": PAPER_F1, "token_error": PAPER_TOKEN_ERROR, "feature_fraction": PAPER_FEATURE_FRACTION}}
     run.write_json("results.json", summary)
-    try:  # the checkpoints of finished units are gone; drop their empty folder
+    with contextlib.suppress(OSError):  # the checkpoints of finished units are gone; drop their empty folder
         os.rmdir(os.path.join(run.root, "checkpoints"))
-    except OSError:
-        pass
     return summary

@@ -36,6 +36,7 @@ Tasks (conll2000 WSJ; `experiments.synthetic` planted data without it):
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -463,7 +464,7 @@ def _count_nonzero(params) -> int:
 
 
 def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Encoded, config: dict,
-                progress: bool, name: str = None, bcd_data: optimizers.BcdData = None) -> dict | None:
+                progress: bool, name: str | None = None, bcd_data: optimizers.BcdData | None = None) -> dict | None:
     """OWL-QN, SGD-L1 or BCD (`bcd_data` from `optimizers.bcd_data`), each then
     fine-tuned, on the chain model of a task."""
     name = name or f"{task}-{optimizer.lower()}"
@@ -544,7 +545,7 @@ def bcd_cost(encoded: Encoded, num_labels: int) -> dict:
     (every block is padded to it): about `(L + L^2) M T L^2` multiply-adds
     for the forward-backward passes, times X blocks per sweep."""
     ids = np.asarray(encoded.stacked.unigram_ids)
-    num_sentences, max_length = ids.shape[:2]
+    _num_sentences, max_length = ids.shape[:2]
     present = np.zeros(encoded.num_unigram, np.int64)
     for row in ids:
         present[np.unique(row[row >= 0])] += 1
@@ -620,7 +621,7 @@ def _blocks_task(run: RunDirectory, config: dict, progress: bool) -> dict:
 def _sparse_task(run: RunDirectory, config: dict, num_labels: int, density) -> dict:
     """Table 2: sparse against dense forward-backward (log Z and gradients)
     at the joint label-set size, with the trained joint model's pair density."""
-    densities = sorted({round(d, 4) for d in ((density,) if density and density == density else ()) + (0.1, 0.02)
+    densities = sorted({round(d, 4) for d in ((density,) if density and not math.isnan(density) else ()) + (0.1, 0.02)
                         if 0 < d < 1}, reverse=True)
     shape = (config["batch"], config["length"], num_labels)
 
@@ -879,7 +880,7 @@ def _task_sections(results: dict, configs: dict) -> list[str]:
                      f"a random support of the given density). "
                      + (f"The trained joint OWL-QN model has {100 * measured:.1f}% of its label pairs non-zero "
                         f"(transitions; it has no pair-observation features): the row with "
-                        f"{100 * (1 - measured):.1f}% zeros. " if measured is not None and measured == measured else "")
+                        f"{100 * (1 - measured):.1f}% zeros. " if measured is not None and not math.isnan(measured) else "")
                      + "Dense (same weights) builds the [B, T, L, L] potentials from the sparse weights inside the "
                        "timed function, as training would.", "", _table2(result)]
     return document

@@ -399,7 +399,8 @@ def train_head(run: RunDirectory, head: str, splits: Splits, vocab: Vocabulary, 
 def sparse_tagger_results(path: str = TAGGER_RESULTS) -> dict | None:
     """The sparse-feature Tagger's stored esp.testb F1 and training time."""
     try:
-        text = open(path).read()
+        with open(path) as handle:
+            text = handle.read()
     except OSError:
         return None
     f1 = re.search(r"esp\.testb: f1 crfsuite ([\d.]+)\s+lossfns ([\d.]+)", text)

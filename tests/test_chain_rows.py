@@ -4,6 +4,7 @@ chains one by one: brute-force enumeration, autodiff marginals, finite
 differences, and the Tagger's objective on length buckets."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -197,7 +198,7 @@ def test_pack_rows_places_every_sentence_once_contiguously():
         assert np.all(positions[r, used:] == -1) and np.all(row_labels[r, used:] == -1)
         assert not np.any(starts[r, used:]) and (used == 0 or starts[r, 0])
         bounds = list(np.flatnonzero(starts[r, :used])) + [used]
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             sentence = int(packed.unigram_ids[positions[r, a], 0])
             seen.append(sentence)
             assert b - a == sentence_lengths[sentence]

@@ -37,7 +37,7 @@ def valid(scheme: str, sequence) -> bool:
 
 def moves_accept(moves, sequence) -> bool:
     return (not sequence or (moves.start[sequence[0]] and moves.end[sequence[-1]]
-                             and all(moves.transitions[a, b] for a, b in zip(sequence, sequence[1:]))))
+                             and all(moves.transitions[a, b] for a, b in itertools.pairwise(sequence))))
 
 
 @pytest.mark.parametrize("scheme", sorted(LABELS))

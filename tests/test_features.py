@@ -232,7 +232,7 @@ def test_template_file_errors_name_the_file(tmp_path):
 
 
 def test_template_column_out_of_range_at_application():
-    with pytest.raises(ValueError, match="template U9 .*reads column 2"):
+    with pytest.raises(ValueError, match=r"template U9 .*reads column 2"):
         parse_templates("U9:%x[0,2]")(TOKENS)
 
 

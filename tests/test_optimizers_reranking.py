@@ -242,5 +242,5 @@ def test_sparse_data_rejects_bad_inputs():
     rejects("at most one value per", entries=(np.array([0, 0]), np.array([1, 1]), np.array([2, 2]), entries[3]))
     with pytest.raises(TypeError, match="baseline must be a floating-point array"):
         reranking.sparse_reranking_data(**{**good, "baseline": np.zeros((2, 3), np.int32)})
-    with pytest.raises(TypeError, match="data must be a RerankingData .* or a SparseRerankingData"):
+    with pytest.raises(TypeError, match=r"data must be a RerankingData .* or a SparseRerankingData"):
         reranking.fslr_step_fn(entries, 0.1)

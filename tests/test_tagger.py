@@ -184,7 +184,7 @@ def test_argument_errors(ner_data):
         Tagger("crfsuite_ner", l1=0.1, optimizer=optax.lbfgs())
     with pytest.raises(TypeError, match="features must be a preset name"):
         Tagger(42)
-    with pytest.raises(ValueError, match="unknown feature preset|must start with U, B or"):
+    with pytest.raises(ValueError, match=r"unknown feature preset|must start with U, B or"):
         Tagger("not_a_preset")
     with pytest.raises(ValueError, match="max_iterations"):
         Tagger("crfsuite_ner", max_iterations=0)
