@@ -64,7 +64,7 @@ def _label_dtype(num_labels: int):
     return np.uint8 if num_labels <= 256 else np.int32
 
 
-def _arrays(saved: SavedModel) -> tuple[dict, list]:
+def _arrays(saved: SavedModel) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """`(kept rows [K'] of the emission table, {name: array})` of the non-zero weights."""
     model = saved.model
     emission = np.asarray(model.emission)

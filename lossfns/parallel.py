@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 
 
-def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:  # pyright: ignore[reportInvalidTypeForm]  # jax.Device: an alias
     """A one-axis mesh (axis `"data"`) over `devices` (default: all devices of all hosts)."""
     devices = jax.devices() if devices is None else list(devices)
     if not devices:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numbers
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 

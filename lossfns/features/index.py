@@ -141,7 +141,8 @@ def ragged_rows(flat: np.ndarray, counts: np.ndarray, fill, width: int | None = 
     return out
 
 
-def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill=PADDING_ID, dtype=np.int32) -> np.ndarray:
+def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill: float = PADDING_ID,
+         dtype: type = np.int32) -> np.ndarray:
     """`[B, max_length, F]` from `[B][T][...]` nested lists (vectorised: one
     pass flattens them, one scatter places them)."""
     sentence_lengths = np.fromiter(map(len, rows), np.int64, len(rows))

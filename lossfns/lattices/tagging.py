@@ -37,8 +37,8 @@ class TaggedLattice(NamedTuple):
     """
 
     lattice: dag.Lattice
-    word: jax.Array
-    history: jax.Array
+    word: jax.Array | np.ndarray  # numpy while built (`as_numpy`), then device arrays
+    history: jax.Array | np.ndarray
 
 
 class TaggerParams(NamedTuple):

@@ -317,10 +317,12 @@ def optimizer_update(optimizer: optax.GradientTransformation, fun: Callable, par
     Optimizers whose state says `evaluates_objective` (`owlqn`) are given
     only `value_fn=fun` and evaluate it themselves; others get `fun`'s value
     and gradient (re-used from the state when it stores them)."""
+    # A plain GradientTransformation's update takes no extra arguments: wrapped, it ignores them.
+    update = optax.with_extra_args_support(optimizer).update
     if getattr(opt_state, "evaluates_objective", False):
-        return optimizer.update(None, opt_state, params, value_fn=fun)
+        return update(None, opt_state, params, value_fn=fun)  # pyright: ignore[reportArgumentType]  # no gradient: it evaluates fun
     value, grad = _value_and_grad(fun, opt_state)(params)
-    return optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
+    return update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
 
 
 def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, params, opt_state):
@@ -342,6 +344,8 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
     parameters (`penalty` is the non-smooth part the optimizer handles
     itself, e.g. `l1_penalty(...)` for `owlqn`).
     """
+    update = optax.with_extra_args_support(optimizer).update  # as in `optimizer_update`
+
     def step_fn(inner, step):
         params, opt_state = inner
         if getattr(opt_state, "evaluates_objective", False):
@@ -351,7 +355,7 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
             start, grad = _value_and_grad(fun, opt_state)(params)
 
             def move(_):
-                updates, new_state = optimizer.update(grad, opt_state, params, value=start, grad=grad, value_fn=fun)
+                updates, new_state = update(grad, opt_state, params, value=start, grad=grad, value_fn=fun)
                 new_params = optax.apply_updates(params, updates)
                 stored = optax.tree.get(new_state, "value")
                 value = fun(new_params) if stored is None else stored
@@ -456,7 +460,9 @@ def num_examples(data) -> int:
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"data must be a pytree of arrays sharing a leading example axis [N, ...], "
                          f"got leading sizes {sorted(map(str, sizes))}")
-    return sizes.pop()
+    size = sizes.pop()
+    assert size is not None  # refused above
+    return size
 
 
 def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, *, batch_size: int,
