@@ -333,7 +333,7 @@ def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.L
     """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
     edge = marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
     if isinstance(edge, tuple):  # a factored or sparse form: its unary derivatives
-        return edge.unary
+        return edge.unary  # pyright: ignore[reportAttributeAccessIssue]  # a factored or sparse potentials tuple
     return jnp.sum(edge, axis=-2)
 
 

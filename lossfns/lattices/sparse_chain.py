@@ -136,12 +136,13 @@ class SparsePotentials(NamedTuple):
 
     def batched(self, batch_shape):
         flat = lambda x, core: x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core:])
-        shared = self.transitions is None or self.transitions.ndim == 2
-        transitions = self.transitions if shared else flat(
-            jnp.broadcast_to(self.transitions, batch_shape + self.transitions.shape[-2:]), 2)
+        transitions = self.transitions
+        shared = transitions is None or transitions.ndim == 2
+        if transitions is not None and not shared:
+            transitions = flat(jnp.broadcast_to(transitions, batch_shape + transitions.shape[-2:]), 2)
         return (SparsePotentials(flat(self.unary, 2), flat(self.pair_weights, 2), self.pair_previous, self.pair_next,
                                  flat(self.start, 1), transitions),
-                SparsePotentials(0, 0, None, None, 0, None if shared else 0))
+                SparsePotentials._make((0, 0, None, None, 0, None if shared else 0)))  # in_axes: its leaves are axes
 
     def unshared(self, batch_shape):
         """Per-example transitions, so that their derivatives are per-example
