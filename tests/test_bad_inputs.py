@@ -615,6 +615,8 @@ CASES = [
      lambda _: hmm.log_likelihood(_HMM, [[0, 5, 1]]), ValueError, ["words", "[0, 4)", "5", "(0, 1)"]),
     ("hmm-word-float", "float word ids", lambda _: hmm.log_likelihood(_HMM, [[0.5, 1.0]]),
      TypeError, ["words", "integer", "0.5"]),
+    ("hmm-noise-without-key", "a noisy HMM start without a PRNG key",
+     lambda _: hmm.initial_params(2, 4, noise=0.5), ValueError, ["key", "noise"]),
     ("model-ids-float", "float feature ids for a model",
      lambda _: LinearChainModel.zeros(4, 2)(np.array([[[0.0, 1.0]]])), TypeError, ["unigram_ids", "integer", "float"]),
     ("model-pair-mask-shape", "a pair mask of the wrong shape",

@@ -56,6 +56,17 @@ def test_scheme_of_and_bad_schemes():
         allowed_transitions(LABELS["IOB2"], "BIO")
 
 
+def test_constrain_reads_a_missing_start_as_zeros():
+    """`start=None` means zero start scores (as `FactoredPotentials` documents)."""
+    labels = LABELS["IOB2"]
+    L, lengths = len(labels), np.array([3, 2])
+    unary, transitions = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, L))), jnp.zeros((L, L))
+    moves = allowed_transitions(labels, "IOB2")
+    without = constrain(chain.FactoredPotentials(unary, transitions), moves, lengths)
+    zeros = constrain(chain.FactoredPotentials(unary, transitions, jnp.zeros(L)), moves, lengths)
+    np.testing.assert_array_equal(chain.materialize(without), chain.materialize(zeros))
+
+
 @pytest.mark.parametrize("form", ["factored", "sparse", "dense"])
 def test_constrain_sets_exactly_the_invalid_sequences_to_minus_inf(form):
     scheme, labels = "IOBES", LABELS["IOBES"]

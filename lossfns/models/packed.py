@@ -43,14 +43,19 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | 
     default, as `losses.row_sequence_log_loss`.
     """
     buckets = corpus_potentials(model, arrays)
-    if arrays.starts is not None:
+    all_labels, all_starts = arrays.labels, arrays.starts
+    if all_labels is None:
+        raise ValueError("arrays: the loss needs labels; pack the corpus with its labels")
+    if all_starts is not None:
         if loss is not None:
             raise ValueError("loss: rows of several sentences (pack_rows) take only the default log-loss; "
                              "pack a custom loss's corpus into length buckets (features.pack)")
-        return sum(jnp.sum(row_sequence_log_loss(p, labels, starts, lengths, semiring=semirings.Real))
-                   for p, labels, starts, lengths in zip(buckets, arrays.labels, arrays.starts, arrays.lengths))
+        row_loss = functools.partial(row_sequence_log_loss, semiring=semirings.Real)
+        return sum(jnp.sum(row_loss(p, labels, starts, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
+                   for p, labels, starts, lengths in zip(buckets, all_labels, all_starts, arrays.lengths))
     loss = functools.partial(sequence_log_loss, semiring=semirings.Real) if loss is None else loss
-    return sum(jnp.sum(loss(p, labels, lengths)) for p, labels, lengths in zip(buckets, arrays.labels, arrays.lengths))
+    return sum(jnp.sum(loss(p, labels, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
+               for p, labels, lengths in zip(buckets, all_labels, arrays.lengths))
 
 
 class TrainingData(NamedTuple):

@@ -157,7 +157,7 @@ def _compiled_chunk(make_step, stop, loop, data, mesh):
         _COMPILED.move_to_end(key)
         return _COMPILED[key], 0.0
     start = time.perf_counter()
-    options = {}
+    options: dict[str, Any] = {}
     if mesh is not None:
         copy = NamedSharding(mesh, PartitionSpec())
         split = NamedSharding(mesh, PartitionSpec(parallel.data_axis(mesh)))

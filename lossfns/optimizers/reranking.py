@@ -168,7 +168,7 @@ def sparse_reranking_data(baseline, entries, valid=None, *, num_features: int | 
         jnp.asarray(baseline, dtype), jnp.asarray(valid, dtype),
         jnp.asarray(example, jnp.int32), jnp.asarray(candidate, jnp.int32), jnp.asarray(feature, jnp.int32),
         jnp.asarray(value, dtype), jnp.asarray(slot, jnp.int32),
-        jnp.asarray(unique.f0, jnp.int32), jnp.asarray(unique.f1, dtype),
+        jnp.asarray(unique["f0"], jnp.int32), jnp.asarray(unique["f1"], dtype),
         jnp.asarray(counts, jnp.int32))
 
 
