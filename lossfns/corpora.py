@@ -322,7 +322,7 @@ def find_data(*parts: str) -> str:
         found = _find_in(roots, [*parts[:i], parts[i] + ".zip", *parts[i:]])
     if found is not None:
         return found
-    package = parts[1] if len(parts) > 1 else parts[0]
+    package = parts[min(1, len(parts) - 1)]  # the second component, or the only one
     raise FileNotFoundError(f"{'/'.join(parts)} not found (plain or zipped) in NLTK's data path: "
                             f"NLTK_DATA={os.environ.get('NLTK_DATA', '')!r}, then {roots}; install it with "
                             f"`python -m nltk.downloader {package}` or set NLTK_DATA to a directory holding the "
@@ -368,7 +368,8 @@ def treebank() -> list[Sentence]:
     for tagged in reader.tagged_sents():
         kept = [(word, tag) for word, tag in tagged if tag != "-NONE-"]
         if kept:
-            sentences.append(Sentence(tuple((word,) for word, _ in kept), tuple(tag for _, tag in kept)))
+            tokens, labels = tuple((word,) for word, _ in kept), tuple(tag for _, tag in kept)
+            sentences.append(Sentence(tokens, labels))  # pyright: ignore[reportArgumentType]  # nltk's stubs: str words
     return sentences
 
 
@@ -405,7 +406,7 @@ def map_labels(sentences: Sequence[Sentence], mapping: dict[str, str]) -> list[S
 # ---------------------------------------------------------------------------
 
 
-def length_buckets(lengths: Sequence[int], num_buckets: int = 4, multiple: int = 8) -> list[tuple[np.ndarray, int]]:
+def length_buckets(lengths: Sequence[int] | np.ndarray, num_buckets: int = 4, multiple: int = 8) -> list[tuple[np.ndarray, int]]:
     """Group sequence indices into at most `num_buckets` buckets of similar
     length, so that only a few padded shapes are ever compiled.
 

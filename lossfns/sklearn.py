@@ -239,7 +239,7 @@ class CRF(BaseEstimator):
 
     def _decode(self, X, decode):
         tagger = self._fitted()
-        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)
+        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)  # pyright: ignore[reportArgumentType]  # fitted
         return in_corpus_order(corpus, tagger.decode_packed(corpus, decode))
 
     def predict(self, X) -> list:
@@ -274,7 +274,9 @@ class CRF(BaseEstimator):
         """`{(attribute, label): weight}` of the non-zero emission weights."""
         tagger = self._fitted()
         emission = np.asarray(tagger.model.emission)
-        names = sorted(tagger.index.unigram, key=tagger.index.unigram.get)
+        unigram = tagger.index.unigram
+        assert unigram is not None  # string tables: sklearn's CRF does not hash
+        names = sorted(unigram, key=unigram.__getitem__)
         rows, columns = np.nonzero(emission)
         return {(names[i], tagger.labels[j]): float(emission[i, j]) for i, j in zip(rows.tolist(), columns.tolist())}
 

@@ -31,6 +31,7 @@ import optax
 from . import metrics, model_file, parallel
 from .corpora import Sentence
 from .features.corpus import (
+    Extractor,
     build_index,
     check_sentences,
     corpus_arrays,
@@ -88,7 +89,7 @@ class Tagger:
         fit one. Training is unconstrained either way.
     """
 
-    def __init__(self, features="crfsuite_ner", *, loss: Callable | None = None,
+    def __init__(self, features: str | Extractor = "crfsuite_ner", *, loss: Callable | None = None,
                  l1: float = 0.0, l2: float = 0.0, regularizer: Callable | None = None,
                  optimizer: optax.GradientTransformation | None = None, max_iterations: int = 100,
                  tol: float = 1e-5, period: int = 10, memory_size: int = 6, min_count: int = 1,
@@ -193,10 +194,10 @@ class Tagger:
     def training_data(self, sentences: Sequence[Sentence]) -> TrainingData:
         """Labelled `sentences` as `objective()` reads them, through the fitted
         index, labels and masks (e.g. to time a gradient: `benchmarks`)."""
-        self._require_model()
+        model, index = self._require_model()
         check_sentences(sentences)
-        packed_corpus = self._pack(encode(self.index, self.extractor, sentences), label_ids(sentences, self.labels))
-        return TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), self.model.structure())
+        packed_corpus = self._pack(encode(index, self.extractor, sentences), label_ids(sentences, self.labels))
+        return TrainingData(corpus_arrays(packed_corpus, index.num_unigram), model.structure())
 
     def _pack(self, encoded, ids):
         """Rows of back-to-back sentences for the default log-loss, else length buckets."""
@@ -205,7 +206,8 @@ class Tagger:
     def objective(self) -> Callable:
         """`(ChainWeights, TrainingData) -> []`: the loss summed over the
         sentences, penalties apart (`models.weights_objective`)."""
-        return weights_objective(self.model, self.loss)
+        model, _ = self._require_model()
+        return weights_objective(model, self.loss)
 
     def _settings(self) -> list:
         """What a checkpoint must have been written with, besides the data."""
@@ -215,15 +217,17 @@ class Tagger:
 
     # -- inference ----------------------------------------------------------
 
-    def _require_model(self):
-        if self.model is None:
+    def _require_model(self) -> tuple[LinearChainModel, FeatureIndex]:
+        """`(model, index)` of a fitted or loaded tagger."""
+        if self.model is None or self.index is None:
             raise ValueError("the tagger has no model yet: call fit() or Tagger.load() first")
+        return self.model, self.index
 
     def _decode(self, sentences, decode: Callable, *arguments):
         """`(packed corpus, per-bucket results)` of `decode_packed` for unlabelled `sentences`."""
         check_sentences(sentences, labelled=False)
-        self._require_model()
-        corpus = pack(encode(self.index, self.extractor, sentences), None, self.num_buckets)
+        _, index = self._require_model()
+        corpus = pack(encode(index, self.extractor, sentences), None, self.num_buckets)
         return corpus, self.decode_packed(corpus, decode, *arguments)
 
     def decode_packed(self, corpus: PackedCorpus, decode: Callable, *arguments) -> tuple:
@@ -233,12 +237,12 @@ class Tagger:
         label scheme's allowed transitions, or None; see `iob_constraints`),
         e.g. `decode=models.packed.viterbi`; `in_corpus_order` puts the
         results back in corpus order."""
-        self._require_model()
-        arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(corpus, self.index.num_unigram))
+        model, index = self._require_model()
+        arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(corpus, index.num_unigram))
         scheme = scheme_of(self.labels)
         constrained = scheme is not None if self.iob_constraints is None else self.iob_constraints
         moves = allowed_transitions(self.labels, scheme or "IOB2") if constrained else None
-        return decode(self.model, arrays, *arguments, moves)
+        return decode(model, arrays, *arguments, moves)
 
     def predict(self, sentences: Sequence[Sentence]) -> list[tuple[str, ...]]:
         """Viterbi label sequences, one tuple of label strings per sentence."""
@@ -287,5 +291,5 @@ class Tagger:
 
     def saved(self) -> model_file.SavedModel:
         """What `save` writes (`model_file.to_bytes` gives its bytes)."""
-        self._require_model()
-        return model_file.SavedModel(self.labels, self.extractor, self.index, self.model, self.num_buckets)
+        model, index = self._require_model()
+        return model_file.SavedModel(self.labels, self.extractor, index, model, self.num_buckets)

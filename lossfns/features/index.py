@@ -170,8 +170,9 @@ def pad_batch(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None =
     pair_ids = _pad([sentence[1] for sentence in encoded], max_length)
     unigram_values = None
     if any(len(sentence) > 2 for sentence in encoded):
-        unigram_values = _pad([sentence[2] if len(sentence) > 2 else [[1.0] * len(token) for token in sentence[0]]
-                               for sentence in encoded], max_length, 0.0, np.float64)
+        ones = lambda sentence: [[1.0] * len(token) for token in sentence[0]]  # one encoded without values
+        unigram_values = _pad([sentence[2] if len(sentence) > 2 else ones(sentence) for sentence in encoded],
+                              max_length, 0.0, np.float64)
     label_array = None
     if labels is not None:
         label_array = np.full((len(encoded), max_length), -1, dtype=np.int32)
@@ -293,7 +294,7 @@ def pack(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None
     return pack_tokens(stack.unigram_ids[0], sentence_lengths, labels, num_buckets, **_stacked(stack))
 
 
-def pack_tokens(unigram_ids, sentence_lengths: Sequence[int], labels: Sequence[Sequence[int]] | None = None,
+def pack_tokens(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]] | None = None,
                 num_buckets: int = 6, *, pair_ids=None, unigram_values=None) -> PackedCorpus:
     """`pack` from a token stack: `unigram_ids [N, F]` (-1 = padding) over the
     N tokens of sentences of `sentence_lengths [S]`, in order; `pair_ids
@@ -332,7 +333,7 @@ def pack_rows(encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: 
     return pack_token_rows(stack.unigram_ids[0], sentence_lengths, labels, width, multiple, **_stacked(stack))
 
 
-def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int], labels: Sequence[Sequence[int]],
+def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]],
                     width: int | None = None, multiple: int = 8, *, pair_ids=None,
                     unigram_values=None) -> PackedCorpus:
     """`pack_rows` from a token stack (arguments as in `pack_tokens`)."""
