@@ -14,15 +14,14 @@ from __future__ import annotations
 import os
 import shutil
 
-import numpy as np
-
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model, sequence_pieces
 
 from . import tagging
-from .tagging import LOSSES
 from .harness import RunDirectory, floors_section, markdown_table
+from .tagging import LOSSES
 
 # MATH.md section 7 (Altun et al. 2003, Tables 2 and 3): NER F1 for S1, S2, S3.
 PAPER_NER_F1 = {
@@ -314,7 +313,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
                             f"{check['smallest_gain_across_feature_sets']:.2f} points: "
                             f"{'HOLDS' if check['holds'] else 'DOES NOT HOLD'} (spread without the sequential "
                             f"exp-loss: {check['largest_spread_without_sequential_exp']:.2f} points).\n")
-        if len({r["num_train_sentences"] for r in results[task]["learning_curve"]}) > 1:
+        if len({r["num_train_sentences"] for r in result["learning_curve"]}) > 1:
             document.append(f"![learning curve]({os.path.basename(_plot_curves(run, task, result))})\n")
     document.append(f"![losses by feature set]({os.path.basename(_plot_feature_sets(run, results))})\n")
     document.append(_boosting_note(results))

@@ -62,17 +62,23 @@ import time
 from collections import Counter
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns import corpora, optimizers
-from lossfns.corpora import Sentence
-from lossfns.optimizers.reranking import (SparseRerankingData, blasso_step_fn, boosting_with_shrinkage_step_fn,
-                                          exp_loss, fslr_step_fn, reranking_init, sparse_reranking_data)
 from lossfns.checkpoint import ModelFileError
+from lossfns.corpora import Sentence
+from lossfns.optimizers.reranking import (
+    SparseRerankingData,
+    blasso_step_fn,
+    boosting_with_shrinkage_step_fn,
+    exp_loss,
+    fslr_step_fn,
+    reranking_init,
+    sparse_reranking_data,
+)
 from lossfns.tagger import Tagger
 
 from . import synthetic
@@ -377,7 +383,7 @@ def error_rate(weights, evaluation: EvalSet) -> jax.Array:
     return 100.0 * jnp.sum(jnp.take_along_axis(evaluation.errors, chosen[:, None], 1)) / evaluation.tokens
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reranker_steps(method: str):
     """`make_step` of `method` for the driver, `data = (SparseRerankingData,
     BLasso tolerance)` (traced: every run of a method compiles once)."""

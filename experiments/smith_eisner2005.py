@@ -50,14 +50,12 @@ import shutil
 import time
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
 import optax
 import tqdm
-
-import matplotlib.pyplot as plt
 
 from lossfns import corpora, hmm, metrics, optimizers, semirings
 from lossfns.lattices import dag, neighbourhoods, tagging
@@ -451,7 +449,7 @@ def length_loss(params: tagging.TaggerParams, data) -> jax.Array:
     return jnp.sum(length_counts * normalisers) - total_log_partition(numerators, params, spelling_ids)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _penalised(loss):
     """`(params, (data, l2_weight)) -> loss + l2_weight / 2 ||params||^2`, one
     function per loss: `l2_weight = 1 / sigma^2` is data (traced), so the
@@ -685,7 +683,7 @@ def _train_unit(run: RunDirectory, name: str, study: Study, criterion: str, spel
                "train_words": int(sum(lengths[:count])), "train_sentences": count,
                "ambiguous_accuracy": 100 * metrics.ambiguous_accuracy(words, gold, guesses, dictionary),
                "all_accuracy": 100 * metrics.token_accuracy(gold, guesses),
-               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": int(len(trace)),
+               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": len(trace),
                "train_seconds": seconds, "trace": [float(v) for v in trace]}
         print(f"  {name}: ambiguous {row['ambiguous_accuracy']:.2f}, all {row['all_accuracy']:.2f}, "
               f"dev criterion {dev_criterion:.1f} ({row['steps']} steps, {seconds:.0f} s)", flush=True)

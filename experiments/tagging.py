@@ -21,10 +21,9 @@ import functools
 import shutil
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lossfns import corpora, features, metrics, optimizers, semirings
@@ -193,7 +192,7 @@ class TrainResult(NamedTuple):
     train_seconds: float
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _objective_of(loss: str, l2_weight: float):
     """`(params, (buckets, weights)) -> objective`, one function per (loss,
     prior), so the driver re-uses its compiled loop across feature sets."""

@@ -21,7 +21,7 @@ given (`optimizers.elastic_net_training`). It stops like CRFsuite: after
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,15 +30,32 @@ import optax
 
 from . import metrics, model_file, parallel
 from .corpora import Sentence
-from .lattices.constraints import allowed_transitions, scheme_of
-from .features.corpus import (build_index, check_sentences, corpus_arrays, encode, extractor, extractor_spec,
-                              in_corpus_order, label_ids, pack_shards, padded_buckets)
+from .features.corpus import (
+    Extractor,
+    build_index,
+    check_sentences,
+    corpus_arrays,
+    encode,
+    extractor,
+    extractor_spec,
+    in_corpus_order,
+    label_ids,
+    pack_shards,
+    padded_buckets,
+)
 from .features.index import FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack, pack_rows
+from .lattices.constraints import allowed_transitions, scheme_of
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
-from .optimizers import (Status, check_elastic_net, crfsuite_elastic_net, elastic_net_training,
-                         relative_improvement_below, train)
+from .optimizers import (
+    Status,
+    check_elastic_net,
+    crfsuite_elastic_net,
+    elastic_net_training,
+    relative_improvement_below,
+    train,
+)
 from .optimizers.minimize import check_callable, check_scalar
 from .validation import check_float_dtype, check_int
 
@@ -72,12 +89,12 @@ class Tagger:
         fit one. Training is unconstrained either way.
     """
 
-    def __init__(self, features="crfsuite_ner", *, loss: Optional[Callable] = None,
-                 l1: float = 0.0, l2: float = 0.0, regularizer: Optional[Callable] = None,
-                 optimizer: Optional[optax.GradientTransformation] = None, max_iterations: int = 100,
+    def __init__(self, features: str | Extractor = "crfsuite_ner", *, loss: Callable | None = None,
+                 l1: float = 0.0, l2: float = 0.0, regularizer: Callable | None = None,
+                 optimizer: optax.GradientTransformation | None = None, max_iterations: int = 100,
                  tol: float = 1e-5, period: int = 10, memory_size: int = 6, min_count: int = 1,
-                 hash_size: Optional[int] = None, observed_pairs_only: bool = True, num_buckets: int = 6,
-                 dtype=jnp.float32, progress: Optional[bool] = None, iob_constraints: Optional[bool] = None):
+                 hash_size: int | None = None, observed_pairs_only: bool = True, num_buckets: int = 6,
+                 dtype=jnp.float32, progress: bool | None = None, iob_constraints: bool | None = None):
         check_elastic_net(l1, l2, optimizer, regularizer)
         check_scalar("tol", tol, 0)
         if loss is not None:
@@ -92,17 +109,17 @@ class Tagger:
         self.max_iterations, self.tol, self.period, self.memory_size = max_iterations, tol, period, memory_size
         self.min_count, self.hash_size, self.observed_pairs_only = min_count, hash_size, observed_pairs_only
         self.num_buckets, self.dtype, self.progress, self.iob_constraints = num_buckets, dtype, progress, iob_constraints
-        self.model: Optional[LinearChainModel] = None
+        self.model: LinearChainModel | None = None
         self.labels: tuple[str, ...] = ()
-        self.index: Optional[FeatureIndex] = None
+        self.index: FeatureIndex | None = None
         self.history: list[float] = []  # the objective after each iteration
         self.training_seconds = 0.0  # the driver's compilation and iterations
-        self.status: Optional[Status] = None  # why the last fit stopped
+        self.status: Status | None = None  # why the last fit stopped
 
     # -- training -----------------------------------------------------------
 
     def fit(self, sentences: Sequence[Sentence], *, checkpoint_dir=None, checkpoint_every: int = 10,
-            callback: Optional[Callable] = None, mesh: Optional[jax.sharding.Mesh] = None) -> "Tagger":
+            callback: Callable | None = None, mesh: jax.sharding.Mesh | None = None) -> Tagger:
         """Index features, build a zero model and train it on `sentences`.
 
         checkpoint_dir: save the training state there every `checkpoint_every`
@@ -128,7 +145,7 @@ class Tagger:
                            callback)
 
     def fit_packed(self, packed_corpus: PackedCorpus, labels: Sequence[str], index: FeatureIndex, *,
-                   checkpoint_dir=None, checkpoint_every: int = 10, callback: Optional[Callable] = None) -> "Tagger":
+                   checkpoint_dir=None, checkpoint_every: int = 10, callback: Callable | None = None) -> Tagger:
         """Train on a labelled corpus already indexed and packed by the
         caller (e.g. `features.dicts.AttributeCorpus.pack_rows`: feature
         dicts; rows for the default log-loss, buckets for a custom `loss`),
@@ -177,10 +194,10 @@ class Tagger:
     def training_data(self, sentences: Sequence[Sentence]) -> TrainingData:
         """Labelled `sentences` as `objective()` reads them, through the fitted
         index, labels and masks (e.g. to time a gradient: `benchmarks`)."""
-        self._require_model()
+        model, index = self._require_model()
         check_sentences(sentences)
-        packed_corpus = self._pack(encode(self.index, self.extractor, sentences), label_ids(sentences, self.labels))
-        return TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), self.model.structure())
+        packed_corpus = self._pack(encode(index, self.extractor, sentences), label_ids(sentences, self.labels))
+        return TrainingData(corpus_arrays(packed_corpus, index.num_unigram), model.structure())
 
     def _pack(self, encoded, ids):
         """Rows of back-to-back sentences for the default log-loss, else length buckets."""
@@ -189,7 +206,8 @@ class Tagger:
     def objective(self) -> Callable:
         """`(ChainWeights, TrainingData) -> []`: the loss summed over the
         sentences, penalties apart (`models.weights_objective`)."""
-        return weights_objective(self.model, self.loss)
+        model, _ = self._require_model()
+        return weights_objective(model, self.loss)
 
     def _settings(self) -> list:
         """What a checkpoint must have been written with, besides the data."""
@@ -199,15 +217,17 @@ class Tagger:
 
     # -- inference ----------------------------------------------------------
 
-    def _require_model(self):
-        if self.model is None:
+    def _require_model(self) -> tuple[LinearChainModel, FeatureIndex]:
+        """`(model, index)` of a fitted or loaded tagger."""
+        if self.model is None or self.index is None:
             raise ValueError("the tagger has no model yet: call fit() or Tagger.load() first")
+        return self.model, self.index
 
     def _decode(self, sentences, decode: Callable, *arguments):
         """`(packed corpus, per-bucket results)` of `decode_packed` for unlabelled `sentences`."""
         check_sentences(sentences, labelled=False)
-        self._require_model()
-        corpus = pack(encode(self.index, self.extractor, sentences), None, self.num_buckets)
+        _, index = self._require_model()
+        corpus = pack(encode(index, self.extractor, sentences), None, self.num_buckets)
         return corpus, self.decode_packed(corpus, decode, *arguments)
 
     def decode_packed(self, corpus: PackedCorpus, decode: Callable, *arguments) -> tuple:
@@ -217,12 +237,12 @@ class Tagger:
         label scheme's allowed transitions, or None; see `iob_constraints`),
         e.g. `decode=models.packed.viterbi`; `in_corpus_order` puts the
         results back in corpus order."""
-        self._require_model()
-        arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(corpus, self.index.num_unigram))
+        model, index = self._require_model()
+        arrays = jax.tree_util.tree_map(jnp.asarray, corpus_arrays(corpus, index.num_unigram))
         scheme = scheme_of(self.labels)
         constrained = scheme is not None if self.iob_constraints is None else self.iob_constraints
         moves = allowed_transitions(self.labels, scheme or "IOB2") if constrained else None
-        return decode(self.model, arrays, *arguments, moves)
+        return decode(model, arrays, *arguments, moves)
 
     def predict(self, sentences: Sequence[Sentence]) -> list[tuple[str, ...]]:
         """Viterbi label sequences, one tuple of label strings per sentence."""
@@ -256,13 +276,13 @@ class Tagger:
         model_file.save(path, self.saved())
 
     @classmethod
-    def load(cls, path) -> "Tagger":
+    def load(cls, path) -> Tagger:
         """Read a tagger written by `save` (weights bit-identical); a damaged
         or foreign file raises `checkpoint.ModelFileError` naming it."""
         return cls.from_saved(model_file.load(path))
 
     @classmethod
-    def from_saved(cls, saved: model_file.SavedModel, **settings) -> "Tagger":
+    def from_saved(cls, saved: model_file.SavedModel, **settings) -> Tagger:
         """A tagger of a `model_file.SavedModel` (`model_file.load`,
         `model_file.from_bytes`), with the other constructor `settings`."""
         tagger = cls(saved.features, num_buckets=saved.num_buckets, **settings)
@@ -271,5 +291,5 @@ class Tagger:
 
     def saved(self) -> model_file.SavedModel:
         """What `save` writes (`model_file.to_bytes` gives its bytes)."""
-        self._require_model()
-        return model_file.SavedModel(self.labels, self.extractor, self.index, self.model, self.num_buckets)
+        model, index = self._require_model()
+        return model_file.SavedModel(self.labels, self.extractor, index, model, self.num_buckets)

@@ -9,7 +9,7 @@ import signal
 # experiments run as subprocesses inherit it). Semantics are unchanged.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
-import jax  # noqa: E402
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 

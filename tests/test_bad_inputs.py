@@ -14,26 +14,24 @@ import io
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 
 from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
+from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.corpora import Sentence
 from lossfns.features import design, dicts, pack, pack_tokens, templates
-from lossfns.lattices import chain, dag
+from lossfns.lattices import chain, constraints, dag
 from lossfns.lattices.chain import FactoredPotentials
-from lossfns.optimizers import reranking
-from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.lattices.sparse_chain import SparsePotentials
 from lossfns.models import LinearChainModel
-from lossfns.lattices import constraints
 from lossfns.nn import CRF, possible_tags
-from lossfns.tagger import Tagger
+from lossfns.optimizers import reranking
 from lossfns.sklearn import CRF as EstimatorCRF
+from lossfns.tagger import Tagger
 
 T, L = 3, 2
 
@@ -129,7 +127,7 @@ _TINY_CORPUS = [Sentence((("El", "DA"), ("rey", "NC"), ("Juan", "NP")), ("O", "O
                 Sentence((("Ana", "NP"), ("vive", "VM")), ("B-PER", "O"))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny_tagger():
     return Tagger("crfsuite_ner", l2=1.0, max_iterations=2, num_buckets=1, progress=False).fit(_TINY_CORPUS)
 
@@ -617,6 +615,8 @@ CASES = [
      lambda _: hmm.log_likelihood(_HMM, [[0, 5, 1]]), ValueError, ["words", "[0, 4)", "5", "(0, 1)"]),
     ("hmm-word-float", "float word ids", lambda _: hmm.log_likelihood(_HMM, [[0.5, 1.0]]),
      TypeError, ["words", "integer", "0.5"]),
+    ("hmm-noise-without-key", "a noisy HMM start without a PRNG key",
+     lambda _: hmm.initial_params(2, 4, noise=0.5), ValueError, ["key", "noise"]),
     ("model-ids-float", "float feature ids for a model",
      lambda _: LinearChainModel.zeros(4, 2)(np.array([[[0.0, 1.0]]])), TypeError, ["unigram_ids", "integer", "float"]),
     ("model-pair-mask-shape", "a pair mask of the wrong shape",
@@ -716,7 +716,7 @@ INSIDE_JIT_CASES = [
 
 @pytest.mark.parametrize("case_id, call, words", INSIDE_JIT_CASES, ids=[c[0] for c in INSIDE_JIT_CASES])
 def test_checked_mode_catches_bad_values_inside_jit(case_id, call, words):
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError) as raised:  # noqa: PT011  (its words are checked below)
         call()
     for word in words:
         assert word in str(raised.value), str(raised.value)
@@ -748,11 +748,11 @@ def markdown_table(tmp_path: Path) -> str:
     """The README table: each bad input and the error it gives now."""
     rows = ["| bad input | error |", "|---|---|"]
     for case in CASES:
-        case_id, description, call, _, _ = case.values if hasattr(case, "values") else case
+        _, description, call, _, _ = case.values if hasattr(case, "values") else case
         try:
             call(tmp_path)
             outcome = "**no error**"
-        except Exception as error:  # noqa: BLE001  (reporting whatever is raised)
+        except Exception as error:  # reporting whatever is raised
             text = str(error).replace(str(tmp_path) + "/", "").replace("|", "\\|").splitlines()[0]
             outcome = f"`{type(error).__name__}`: {text[:140]}"
         rows.append(f"| {description} | {outcome} |")

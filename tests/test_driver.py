@@ -141,3 +141,15 @@ def test_elastic_net_training_chooses_the_optimizer_and_its_terms():
     with pytest.raises(ValueError, match="l1 > 0 needs optimizer=None"):
         optimizers.elastic_net_training(0.1, 0.0, optax.sgd(0.1))
     assert optimizers.crfsuite_elastic_net(0.1, 0.2) == {"l1": 0.1, "l2": pytest.approx(0.4)}
+
+
+def test_a_plain_gradient_transformation_takes_no_extra_arguments():
+    """`minimize` passes value/grad/value_fn to line searches; an optax
+    `GradientTransformation` without extra-argument support (a user's own
+    `update(updates, state, params)`) must still run: gradient descent on
+    `|x|^2` with step 0.25 halves `x` each step."""
+    descent = optax.GradientTransformation(
+        lambda params: optax.EmptyState(),
+        lambda updates, state, params=None: (jax.tree_util.tree_map(lambda g: -0.25 * g, updates), state))
+    result = optimizers.minimize(lambda x: jnp.sum(x ** 2), jnp.ones(3), descent, max_steps=3)
+    np.testing.assert_allclose(result.params, 0.5 ** 3 * np.ones(3), rtol=1e-12)

@@ -5,12 +5,12 @@ closed-form gradients of MATH.md section 2, plus their properties: exp-loss
 
 import itertools
 
-import numpy as np
-import pytest
-from hypothesis import given, settings, strategies as st
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lossfns import losses, semirings, testing
 from lossfns.lattices import chain

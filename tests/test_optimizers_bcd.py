@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
-import pytest
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import assert_resume_bit_identical
 
 from lossfns import features, optimizers
 from lossfns.lattices import chain
@@ -22,13 +22,12 @@ from lossfns.losses import sequence_log_loss
 from lossfns.models import LinearChainModel
 from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from test_optimizers_problems import assert_resume_bit_identical
 
 K, K2, L = 8, 3, 3
 MAX_LENGTH = 6
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _corpus(pairs: bool):
     """20 random sentences: a bias test 0 everywhere, test 1 at most once per
     sentence, tests 2..K-1 at random (some several times in a sentence, or
@@ -61,7 +60,7 @@ def _model(pairs: bool, seed=None) -> LinearChainModel:
                                pair_emission=jax.random.normal(keys[3], model.pair_emission.shape))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data(pairs: bool):
     return optimizers.bcd_data(_corpus(pairs)[0], _model(pairs))
 

@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import assert_resume_bit_identical
 
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below, run_loop_jit
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from test_optimizers_problems import assert_resume_bit_identical
 
 EPSILON = 0.02
 NUM_STEPS = 400
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data():
     """Feature 3 is nearly `f1 + f2` while the truth uses f1 and f2: the lasso
     path takes f3 first and later shrinks it, which forward-only steps cannot.
@@ -51,7 +50,7 @@ def _step_fns(data, epsilon=EPSILON, tolerance=1e-12):
             "capped_fslr": reranking.fslr_step_fn(data, epsilon, cap=True)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _path(kind):
     """States after every step of one run, `[NUM_STEPS]`-stacked `LoopState`s."""
     data = _data()
@@ -243,5 +242,5 @@ def test_sparse_data_rejects_bad_inputs():
     rejects("at most one value per", entries=(np.array([0, 0]), np.array([1, 1]), np.array([2, 2]), entries[3]))
     with pytest.raises(TypeError, match="baseline must be a floating-point array"):
         reranking.sparse_reranking_data(**{**good, "baseline": np.zeros((2, 3), np.int32)})
-    with pytest.raises(TypeError, match="data must be a RerankingData .* or a SparseRerankingData"):
+    with pytest.raises(TypeError, match=r"data must be a RerankingData .* or a SparseRerankingData"):
         reranking.fslr_step_fn(entries, 0.1)

@@ -7,23 +7,31 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import (
+    NUM_LABELS,
+    assert_resume_bit_identical,
+    linear_potentials,
+    make_crf_data,
+    num_linear_parameters,
+)
 
-from lossfns.lattices import chain
 from lossfns import optimizers
+from lossfns.lattices import chain
 from lossfns.optimizers.minimize import init_loop, relative_change_below
 from lossfns.optimizers.perceptron import SequenceData
-from lossfns.optimizers.sparse_perceptron import (sparse_averaged_params, sparse_perceptron_epoch,
-                                                  sparse_perceptron_init, sparse_sequence_data)
-from test_optimizers_problems import (NUM_LABELS, assert_resume_bit_identical, linear_potentials, make_crf_data,
-                                      num_linear_parameters)
+from lossfns.optimizers.sparse_perceptron import (
+    sparse_averaged_params,
+    sparse_perceptron_epoch,
+    sparse_perceptron_init,
+    sparse_sequence_data,
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _separable_data():
     """Gold labels are the Viterbi paths of a random model: separable by construction."""
     with jax.ensure_compile_time_eval():
@@ -100,7 +108,7 @@ def test_perceptron_resume_is_bit_identical(tmp_path):
     assert_resume_bit_identical(step_fn, loop, relative_change_below(0.0), 2, tmp_path / "perceptron.eqx")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _boosting_data():
     crf = make_crf_data(seed=4, num_sequences=8, max_length=4)
     return SequenceData(crf.features, crf.labels, crf.lengths)

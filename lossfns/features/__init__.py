@@ -5,13 +5,36 @@ sparse design matrices (CSR) for the fast emission-score product, and the
 one path of a tagged corpus through them (`corpus`)."""
 
 from . import corpus, design, dicts, presets, templates
-from .corpus import (CorpusArrays, build_index, check_sentences, corpus_arrays, encode, extractor, extractor_from_spec,
-                     extractor_spec, in_corpus_order, label_ids, pack_shards, padded_buckets)
+from .corpus import (
+                     CorpusArrays,
+                     build_index,
+                     check_sentences,
+                     corpus_arrays,
+                     encode,
+                     extractor,
+                     extractor_from_spec,
+                     extractor_spec,
+                     in_corpus_order,
+                     label_ids,
+                     pack_shards,
+                     padded_buckets,
+)
 from .design import SparseDesign, bucket_design, design_from_ids, design_matmul
 from .dicts import AttributeCorpus, flatten_corpus, item_features
 from .extraction import TokenFeatures
-from .index import (FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack,
-                    pack_rows, pack_token_rows, pack_tokens, pad_batch, ragged_rows)
+from .index import (
+                     FeatureBatch,
+                     FeatureIndex,
+                     PackedCorpus,
+                     observed_label_pairs,
+                     observed_label_triples,
+                     pack,
+                     pack_rows,
+                     pack_token_rows,
+                     pack_tokens,
+                     pad_batch,
+                     ragged_rows,
+)
 from .presets import preset
 from .templates import parse_templates, read_templates
 

@@ -23,7 +23,8 @@ true (a CRFsuite attribute of value 0 contributes nothing).
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from .dicts import item_features
 from .extraction import TokenFeatures

@@ -46,7 +46,8 @@ weights.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Sequence, Union
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..corpora import read_lines
 from .extraction import TokenFeatures
@@ -67,7 +68,7 @@ class Macro(NamedTuple):
     kind: str
     row: int
     column: int
-    pattern: "re.Pattern | None"
+    pattern: re.Pattern | None
     mode: str = ""
 
 
@@ -76,7 +77,7 @@ class Template(NamedTuple):
     macro, for messages), then literal text and macros (`parts`)."""
 
     name: str
-    parts: tuple[Union[str, Macro], ...]
+    parts: tuple[str | Macro, ...]
     line_number: int
 
 
@@ -142,7 +143,7 @@ def wapiti_regex(pattern: str) -> str:
 
 
 def _parse_body(body: str, source: str, line_number: int, line: str, dialect: str):
-    parts: list[Union[str, Macro]] = []
+    parts: list[str | Macro] = []
     position = 0
     while position < len(body):
         percent = body.find("%", position)

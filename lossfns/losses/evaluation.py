@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import semirings
 from ..lattices import chain

@@ -15,7 +15,8 @@ mistakes in that epoch, and the loop stops after an epoch without mistakes.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -30,12 +30,12 @@ and `_margins` (`d . lambda` of any weights).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Union
-
-import numpy as np
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..validation import as_float_array, as_int_array, concrete
 from .minimize import check_int, check_scalar, init_loop, relative_change_below, run_loop
@@ -75,7 +75,7 @@ class SparseRerankingData(NamedTuple):
     feature_entries: jax.Array
 
 
-AnyRerankingData = Union[RerankingData, SparseRerankingData]
+AnyRerankingData = RerankingData | SparseRerankingData
 
 
 class RerankingState(NamedTuple):
@@ -168,7 +168,7 @@ def sparse_reranking_data(baseline, entries, valid=None, *, num_features: int | 
         jnp.asarray(baseline, dtype), jnp.asarray(valid, dtype),
         jnp.asarray(example, jnp.int32), jnp.asarray(candidate, jnp.int32), jnp.asarray(feature, jnp.int32),
         jnp.asarray(value, dtype), jnp.asarray(slot, jnp.int32),
-        jnp.asarray(unique.f0, jnp.int32), jnp.asarray(unique.f1, dtype),
+        jnp.asarray(unique["f0"], jnp.int32), jnp.asarray(unique["f1"], dtype),
         jnp.asarray(counts, jnp.int32))
 
 

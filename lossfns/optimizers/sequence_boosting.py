@@ -51,19 +51,27 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, NamedTuple, Optional, Union
-
-import numpy as np
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import checkpoint, losses
 from ..lattices import chain
-from .chain_boosting import (ChainBoostingData, ChainStatistics, chain_slot_groups, chain_statistics,
-                             chain_group_weak_learner, chain_weak_learner_row,
-                             chain_weak_learners, log_exp_loss, log_weights,
-                             update_chain_statistics)
+from .chain_boosting import (
+    ChainBoostingData,
+    ChainStatistics,
+    chain_group_weak_learner,
+    chain_slot_groups,
+    chain_statistics,
+    chain_weak_learner_row,
+    chain_weak_learners,
+    log_exp_loss,
+    log_weights,
+    update_chain_statistics,
+)
 from .minimize import LoopState, check_callable, check_int, check_scalar, init_loop, relative_change_below, run_loop
 from .perceptron import SequenceData, check_sequence_data
 from .scalar_newton import newton_minimize
@@ -108,14 +116,14 @@ class BoostingState(NamedTuple):
     bool, the stop rule fired; history: `BoostingHistory`."""
 
     theta: jax.Array
-    statistics: Union[DenseStatistics, ChainStatistics]
+    statistics: DenseStatistics | ChainStatistics
     log_exp_loss: jax.Array
     recent: jax.Array
     converged: jax.Array
     history: BoostingHistory
 
 
-AnyBoostingData = Union[BoostingData, ChainBoostingData]
+AnyBoostingData = BoostingData | ChainBoostingData
 
 
 def _check_data(data) -> None:
@@ -393,7 +401,7 @@ def _round(data, potentials_fn, state: BoostingState, index, step: str, tol: flo
     return BoostingState(theta, statistics, log_total, state.recent.at[slot].set(log_total), converged, history)
 
 
-def boosting_init(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, max_rounds: int,
+def boosting_init(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_rounds: int,
                   window: int = 100, theta=None, dtype=None) -> BoostingState:
     """The state before the first round, from `theta` (default zeros `[K]`).
 
@@ -416,7 +424,7 @@ def boosting_init(data: AnyBoostingData, potentials_fn: Optional[Callable] = Non
                          jnp.zeros((), bool), history)
 
 
-def sequence_boosting_step_fn(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *,
+def sequence_boosting_step_fn(data: AnyBoostingData, potentials_fn: Callable | None = None, *,
                               step: str = "line_search", tol: float = 0.0, refresh_every: int = 100) -> Callable:
     """The `step_fn` of one boosting round for `minimize.run_loop`; the
     objective recorded is the log exp-loss after the round. Stop the loop
@@ -517,10 +525,10 @@ class BoostingRun(NamedTuple):
         return self.stopped_by in ("exp-loss converged", "no weak learner lowers the bound", "development plateau")
 
 
-def boost(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, max_rounds: int,
+def boost(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_rounds: int,
           step: str = "line_search", tol: float = 1e-4, window: int = 100, refresh_every: int = 100,
-          chunk_rounds: int = 100, evaluate: Optional[Callable] = None, eval_every: int = 100,
-          patience: Optional[int] = None, min_improvement: float = 0.0, until: Optional[int] = None,
+          chunk_rounds: int = 100, evaluate: Callable | None = None, eval_every: int = 100,
+          patience: int | None = None, min_improvement: float = 0.0, until: int | None = None,
           checkpoint_dir=None, progress: bool = False) -> BoostingRun:
     """Run sequence boosting from `theta = 0` until a stop rule fires, from
     Python, in jitted chunks of rounds.

@@ -33,10 +33,9 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ... import semirings
 from ...semirings import Semiring
