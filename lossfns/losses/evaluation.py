@@ -40,7 +40,7 @@ def hamming_loss(predicted, labels, lengths=None):
 
 
 def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log,
-                     algorithm: str = "sequential"):
+                     algorithm: str = "auto"):
     """The most probable label at each position (argmax of the node
     marginals), `[..., T]` int32, -1 past each length. Minimises the expected
     Hamming loss; the result need not be an allowed sequence."""
