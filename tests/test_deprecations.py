@@ -119,3 +119,23 @@ def test_the_public_names_are_found_without_a_warning(package):
         warnings.simplefilter("error", DeprecationWarning)
         for name in found_in.__all__:
             getattr(found_in, name)
+
+
+def test_run_reranker_num_steps_is_max_steps():
+    features, reference, mask = _reranking_inputs()
+    data = optimizers.reranking_data(features, reference, mask=mask)
+    step_fn = optimizers.fslr_step_fn(data, 0.1)
+    before, after = _old_and_new(lambda: optimizers.run_reranker(step_fn, data, num_steps=3),
+                                 lambda: optimizers.run_reranker(step_fn, data, max_steps=3),
+                                 r"run_reranker: 'num_steps' .* use 'max_steps'")
+    np.testing.assert_array_equal(before.inner.weights, after.inner.weights)
+    assert int(after.step) == 3
+
+
+def test_sequence_boosting_num_rounds_is_max_rounds():
+    """The old keyword reaches the new argument (its check names `max_rounds`);
+    no run, to spare a compilation (run_reranker above checks a renamed cap's result)."""
+    data = optimizers.SequenceData(jnp.zeros((1, 2, 3)), jnp.zeros((1, 2), jnp.int32), jnp.array([2]))
+    with pytest.warns(DeprecationWarning, match=r"sequence_boosting: 'num_rounds' .* use 'max_rounds'"):
+        with pytest.raises(ValueError, match="max_rounds must be"):
+            optimizers.sequence_boosting(lambda theta, x: x, data, 4, num_rounds=0)

@@ -207,14 +207,14 @@ def test_sparse_layout_takes_the_dense_steps(kind, counts):
     argument, as research code runs it)."""
     dense = _random_problem(1, counts)
     sparse = _sparse_of(dense)
-    run = lambda data: reranking.run_reranker(_step_fns(data, 0.5)[kind], data, num_steps=60)
+    run = lambda data: reranking.run_reranker(_step_fns(data, 0.5)[kind], data, max_steps=60)
     want, got = run(dense), jax.jit(run)(sparse)
     np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
     np.testing.assert_allclose(got.inner.margins, want.inner.margins, atol=1e-11)
     np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
     np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9, atol=1e-12)  # alpha -> 0: losses' rounding
     if kind == "blasso" and counts:  # backward steps taken on this one: not F-Boosting's path
-        forward_only = reranking.run_reranker(_step_fns(sparse, 0.5)["fboosting"], sparse, num_steps=60)
+        forward_only = reranking.run_reranker(_step_fns(sparse, 0.5)["fboosting"], sparse, max_steps=60)
         assert not np.allclose(got.trace, forward_only.trace)
 
 

@@ -109,7 +109,7 @@ def _boosting_data():
 
 @functools.partial(jax.jit, static_argnames=("step", "num_rounds"))
 def _boost(data, step, num_rounds):
-    return optimizers.sequence_boosting(linear_potentials, data, num_linear_parameters(), num_rounds=num_rounds,
+    return optimizers.sequence_boosting(linear_potentials, data, num_linear_parameters(), max_rounds=num_rounds,
                                         step=step)
 
 

@@ -479,11 +479,13 @@ def blasso_step_fn(data: AnyRerankingData, epsilon: float, *, backward: bool = T
     return step_fn
 
 
-def run_reranker(step_fn: Callable, data: AnyRerankingData, *, num_steps: int, tol: float = 0.0):
-    """Run a reranking `step_fn` from `reranking_init` for up to `num_steps`
+@renamed_arguments(num_steps="max_steps")
+def run_reranker(step_fn: Callable, data: AnyRerankingData, *, max_steps: int, tol: float = 0.0):
+    """Run a reranking `step_fn` from `reranking_init` for up to `max_steps`
     steps (stopping when ExpLoss changes by less than `tol`, relatively);
-    returns the final `LoopState` (`.inner` is the `RerankingState`). Jit-able."""
+    returns the final `LoopState` (`.inner` is the `RerankingState`). Jit-able.
+    (`num_steps=` is the deprecated name of `max_steps=`, as in `minimize`.)"""
     _check_data(data)
-    check_int("num_steps", num_steps)
-    loop = init_loop(reranking_init(data), num_steps, data.mask.dtype)
-    return run_loop(step_fn, loop, num_steps, relative_change_below(tol))
+    check_int("max_steps", max_steps)
+    loop = init_loop(reranking_init(data), max_steps, data.mask.dtype)
+    return run_loop(step_fn, loop, max_steps, relative_change_below(tol))

@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import checkpoint, losses
+from ..deprecation import renamed_arguments
 from ..lattices import chain
 from .chain_boosting import (ChainBoostingData, ChainStatistics, chain_slot_groups, chain_statistics,
                              chain_group_weak_learner, chain_weak_learner_row,
@@ -452,10 +453,11 @@ def sequence_exp_loss(potentials_fn: Callable, theta, data: SequenceData) -> jax
     return jnp.sum(per_sequence(data.inputs, data.labels, data.lengths))
 
 
-def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features: int, *, num_rounds: int,
+@renamed_arguments(num_rounds="max_rounds")
+def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features: int, *, max_rounds: int,
                       step: str = "line_search", tol: float = 0.0, window: int = 10, dtype=jnp.float64):
-    """Boost any linear model from `theta = 0` for up to `num_rounds` rounds
-    (dense layout; jit-able).
+    """Boost any linear model from `theta = 0` for up to `max_rounds` rounds
+    (dense layout; jit-able; `num_rounds=` is the deprecated name of `max_rounds=`, as in `boost`).
 
     potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta.
     Returns `(theta [K], loop)`; `loop.trace` is the log exp-loss after each
@@ -465,12 +467,12 @@ def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features:
     check_callable("potentials_fn", potentials_fn)
     check_sequence_data(data)
     check_int("num_features", num_features)
-    check_int("num_rounds", num_rounds)
+    check_int("max_rounds", max_rounds)
     _check_step(step)
     dense = boosting_data(potentials_fn, data, num_features, dtype)
-    state = boosting_init(dense, potentials_fn, max_rounds=num_rounds, window=window)
+    state = boosting_init(dense, potentials_fn, max_rounds=max_rounds, window=window)
     loop = run_loop(sequence_boosting_step_fn(dense, potentials_fn, step=step, tol=tol),
-                    init_loop(state, num_rounds, dtype), num_rounds, relative_change_below(0.0), boosting_converged)
+                    init_loop(state, max_rounds, dtype), max_rounds, relative_change_below(0.0), boosting_converged)
     return loop.inner.theta, loop
 
 
