@@ -139,3 +139,10 @@ def test_sequence_boosting_num_rounds_is_max_rounds():
     with pytest.warns(DeprecationWarning, match=r"sequence_boosting: 'num_rounds' .* use 'max_rounds'"):
         with pytest.raises(ValueError, match="max_rounds must be"):
             optimizers.sequence_boosting(lambda theta, x: x, data, 4, num_rounds=0)
+
+
+def test_boosting_data_sequences_is_data():
+    """The old keyword reaches `data` (its check names it); no run, to spare a compilation."""
+    with pytest.warns(DeprecationWarning, match=r"boosting_data: 'sequences' .* use 'data'"):
+        with pytest.raises(TypeError, match="data must be a SequenceData"):
+            optimizers.boosting_data(lambda theta, x: x, sequences=(1, 2), num_features=3)

@@ -121,7 +121,7 @@ AnyBoostingData = Union[BoostingData, ChainBoostingData]
 
 def _check_data(data) -> None:
     if not isinstance(data, (BoostingData, ChainBoostingData)):
-        raise TypeError("data must be a BoostingData (from boosting_data(potentials_fn, sequences, num_features)) "
+        raise TypeError("data must be a BoostingData (from boosting_data(potentials_fn, data, num_features)) "
                         "or a ChainBoostingData (from chain_boosting_data(ids, labels, lengths, ...)), "
                         f"got {type(data).__name__}")
 
@@ -150,15 +150,17 @@ def num_weak_learners(data: AnyBoostingData) -> int:
 # ---------------------------------------------------------------------------
 
 
-def boosting_data(potentials_fn: Callable, sequences: SequenceData, num_features: int, dtype=jnp.float64
+@renamed_arguments(sequences="data")
+def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int, dtype=jnp.float64
                   ) -> BoostingData:
     """The dense layout: each sequence's range of `u_ik` for every feature,
     by Viterbi on the feature's own potentials (`K` runs per sequence).
 
-    potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta.
+    potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta;
+    data: the `SequenceData`, as in `sequence_boosting` (`sequences=` is its deprecated name).
     """
     check_callable("potentials_fn", potentials_fn)
-    check_sequence_data(sequences)
+    check_sequence_data(data)
     check_int("num_features", num_features)
     basis = jnp.eye(num_features, dtype=dtype)
 
@@ -168,8 +170,8 @@ def boosting_data(potentials_fn: Callable, sequences: SequenceData, num_features
         best = lambda theta: chain.viterbi(potentials_fn(theta, inputs), length)[0]
         return -jax.vmap(best)(-basis) - gold, jax.vmap(best)(basis) - gold
 
-    lowest, highest = jax.vmap(one)(sequences.inputs, sequences.labels, sequences.lengths)
-    return BoostingData(sequences, lowest, highest)
+    lowest, highest = jax.vmap(one)(data.inputs, data.labels, data.lengths)
+    return BoostingData(data, lowest, highest)
 
 
 def _dense_statistics(potentials_fn, data: BoostingData, theta) -> DenseStatistics:
