@@ -48,14 +48,8 @@ from .lattices.constraints import allowed_transitions, scheme_of
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
-from .optimizers import (
-    Status,
-    check_elastic_net,
-    crfsuite_elastic_net,
-    elastic_net_training,
-    relative_improvement_below,
-    train,
-)
+from .optimizers import Status, crfsuite_elastic_net, elastic_net_training, relative_improvement_below, train
+from .optimizers.elastic_net import check_elastic_net
 from .optimizers.minimize import check_callable, check_scalar
 from .validation import check_float_dtype, check_int
 
