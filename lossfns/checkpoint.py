@@ -58,14 +58,18 @@ import jax
 import jax.numpy as jnp
 
 FORMAT_VERSION = 1
+"""The checkpoint format this version writes and reads."""
 MAGIC = b"LOSSFNS-CHECKPOINT\n"
+"""The bytes every checkpoint file starts with."""
 _SIZE = struct.Struct("<Q")
 _NAME_PATTERN = re.compile(r"^checkpoint-(\d+)\.ckpt$")
 # What `write_atomically` leaves behind for a checkpoint when killed before its rename.
 _TEMPORARY_PATTERN = re.compile(r"^\.checkpoint-\d+\.ckpt\..+\.tmp$")
 LOCK_NAME = ".lossfns.lock"
+"""The lock file a training run holds in its checkpoint directory (`DirectoryLock`)."""
 
 PathLike = Union[str, os.PathLike]
+"""A path: `str` or `os.PathLike`."""
 
 
 class CheckpointError(ValueError):
@@ -91,6 +95,7 @@ class FileKind(NamedTuple):
 
 
 CHECKPOINT = FileKind(MAGIC, "checkpoint", "a lossfns checkpoint", "format_version", FORMAT_VERSION, CheckpointError)
+"""How checkpoint files are framed, versioned and checked (`FileKind`)."""
 
 
 # ---------------------------------------------------------------------------

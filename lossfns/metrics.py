@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 Labels = Sequence[Sequence[str]]
+"""Label sequences: per sentence, its labels."""
 
 
 def _check_aligned(gold: Labels, predicted: Labels) -> None:

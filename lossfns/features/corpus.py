@@ -36,6 +36,7 @@ from .presets import PRESETS, Preset, preset
 from .templates import Templates, parse_templates
 
 Extractor = Union[Preset, Templates]
+"""What turns a sentence into features: a `Preset` or parsed `Templates`."""
 
 
 def extractor(features) -> Extractor:

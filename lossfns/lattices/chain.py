@@ -59,6 +59,7 @@ from .forms import materialize  # noqa: F401  (public as chain.materialize)
 from .sparse_chain import SparsePotentials
 
 ALGORITHMS = ("auto", "sequential", "parallel")
+"""The values of `algorithm=`: `auto` picks by semiring, form and backend (`kernel.TUNING`)."""
 
 
 # ---------------------------------------------------------------------------
