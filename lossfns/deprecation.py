@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable
 
 REMOVED_IN = "0.3"
+"""The release that removes the old spellings."""
 
 
 def warn_renamed(owner: str, old: str, new: str, *, stacklevel: int = 3) -> None:
