@@ -38,14 +38,14 @@ sentences, 12 L-BFGS steps, 150 rounds (about 45 s of CPU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 
-import numpy as np
-
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns import checkpoint, metrics, optimizers
 from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model
@@ -161,7 +161,7 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, p
                "features_used": used, "num_weak_learners": total, "feature_fraction": used / total,
                "train_seconds": result.seconds, "rounds": rounds, "stopped_by": result.stopped_by,
                "converged": result.converged,
-               "distinct_rounds_features": int(len(np.unique(np.asarray(history.feature[:rounds])))),
+               "distinct_rounds_features": len(np.unique(np.asarray(history.feature[:rounds]))),
                "curve": {"round": points, "f1": [curve[r][0] for r in points],
                          "token_error": [curve[r][1] for r in points],
                          "features_used": [curve[r][2] for r in points],
@@ -200,7 +200,7 @@ def _run_sets(run: RunDirectory, config: dict, progress: bool) -> dict:
     piece_lengths = next(iter(pieces.values()))[2]
     return {"source": data.source, "synthetic": data.source.startswith("synthetic"),
             "num_train": len(data.train), "num_test": len(data.test), "num_labels": L,
-            "num_pieces": int(len(piece_lengths)), "piece_lengths": np.bincount(piece_lengths).tolist(),
+            "num_pieces": len(piece_lengths), "piece_lengths": np.bincount(piece_lengths).tolist(),
             "num_features_K": encoded.num_features, "rows": rows}
 
 
@@ -387,8 +387,6 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
                "result": result, "conclusion": conclusion,
                "paper": {"f1": PAPER_F1, "token_error": PAPER_TOKEN_ERROR, "feature_fraction": PAPER_FEATURE_FRACTION}}
     run.write_json("results.json", summary)
-    try:  # the checkpoints of finished units are gone; drop their empty folder
+    with contextlib.suppress(OSError):  # the checkpoints of finished units are gone; drop their empty folder
         os.rmdir(os.path.join(run.root, "checkpoints"))
-    except OSError:
-        pass
     return summary

@@ -14,17 +14,24 @@ from __future__ import annotations
 import os
 import shutil
 
-import numpy as np
-
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns import optimizers
 from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model, sequence_pieces
 
 from . import tagging
+from .harness import (
+    RunDirectory,
+    converged_cell,
+    floors_section,
+    markdown_table,
+    plateau_convergence,
+    stale_note,
+    trace_convergence,
+    verdict,
+)
 from .tagging import LOSSES
-from .harness import (RunDirectory, converged_cell, floors_section, markdown_table, plateau_convergence,
-                      stale_note, trace_convergence, verdict)
 
 # MATH.md section 7 (Altun et al. 2003, Tables 2 and 3): NER F1 for S1, S2, S3.
 PAPER_NER_F1 = {
@@ -379,14 +386,14 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
                 f"{LBFGS_CRITERION}; averaged perceptron shuffled each epoch (seed {SEED}) until its development "
                 f"score has not improved for {configs[next(iter(configs))]['perceptron_patience']} epochs (the best "
                 f"epoch's model is scored; development set: NER esp.testa, POS the NLTK treebank sample); caps "
-                f"({caps}){'' if quick else ': safety limits far beyond convergence'}. The `converged` columns say which criterion each row met "
-                f"and at which step, or why not. L-BFGS seconds exclude compilation (in the JSON); "
+                f"({caps}){'' if quick else ': safety limits far beyond convergence'}. The `converged` columns say "
+                f"which criterion each row met and at which step, or why not. L-BFGS seconds exclude compilation (in the JSON); "
                 f"averaged-perceptron seconds include it.", ""]
     for task, result in results.items():
         document.append(_table(task, result, configs[task]["feature_sets"]))
         document += stale_note(result["rows"] + result["learning_curve"])
         document += _conclusions_text(task, conclusions[task], quick)
-        if len({r["num_train_sentences"] for r in results[task]["learning_curve"]}) > 1:
+        if len({r["num_train_sentences"] for r in result["learning_curve"]}) > 1:
             document.append(f"![learning curve]({os.path.basename(_plot_curves(run, task, result))})\n")
     document.append(f"![losses by feature set]({os.path.basename(_plot_feature_sets(run, results))})\n")
     document.append(_boosting_note(results))

@@ -62,22 +62,35 @@ import time
 from collections import Counter
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
+import numpy as np
 
 from lossfns import corpora, optimizers
-from lossfns.corpora import Sentence
-from lossfns.optimizers.reranking import (SparseRerankingData, blasso_step_fn, boosting_with_shrinkage_step_fn,
-                                          exp_loss, fslr_step_fn, reranking_init, sparse_reranking_data)
 from lossfns.checkpoint import ModelFileError
+from lossfns.corpora import Sentence
+from lossfns.optimizers.reranking import (
+    SparseRerankingData,
+    blasso_step_fn,
+    boosting_with_shrinkage_step_fn,
+    exp_loss,
+    fslr_step_fn,
+    reranking_init,
+    sparse_reranking_data,
+)
 from lossfns.tagger import Tagger
 
 from . import synthetic
-from .harness import (RunDirectory, converged_cell, markdown_table, missing_note, plateau_convergence, stale_note,
-                      verdict)
+from .harness import (
+    RunDirectory,
+    converged_cell,
+    markdown_table,
+    missing_note,
+    plateau_convergence,
+    stale_note,
+    verdict,
+)
 
 # Gao et al. 2006, Table 1: CER (%) of the baseline, boosting and BLasso, per
 # adaptation domain and training size (MAP, the paper's fourth column, is not
@@ -385,7 +398,7 @@ def error_rate(weights, evaluation: EvalSet) -> jax.Array:
     return 100.0 * jnp.sum(jnp.take_along_axis(evaluation.errors, chosen[:, None], 1)) / evaluation.tokens
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reranker_steps(method: str):
     """`make_step` of `method` for the driver, `data = (SparseRerankingData,
     BLasso tolerance, boosting's nu)` (traced: every run of a method compiles once)."""
@@ -417,7 +430,7 @@ def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, metho
     held-out error."""
     num_steps, eval_every = config["num_steps"], config["eval_every"]
     state = reranking_init(data)
-    loop = optimizers.init_loop(state, num_steps, data.valid.dtype)
+    loop = optimizers.init_loop(state, num_steps, data.mask.dtype)
     # BLasso takes a backward step only if it lowers LassoLoss by more than
     # the tolerance. Right after a forward step, stepping back changes it by
     # exactly 0, so rounding (about 1e-16 of ExpLoss, which sums N C terms)
@@ -430,7 +443,7 @@ def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, metho
         points.append([report.step] + [float(v) for v in np.asarray(_measures(report.value, report.inner, dev, test))])
         return plateau({"step": [p[0] for p in points], "dev_error": [p[5] for p in points]}, config)["met"]
 
-    dtype = data.valid.dtype
+    dtype = data.mask.dtype
     run = optimizers.drive(_reranker_steps(method), loop, (data, jnp.asarray(tolerance, dtype),
                                                            jnp.asarray(shrinkage, dtype)),
                            stop=optimizers.relative_change_below(0.0), chunk_steps=eval_every, callback=score,

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")  # no display on CI machines; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _atomic_write(path: str, text: str) -> None:

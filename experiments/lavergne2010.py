@@ -36,19 +36,19 @@ Tasks (conll2000 WSJ; `experiments.synthetic` planted data without it):
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
-from typing import Callable, NamedTuple
-
-import numpy as np
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
+import numpy as np
 import tqdm
+from matplotlib.ticker import NullFormatter
 
-from benchmarks import chain_benchmark
 from lossfns import corpora, metrics, optimizers, semirings
 from lossfns.features import index as feature_index
 from lossfns.features import presets, templates
@@ -59,6 +59,7 @@ from lossfns.models.linear_chain import LinearChainModel
 
 from . import synthetic, tagging
 from .harness import RunDirectory, converged_cell, markdown_table, stale_note, verdict
+from benchmarks import chain_benchmark
 
 # ---------------------------------------------------------------------------
 # The paper's numbers (MATH.md section 6; paper text in /work/shared/papers)
@@ -101,12 +102,12 @@ SEED = 0
 
 # Coarse POS classes for the `blocks` task (the universal tagset of Petrov et
 # al. for the Penn Treebank tags; written out: NLTK_DATA has no taggers/).
-COARSE_POS = {**{tag: "NOUN" for tag in ("NN", "NNS", "NNP", "NNPS")},
-              **{tag: "VERB" for tag in ("VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "MD")},
-              **{tag: "ADJ" for tag in ("JJ", "JJR", "JJS")}, **{tag: "ADV" for tag in ("RB", "RBR", "RBS", "WRB")},
-              **{tag: "PRON" for tag in ("PRP", "PRP$", "WP", "WP$", "EX")},
-              **{tag: "DET" for tag in ("DT", "PDT", "WDT")}, "IN": "ADP", "CD": "NUM", "CC": "CONJ",
-              **{tag: "PRT" for tag in ("RP", "TO", "POS")}, **{tag: "X" for tag in ("FW", "LS", "SYM", "UH")}}
+COARSE_POS = {**dict.fromkeys(("NN", "NNS", "NNP", "NNPS"), "NOUN"),
+              **dict.fromkeys(("VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "MD"), "VERB"),
+              **dict.fromkeys(("JJ", "JJR", "JJS"), "ADJ"), **dict.fromkeys(("RB", "RBR", "RBS", "WRB"), "ADV"),
+              **dict.fromkeys(("PRP", "PRP$", "WP", "WP$", "EX"), "PRON"),
+              **dict.fromkeys(("DT", "PDT", "WDT"), "DET"), "IN": "ADP", "CD": "NUM", "CC": "CONJ",
+              **dict.fromkeys(("RP", "TO", "POS"), "PRT"), **dict.fromkeys(("FW", "LS", "SYM", "UH"), "X")}
 # A small observation alphabet for BCD: a bias (the plain label bigrams),
 # the last letter, capitalisation, digits and hyphens of the current word.
 BLOCK_TEMPLATES = "U00:bias\nU01:%m[0,0,\".$\"]\nU02:%t[0,0,\"^[A-Z]\"]\nU03:%t[0,0,\"[0-9]\"]\nU04:%t[0,0,\"-\"]\n"
@@ -472,7 +473,7 @@ def _count_nonzero(params) -> int:
 
 
 def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Encoded, config: dict,
-                progress: bool, name: str = None, bcd_data: optimizers.BcdData = None) -> dict | None:
+                progress: bool, name: str | None = None, bcd_data: optimizers.BcdData | None = None) -> dict | None:
     """OWL-QN, SGD-L1 or BCD (`bcd_data` from `optimizers.bcd_data`), each then
     fine-tuned, on the chain model of a task."""
     name = name or f"{task}-{optimizer.lower()}"
@@ -562,7 +563,7 @@ def bcd_cost(encoded: Encoded, num_labels: int) -> dict:
     (every block is padded to it): about `(L + L^2) M T L^2` multiply-adds
     for the forward-backward passes, times X blocks per sweep."""
     ids = np.asarray(encoded.stacked.unigram_ids)
-    num_sentences, max_length = ids.shape[:2]
+    _num_sentences, max_length = ids.shape[:2]
     present = np.zeros(encoded.num_unigram, np.int64)
     for row in ids:
         present[np.unique(row[row >= 0])] += 1
@@ -638,7 +639,7 @@ def _blocks_task(run: RunDirectory, config: dict, progress: bool) -> dict:
 def _sparse_task(run: RunDirectory, config: dict, num_labels: int, density) -> dict:
     """Table 2: sparse against dense forward-backward (log Z and gradients)
     at the joint label-set size, with the trained joint model's pair density."""
-    densities = sorted({round(d, 4) for d in ((density,) if density and density == density else ()) + (0.1, 0.02)
+    densities = sorted({round(d, 4) for d in ((density,) if density and not math.isnan(density) else ()) + (0.1, 0.02)
                         if 0 < d < 1}, reverse=True)
     shape = (config["batch"], config["length"], num_labels)
 
@@ -796,7 +797,8 @@ def _check_conclusions(results: dict) -> dict:
             continue
         tolerance = 0.5 if task != "blocks" else 1.0
         used = [rows[name] for name in rows if name in OPTIMIZERS or (len(tuned) >= 2 and name.endswith("tuning"))]
-        out[task] = {"checked": True, "converged": all(row["convergence"]["met"] for row in used), "optimizers": len(plain), "spread_plain": max(plain) - min(plain),
+        out[task] = {"checked": True, "converged": all(row["convergence"]["met"] for row in used),
+                     "optimizers": len(plain), "spread_plain": max(plain) - min(plain),
                      "spread_finetuned": (max(tuned) - min(tuned)) if len(tuned) >= 2 else None,
                      "largest_active_fraction": max(sparse), "tolerance": tolerance,
                      "similar_error": (max(tuned) - min(tuned) if len(tuned) >= 2 else max(plain) - min(plain))
@@ -873,8 +875,8 @@ def _deviations(results: dict, configs: dict) -> list[str]:
         lines.append(f"- Joint labels: {results['joint']['num_train']} training sentences, whose "
                      f"{results['joint']['num_labels']} joint labels are the label set"
                      + (f" ({full} in the whole training set)" if full else "") + "; test tokens with a joint "
-                     f"label unseen in training count as errors. The paper's joint task is Nettalk+prosody "
-                     f"(114 labels).")
+                     "label unseen in training count as errors. The paper's joint task is Nettalk+prosody "
+                     "(114 labels).")
     if "blocks" in results:
         blocks = results["blocks"]
         lines.append(f"- BCD: `lossfns.optimizers.bcd` runs only on the `blocks` toy ({blocks['num_train']} "
@@ -927,7 +929,7 @@ def _task_sections(results: dict, configs: dict) -> list[str]:
                      f"a random support of the given density). "
                      + (f"The trained joint OWL-QN model has {100 * measured:.1f}% of its label pairs non-zero "
                         f"(transitions; it has no pair-observation features): the row with "
-                        f"{100 * (1 - measured):.1f}% zeros. " if measured is not None and measured == measured else "")
+                        f"{100 * (1 - measured):.1f}% zeros. " if measured is not None and not math.isnan(measured) else "")
                      + "Dense (same weights) builds the [B, T, L, L] potentials from the sparse weights inside the "
                        "timed function, as training would.", "", _table2(result)]
     return document

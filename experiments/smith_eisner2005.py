@@ -54,22 +54,27 @@ import shutil
 import time
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
 import optax
 import tqdm
-
-import matplotlib.pyplot as plt
 
 from lossfns import corpora, hmm, metrics, optimizers, semirings
 from lossfns.lattices import dag, neighbourhoods, tagging
 from lossfns.losses import regularisers
 
 from . import synthetic
-from .harness import (RunDirectory, converged_cell, floors_section, markdown_table, stale_note, trace_convergence,
-                      verdict)
+from .harness import (
+    RunDirectory,
+    converged_cell,
+    floors_section,
+    markdown_table,
+    stale_note,
+    trace_convergence,
+    verdict,
+)
 
 # Priority order: the core comparison first, then the other neighbourhoods.
 CRITERIA = ("TRANS1", "EM", "DELORTRANS1", "LENGTH", "DEL1WORD", "DEL1SUBSEQ")
@@ -484,7 +489,7 @@ def length_loss(params: tagging.TaggerParams, data) -> jax.Array:
     return jnp.sum(length_counts * normalisers) - total_log_partition(numerators, params, spelling_ids)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _penalised(loss):
     """`(params, (data, l2_weight)) -> loss + l2_weight / 2 ||params||^2`, one
     function per loss: `l2_weight = 1 / sigma^2` is data (traced), so the
@@ -718,7 +723,7 @@ def _train_unit(run: RunDirectory, name: str, study: Study, criterion: str, spel
                "train_words": int(sum(lengths[:count])), "train_sentences": count,
                "ambiguous_accuracy": 100 * metrics.ambiguous_accuracy(words, gold, guesses, dictionary),
                "all_accuracy": 100 * metrics.token_accuracy(gold, guesses),
-               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": int(len(trace)),
+               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": len(trace),
                "train_seconds": seconds, "trace": [float(v) for v in trace]}
         print(f"  {name}: ambiguous {row['ambiguous_accuracy']:.2f}, all {row['all_accuracy']:.2f}, "
               f"dev criterion {dev_criterion:.1f} ({row['steps']} steps, {seconds:.0f} s)", flush=True)
@@ -1112,7 +1117,7 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
                      f"then the paper's (selected/oracle) at 12K-96K words, whose dictionary came from the whole "
                      f"Penn Treebank.", "",
                      _figure2_table(result),
-                     f"Ambiguity (average tags per token) here: " + ", ".join(
+                     "Ambiguity (average tags per token) here: " + ", ".join(
                          f"{key} {stats['tags_per_token']:.2f}" for key, stats in
                          sorted(result["data"].items(), key=lambda item: item[1]["tokens"]))
                      + f"; the paper's: {PAPER_TAGS_PER_TOKEN} (a 35% random baseline). A smaller dictionary "

@@ -21,10 +21,9 @@ import functools
 import shutil
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lossfns import corpora, features, metrics, optimizers, semirings
@@ -50,7 +49,7 @@ class TaskData(NamedTuple):
     labels: tuple[str, ...]
     metric: str
     source: str
-    dev: list = []
+    dev: tuple | list = ()
 
 
 def _as_sentences(pairs) -> list:
@@ -122,8 +121,8 @@ class EncodedTask(NamedTuple):
     test: dict
     test_order: np.ndarray
     num_features: int
-    dev: dict = {}
-    dev_order: np.ndarray | None = None
+    dev: dict
+    dev_order: np.ndarray | None
 
 
 def _buckets(packed: features.PackedCorpus, width: int) -> list[Bucket]:
@@ -209,7 +208,7 @@ class TrainResult(NamedTuple):
     train_seconds: float
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _objective_of(loss: str, l2_weight: float):
     """`(params, (buckets, weights)) -> objective`, one function per (loss,
     prior), so the driver re-uses its compiled loop across feature sets."""
@@ -233,7 +232,7 @@ def train(params: LinearChainModel, buckets: list, weights: list, loss: str, *, 
     result = optimizers.train(_objective_of(loss, l2_weight), params, _LBFGS, data, max_steps=max_steps,
                               stop=stop, chunk_steps=min(chunk_steps, max_steps),
                               checkpoint_dir=checkpoint_dir, progress=progress, description=loss,
-                              settings=["altun2003", loss, l2_weight, optimizers.describe(stop)])
+                              settings=["altun2003", loss, l2_weight, repr(stop)])
     if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     steps = int(result.num_steps)

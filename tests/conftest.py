@@ -9,7 +9,7 @@ import signal
 # experiments run as subprocesses inherit it). Semantics are unchanged.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
-import jax  # noqa: E402
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -61,3 +61,30 @@ def no_corpora(monkeypatch, tmp_path):
     monkeypatch.setattr(lossfns.corpora, "data_path", lambda: [str(tmp_path)])
     return tmp_path
 
+
+
+def _memory_mappings() -> int | None:
+    """How many memory mappings this process holds (Linux), else None."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return None
+
+
+# Every compiled XLA:CPU program holds about three memory mappings until its
+# cache entry goes; an xdist worker that runs most of the suite compiles
+# enough programs to reach Linux's default limit (vm.max_map_count = 65,530),
+# where LLVM's next allocation fails and the worker dies of a segmentation
+# fault inside `backend_compile`. Clearing JAX's caches well before the limit
+# keeps every worker below it and costs at most a few recompilations.
+_MAPPINGS_BEFORE_CLEARING = 30_000
+
+
+def pytest_runtest_teardown(item, nextitem):
+    mappings = _memory_mappings()
+    if mappings is not None and mappings > _MAPPINGS_BEFORE_CLEARING:
+        import gc
+
+        jax.clear_caches()
+        gc.collect()

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lossfns import losses, semirings, testing
 from lossfns.lattices import FactoredPotentials, chain
@@ -19,7 +20,7 @@ ALGORITHMS = ("sequential", "parallel")
 SHAPES = ((1, 5, (3,)), (2, 0, (3,)), (3, 2, ()), (4, 5, (2, 3)), (2, 1, (2, 3)), (3, 5, (3,)), (4, 1, ()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted(name, *args, **kwargs):
     """One compiled `chain.<name>` per static configuration, shared by all tests."""
     return jax.jit(functools.partial(getattr(chain, name), *args, **kwargs))
@@ -281,7 +282,7 @@ def test_padding_with_nan_and_inf_does_not_leak():
 # float32 accuracy on long sequences
 # ---------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _long_problem(T=10_000, L=9):
     rng = np.random.default_rng(9)
     return rng.normal(size=(T, L)) * 2.0, rng.normal(size=(L, L))

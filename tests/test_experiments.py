@@ -10,19 +10,25 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import checkpoint, optimizers, testing
 from lossfns.lattices import chain
 from lossfns.losses import sequence
 
 from experiments import synthetic, tagging
-from experiments.harness import (RunDirectory, converged_cell, markdown_table, missing_note, plateau_convergence,
-                                 trace_convergence, verdict)
+from experiments.harness import (
+    RunDirectory,
+    converged_cell,
+    markdown_table,
+    missing_note,
+    plateau_convergence,
+    trace_convergence,
+    verdict,
+)
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +39,7 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("altun2003-quick")
     command = [sys.executable, "-m", "experiments", "altun2003", "--quick", "--tasks", "ner", "--no-progress",
                "--out", str(out)]
-    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     return out
 
@@ -214,7 +220,7 @@ def _random_model(encoded, num_labels, seed):
 def test_sequential_exp_objective_equals_brute_force():
     """`N log(mean_i exp-loss_i)` with exp-loss_i = sum over y != gold of
     exp(s(y) - s(gold)), enumerated; zero-weight sentences are left out."""
-    L, T, K = 3, 4, 5
+    L, _T, K = 3, 4, 5
     key = jax.random.key(7)
     model = tagging.init_params(K, L, jnp.float64)
     model = model.__class__(jax.random.normal(key, (K, L), jnp.float64), jnp.eye(L) - 0.5, jnp.arange(L) * 0.1,

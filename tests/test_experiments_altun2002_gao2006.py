@@ -10,17 +10,15 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.numpy as jnp
-
 from conftest import corpus_or_fail
+
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 
 from experiments import altun2002, gao2006
-
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _quick(name: str, tasks: str, out) -> None:
     command = [sys.executable, "-m", "experiments", name, "--quick", "--tasks", tasks, "--no-progress",
                "--out", str(out)]
-    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
 
 
@@ -152,9 +150,9 @@ def test_oracle_features_and_differences():
     counts = gao2006.featurize([sentence], candidates, 2, {})
     assert len(counts[0]) == 3 and all(sum(c.values()) == 3 + 3 + 2 for c in counts[0])  # bigrams, trigrams, pairs
     index = gao2006.build_index(counts * 2, np.array([1, 1]))  # two identical examples: every key seen twice
-    baseline, entries, valid = gao2006.reranking_arrays(counts, log_probability[:, :3], reference, index)
+    baseline, entries, _valid = gao2006.reranking_arrays(counts, log_probability[:, :3], reference, index)
     np.testing.assert_allclose(baseline, [[-1.0 + 0.1, 0.0, 1.0]])
-    example, candidate, feature, value = entries
+    _example, candidate, feature, value = entries
     assert set(candidate.tolist()) == {0, 2}  # the reference differs from nothing
     inverse = {i: key for key, i in index.items()}
     for c, f, v in zip(candidate, feature, value):

@@ -11,18 +11,17 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
 from lossfns import corpora, hmm
 from lossfns.lattices import dag, neighbourhoods, tagging
+from tests.conftest import corpus_or_fail
 
 from experiments import smith_eisner2005 as se
 from experiments import synthetic
-from tests.conftest import corpus_or_fail
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K, V = 2, 4
@@ -94,8 +93,8 @@ def test_padded_batches_add_nothing():
 
 def test_dilution_rules():
     sentence = lambda words: corpora.Sentence(tuple((w,) for w in words), ("N",) * len(words))
-    train = [sentence("a b a".split()), sentence("c a".split())]
-    dev = [sentence("b d".split())]
+    train = [sentence(["a", "b", "a"]), sentence(["c", "a"])]
+    dev = [sentence(["b", "d"])]
     vocabulary = ["a", "b", "c", "d"]
     assert not se.rare_words("all", vocabulary, train, dev).any()
     assert se.rare_words("first half", vocabulary, train, dev).tolist() == [False, False, True, True]
@@ -141,7 +140,7 @@ def quick_run(tmp_path_factory):
     """`python -m experiments smith_eisner2005 --quick`, once."""
     out = tmp_path_factory.mktemp("smith_eisner2005-quick")
     command = [sys.executable, "-m", "experiments", "smith_eisner2005", "--quick", "--no-progress", "--out", str(out)]
-    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=900)
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=900)
     assert finished.returncode == 0, finished.stderr[-3000:]
     return out
 
@@ -186,6 +185,6 @@ def test_table3_claims_hold_on_the_papers_own_numbers():
     models = list(paper)
     suffers, rescue = se.check_table3(paper, se.DILUTIONS, models)
     assert suffers["holds"] is True and rescue["holds"] is True
-    flat = {model: {d: paper[model]["all"] for d in se.DILUTIONS} for model in models}
+    flat = {model: dict.fromkeys(se.DILUTIONS, paper[model]["all"]) for model in models}
     assert se.check_table3(flat, se.DILUTIONS, models)[0]["holds"] is False
     assert se.check_table3({}, se.DILUTIONS, models)[1]["holds"] is None

@@ -12,7 +12,6 @@ transitions) in float32 and float64 against the float64 oracle.
 Enumeration checks are in test_chain.py and test_chain_rows.py."""
 
 import contextlib
-import functools
 
 import jax
 import jax.numpy as jnp
