@@ -406,7 +406,7 @@ def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, metho
     callback, not timed); early stopping picks the scored step with the
     lowest held-out error."""
     state = reranking_init(data)
-    loop = optimizers.init_loop(state, num_steps, data.valid.dtype)
+    loop = optimizers.init_loop(state, num_steps, data.mask.dtype)
     # BLasso takes a backward step only if it lowers LassoLoss by more than
     # the tolerance. Right after a forward step, stepping back changes it by
     # exactly 0, so rounding (about 1e-16 of ExpLoss, which sums N C terms)
@@ -418,7 +418,7 @@ def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, metho
     def score(report):
         points.append([report.step] + [float(v) for v in np.asarray(_measures(report.value, report.inner, dev, test))])
 
-    run = optimizers.drive(_reranker_steps(method), loop, (data, jnp.asarray(tolerance, data.valid.dtype)),
+    run = optimizers.drive(_reranker_steps(method), loop, (data, jnp.asarray(tolerance, data.mask.dtype)),
                            stop=optimizers.relative_change_below(0.0), chunk_steps=eval_every, callback=score,
                            progress=False)
     seconds = run.compile_seconds + run.run_seconds

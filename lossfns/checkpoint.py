@@ -57,14 +57,18 @@ import jax.numpy as jnp
 import numpy as np
 
 FORMAT_VERSION = 1
+"""The checkpoint format this version writes and reads."""
 MAGIC = b"LOSSFNS-CHECKPOINT\n"
+"""The bytes every checkpoint file starts with."""
 _SIZE = struct.Struct("<Q")
 _NAME_PATTERN = re.compile(r"^checkpoint-(\d+)\.ckpt$")
 # What `write_atomically` leaves behind for a checkpoint when killed before its rename.
 _TEMPORARY_PATTERN = re.compile(r"^\.checkpoint-\d+\.ckpt\..+\.tmp$")
 LOCK_NAME = ".lossfns.lock"
+"""The lock file a training run holds in its checkpoint directory (`DirectoryLock`)."""
 
 PathLike = str | os.PathLike
+"""A path: `str` or `os.PathLike`."""
 
 
 class CheckpointError(ValueError):
@@ -90,6 +94,7 @@ class FileKind(NamedTuple):
 
 
 CHECKPOINT = FileKind(MAGIC, "checkpoint", "a lossfns checkpoint", "format_version", FORMAT_VERSION, CheckpointError)
+"""How checkpoint files are framed, versioned and checked (`FileKind`)."""
 
 
 # ---------------------------------------------------------------------------

@@ -33,12 +33,13 @@ from . import corpora, labelled_output, losses, metrics
 from .features.templates import read_templates
 from .tagger import Tagger
 
-#: Wapiti's training algorithms; the ones the command line trains.
 ALGORITHMS = ("owlqn", "lbfgs", "sgd-l1", "bcd", "perceptron")
+"""Wapiti's training algorithms (`-a/--algo`)."""
 TRAINED = ("owlqn", "lbfgs")
-#: `--loss`: the per-sentence losses `(potentials, labels, lengths) -> [B]` (None: the CRF log-loss).
+"""The ones the command line trains (the others are refused with a message)."""
 LOSSES = {"crf": None, "hinge": losses.structured_hinge_loss, "exp": losses.sequence_exp_loss,
           "log-exp": losses.log_sequence_exp_loss}
+"""`--loss`: the per-sentence losses `(potentials, labels, lengths) -> [B]` (None: the CRF log-loss)."""
 
 
 def _positive_int(text: str) -> int:

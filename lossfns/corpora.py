@@ -311,8 +311,8 @@ def find_data(*parts: str) -> str:
     inside an archive ends with `/`, as NLTK names them.
 
     Raises:
-      FileNotFoundError naming the resource, the directories searched and
-      how to install it.
+      FileNotFoundError: naming the resource, the directories searched and
+        how to install it.
     """
     roots = data_path()
     found = _find_in(roots, parts)
@@ -330,7 +330,9 @@ def find_data(*parts: str) -> str:
 
 
 CONLL2002_SPLITS = ("esp.train", "esp.testa", "esp.testb", "ned.train", "ned.testa", "ned.testb")
+"""The files of NLTK's conll2002 corpus (Spanish `esp.*`, Dutch `ned.*`)."""
 CONLL2000_SPLITS = ("train.txt", "test.txt")
+"""The files of NLTK's conll2000 corpus."""
 
 
 def conll2002(split: str = "esp.train", *, encoding: str = "utf-8") -> list[Sentence]:

@@ -28,6 +28,7 @@ from jax.experimental import checkify
 from .lattices.chain import FactoredPotentials
 
 DEFAULT_ERRORS = checkify.user_checks | checkify.nan_checks
+"""The checkify errors `checked` looks for: the argument checks and NaNs."""
 
 
 def check_scores(name: str, scores) -> None:

@@ -27,6 +27,7 @@ from typing import TextIO
 from .corpora import ColumnFile
 
 OUTSIDE = "O"
+"""The label outside every chunk (IOB2's `O`)."""
 
 
 def write_labelled(file: ColumnFile, labels: Sequence[Sequence[Sequence[str]]], out: TextIO, *,

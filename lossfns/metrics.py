@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 Labels = Sequence[Sequence[str]]
+"""Label sequences: per sentence, its labels."""
 
 
 def _check_aligned(gold: Labels, predicted: Labels) -> None:

@@ -38,9 +38,12 @@ from .features.index import FeatureIndex
 from .models.linear_chain import LinearChainModel
 
 MAGIC = b"LOSSFNS-TAGGER\n"
+"""The bytes every model file starts with."""
 MODEL_FORMAT = 3  # 1: no checksum (refused); 2: dense tables (refused)
+"""The model-file format this version writes and reads."""
 MODEL_FILE = checkpoint.FileKind(MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT,
                                  checkpoint.ModelFileError)
+"""How model files are framed, versioned and checked (`checkpoint.FileKind`)."""
 
 
 class SavedModel(NamedTuple):

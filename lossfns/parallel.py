@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
+"""The name of the mesh axis the data is split over."""
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:  # pyright: ignore[reportInvalidTypeForm]  # jax.Device: an alias

@@ -37,6 +37,7 @@ from .presets import PRESETS, Preset, preset
 from .templates import Templates, parse_templates
 
 Extractor = Preset | Templates
+"""What turns a sentence into features: a `Preset` or parsed `Templates`."""
 
 
 def extractor(features) -> Extractor:

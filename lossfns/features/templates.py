@@ -54,6 +54,7 @@ from .extraction import TokenFeatures
 
 _MACRO = re.compile(r'%([xXtTmM])\[\s*([@*]?)\s*([+-]?\d+)\s*,\s*(\d+)\s*(?:,\s*"((?:[^"\\]|\\.)*)"\s*)?\]')
 DIALECTS = ("python", "wapiti")
+"""Template dialects: `python` (CRF++'s macros, Python regular expressions) or `wapiti` (Wapiti's regex subset)."""
 
 
 class Macro(NamedTuple):

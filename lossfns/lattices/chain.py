@@ -63,6 +63,7 @@ from .forms import (
 from .sparse_chain import SparsePotentials
 
 ALGORITHMS = ("auto", "sequential", "parallel")
+"""The values of `algorithm=`: `auto` picks by semiring, form and backend (`kernel.TUNING`)."""
 
 
 # ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ _SCHEMES = {
     "BILOU": {"begin": "B", "inside": "I", "end": "L", "single": "U"},
 }
 SCHEMES = tuple(_SCHEMES)
+"""The chunk schemes `allowed_transitions` knows: IOB2, IOBES, BILOU."""
 
 
 class AllowedTransitions(NamedTuple):

@@ -138,7 +138,6 @@ class Tuning(NamedTuple):
         return num_steps >= self.parallel_min_steps and num_labels <= self.parallel_max_labels
 
 
-#: Per backend; the tests force every branch on CPU by replacing the entry.
 TUNING = {
     # Measured on the 2-core CPU machine (benchmarks/results/README.md). The
     # parallel algorithm was 4-9x slower than the scan on CPU (NUMERICS.md 7):
@@ -160,6 +159,8 @@ TUNING = {
                       parallel_min_steps=64, parallel_max_labels=128, label_multiple=1,
                       label_multiple_min_labels=0),
 }
+"""Per-backend thresholds that pick the algorithm and the intermediates kept; the tests force every
+branch on CPU by replacing the entry."""
 
 
 def tuning() -> Tuning:

@@ -51,7 +51,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ..features.design import SparseDesign, bucket_slices, design_matmul, scatter_rows
-from ..features.index import FeatureBatch
+from ..features.index import FeatureBatch, observed_label_pairs, observed_label_triples
 from ..lattices.chain import FactoredPotentials
 from ..lattices.sparse_chain import SparsePotentials
 from ..validation import as_integer_array, check_allocation, concrete
@@ -183,6 +183,20 @@ class LinearChainModel(eqx.Module):
         return LinearChainModel(jnp.zeros((num_features, num_labels), dtype), jnp.zeros((num_labels, num_labels), dtype),
                                 jnp.zeros((num_labels,), dtype),
                                 jnp.zeros((num_pair_features, num_labels, num_labels), dtype), emission_mask)
+
+    @staticmethod
+    def observed(batches, num_features: int, num_labels: int, num_pair_features: int = 0, *,
+                 dtype=jnp.float32) -> LinearChainModel:
+        """All-zero weights on only the (feature, label) pairs and (pair
+        feature, previous label, label) triples seen in the labelled `batches`
+        (`features.FeatureBatch`es), as CRFsuite creates features; on few
+        label pairs the pair weights take the sparse form (Lavergne 4.1)."""
+        batches = list(batches)
+        mask = observed_label_pairs(batches, num_features, num_labels)
+        model = LinearChainModel.zeros(num_features, num_labels, num_pair_features, emission_mask=mask, dtype=dtype)
+        if num_pair_features:
+            model = model.with_pair_mask(observed_label_triples(batches, num_pair_features, num_labels))
+        return model
 
     @property
     def num_labels(self) -> int:

@@ -110,8 +110,15 @@ class Status(enum.IntEnum):
     LINE_SEARCH_FAILED = 3  # no trial step decreased the objective (the parameters stay put)
 
 
-CONVERGED, ITERATION_LIMIT, NON_FINITE_OBJECTIVE, LINE_SEARCH_FAILED = (
-    Status.CONVERGED, Status.ITERATION_LIMIT, Status.NON_FINITE_OBJECTIVE, Status.LINE_SEARCH_FAILED)
+# One assignment each, so that documentation tools (griffe) see them.
+CONVERGED = Status.CONVERGED
+"""`Status.CONVERGED`."""
+ITERATION_LIMIT = Status.ITERATION_LIMIT
+"""`Status.ITERATION_LIMIT`."""
+NON_FINITE_OBJECTIVE = Status.NON_FINITE_OBJECTIVE
+"""`Status.NON_FINITE_OBJECTIVE`."""
+LINE_SEARCH_FAILED = Status.LINE_SEARCH_FAILED
+"""`Status.LINE_SEARCH_FAILED`."""
 
 
 def status_name(code) -> str:
@@ -244,6 +251,7 @@ class RelativeImprovement(NamedTuple):
 #: `(trace [max_steps], num_steps []) -> []` bool (see `run_loop`). A rule that
 #: needs the host (a development-set score) is a `driver.drive` callback.
 StopRule = Callable[[jax.Array, jax.Array], jax.Array]
+"""A stop rule: `(trace [max_steps], step []) -> [] bool`, True to stop."""
 
 
 def relative_change_below(tol: float) -> RelativeChange:
@@ -528,4 +536,4 @@ def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransfor
 
 
 run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3, 4))
-run_loop_jit.__doc__ = """`run_loop` compiled once per `(step_fn, stop_fn, halt_fn)` (pass the same objects to re-use it)."""
+"""`run_loop` compiled once per `(step_fn, stop_fn, halt_fn)` (pass the same objects to re-use it)."""

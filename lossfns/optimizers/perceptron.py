@@ -44,6 +44,7 @@ class SequenceData(NamedTuple):
 
 
 def perceptron_init(params) -> PerceptronState:
+    """The perceptron's state before the first epoch: `params`, a zero sum, no examples seen."""
     return PerceptronState(params, jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
 
 
