@@ -5,9 +5,13 @@ import os
 import signal
 
 # The suite's cost is XLA's compilation of many small programs, not running
-# them: LLVM's optimisation passes are skipped (before the backend starts;
-# experiments run as subprocesses inherit it). Semantics are unchanged.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# them: LLVM's optimisation passes are skipped, and fusions are emitted by
+# XLA:CPU's classic elemental emitter instead of the MLIR fusion emitters
+# (measured: 40% less time on compilation-bound test files). Set before the
+# backend starts; experiments run as subprocesses inherit it. Semantics are
+# unchanged (both are XLA's own code generators for the same HLO).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false").strip()
 
 import jax
 import pytest
