@@ -28,15 +28,15 @@ import platform
 import resource
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from experiments import lavergne2010
 from lossfns import corpora, optimizers
 from lossfns.models.linear_chain import LinearChainModel
 from lossfns.tagger import Tagger
+
+from experiments import lavergne2010
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 RATE = 1e-5  # per-example rate; timing only (the experiment calibrates it)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 from sklearn.base import BaseEstimator
@@ -66,7 +66,7 @@ class TrainingLog(NamedTuple):
     iterations: list
     status: str
     seconds: float
-    dev: Optional[float] = None
+    dev: float | None = None
 
     @property
     def last_iteration(self) -> dict:
@@ -187,7 +187,7 @@ class CRF(BaseEstimator):
                       memory_size=self._setting("num_memories"), min_count=max(1, math.ceil(min_freq)),
                       observed_pairs_only=not self.all_possible_states, progress=False, iob_constraints=False)
 
-    def fit(self, X, y, X_dev=None, y_dev=None) -> "CRF":
+    def fit(self, X, y, X_dev=None, y_dev=None) -> CRF:
         """Train on `X` (sentences of token feature dicts) and `y` (label
         sequences); `X_dev`, `y_dev`: a held-out set, scored (token
         accuracy) into `training_log_.dev` after training."""
@@ -239,7 +239,7 @@ class CRF(BaseEstimator):
 
     def _decode(self, X, decode):
         tagger = self._fitted()
-        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)
+        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)  # pyright: ignore[reportArgumentType]  # fitted
         return in_corpus_order(corpus, tagger.decode_packed(corpus, decode))
 
     def predict(self, X) -> list:
@@ -274,7 +274,9 @@ class CRF(BaseEstimator):
         """`{(attribute, label): weight}` of the non-zero emission weights."""
         tagger = self._fitted()
         emission = np.asarray(tagger.model.emission)
-        names = sorted(tagger.index.unigram, key=tagger.index.unigram.get)
+        unigram = tagger.index.unigram
+        assert unigram is not None  # string tables: sklearn's CRF does not hash
+        names = sorted(unigram, key=unigram.__getitem__)
         rows, columns = np.nonzero(emission)
         return {(names[i], tagger.labels[j]): float(emission[i, j]) for i, j in zip(rows.tolist(), columns.tolist())}
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import checkpoint, optimizers, semirings
 from lossfns.features.index import FeatureBatch
@@ -65,23 +64,23 @@ def _lazy(l2, epochs, segments=1, pairs=True):
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _lazy_run(l2, epochs, segments, pairs, bounds, key=jax.random.PRNGKey(3)):
+def _lazy_run(l2, epochs, segments, pairs, bounds):
     data, model = _data(pairs), _model(pairs)
     optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1, l2)
     step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds,
                                             segments_per_epoch=segments,
                                             penalty=optimizers.elastic_net_penalty(L1, l2))
-    loop = optimizers.init_loop((model, optimizer.init(model), key), epochs * segments)
+    loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), epochs * segments)
     return optimizers.run_loop(step_fn, loop, epochs * segments, optimizers.relative_change_below(0.0))
 
 
 @functools.partial(jax.jit, static_argnames=("epochs",))
-def _dense(epochs, key=jax.random.PRNGKey(3)):
+def _dense(epochs):
     data, model = _data(), _model()
     optimizer = optimizers.sgd_l1(SCHEDULE, L1)
     step_fn = optimizers.epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE,
                                        penalty=optimizers.elastic_net_penalty(L1))
-    loop = optimizers.init_loop((model, optimizer.init(model), key), epochs)
+    loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), epochs)
     return optimizers.run_loop(step_fn, loop, epochs, optimizers.relative_change_below(0.0))
 
 

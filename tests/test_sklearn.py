@@ -20,13 +20,14 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import corpus_or_fail
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV, cross_val_score
 
-from benchmarks.feature_dicts_benchmark import word2features
-from conftest import corpus_or_fail
 from lossfns import corpora, metrics
 from lossfns.sklearn import CRF
+
+from benchmarks.feature_dicts_benchmark import word2features
 
 sklearn_crfsuite = pytest.importorskip("sklearn_crfsuite")
 

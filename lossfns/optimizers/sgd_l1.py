@@ -31,12 +31,12 @@ applied when it is touched (as part of its gradient), not at every step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional, Sequence
-
-import numpy as np
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
@@ -109,7 +109,7 @@ def sgd_l1(learning_rate, l1: float, l2: float = 0.0, *,
         clipped, applied = cumulative_l1_clip(stepped, total_penalty, state.applied_penalty, penalised)
         return unravel(clipped - theta), SgdL1State(state.count + 1, total_penalty, applied)
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)  # pyright: ignore[reportArgumentType]  # optax's update protocol
 
 
 class LazySgdL1State(NamedTuple):
@@ -275,7 +275,7 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
 
 def lazy_epoch_step_fn(fun: Callable, optimizer: LazySgdL1, data: FeatureBatch, *, batch_size: int,
                        max_rows: tuple[int, int], segments_per_epoch: int = 1,
-                       penalty: Optional[Callable] = None) -> Callable:
+                       penalty: Callable | None = None) -> Callable:
     """The `run_loop` step function of lazy SGD-L1 on a `LinearChainModel`.
 
     fun: `(model, batch) -> loss summed over the batch`; data: the training
