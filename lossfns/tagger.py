@@ -33,7 +33,8 @@ from .corpora import Sentence
 from .lattices.constraints import allowed_transitions, scheme_of
 from .features.corpus import (build_index, check_sentences, corpus_arrays, encode, extractor, extractor_spec,
                               in_corpus_order, label_ids, pack_shards, padded_buckets)
-from .features.index import FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack, pack_rows
+from .features.index import (FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples,
+                             observed_transitions, pack, pack_rows)
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
@@ -64,6 +65,8 @@ class Tagger:
       min_count, hash_size: the feature index (`features.build_index`).
       observed_pairs_only: give weights only to the (feature, label) pairs and
         (pair feature, previous label, label) triples seen in training, as CRFsuite does.
+      observed_transitions_only: give weights only to the label transitions
+        seen in training (CRFsuite without `possible_transitions`); others stay 0.
       num_buckets: padded length buckets (compiled shapes) for decoding and custom losses.
       dtype: float dtype of the weights (float64 needs `jax_enable_x64`).
       progress: show a tqdm bar while training (default: above 20 iterations).
@@ -76,7 +79,8 @@ class Tagger:
                  l1: float = 0.0, l2: float = 0.0, regularizer: Optional[Callable] = None,
                  optimizer: Optional[optax.GradientTransformation] = None, max_iterations: int = 100,
                  tol: float = 1e-5, period: int = 10, memory_size: int = 6, min_count: int = 1,
-                 hash_size: Optional[int] = None, observed_pairs_only: bool = True, num_buckets: int = 6,
+                 hash_size: Optional[int] = None, observed_pairs_only: bool = True,
+                 observed_transitions_only: bool = False, num_buckets: int = 6,
                  dtype=jnp.float32, progress: Optional[bool] = None, iob_constraints: Optional[bool] = None):
         check_elastic_net(l1, l2, optimizer, regularizer)
         check_scalar("tol", tol, 0)
@@ -91,6 +95,7 @@ class Tagger:
         self.loss, self.l1, self.l2, self.regularizer, self.optimizer = loss, float(l1), float(l2), regularizer, optimizer
         self.max_iterations, self.tol, self.period, self.memory_size = max_iterations, tol, period, memory_size
         self.min_count, self.hash_size, self.observed_pairs_only = min_count, hash_size, observed_pairs_only
+        self.observed_transitions_only = observed_transitions_only
         self.num_buckets, self.dtype, self.progress, self.iob_constraints = num_buckets, dtype, progress, iob_constraints
         self.model: Optional[LinearChainModel] = None
         self.labels: tuple[str, ...] = ()
@@ -142,6 +147,8 @@ class Tagger:
         """The masks from `packed_corpus`, then the driver on it (or on `shards`, one block per device of `mesh`)."""
         self.labels, self.index = labels, index
         self.model = self._initial_model(padded_buckets(packed_corpus))
+        if self.observed_transitions_only:
+            self.model = self.model.with_transition_mask(observed_transitions(packed_corpus, len(labels)))
         structure = self.model.structure()
         if shards is None:
             data = TrainingData(corpus_arrays(packed_corpus, self.index.num_unigram), structure)
@@ -194,7 +201,7 @@ class Tagger:
     def _settings(self) -> list:
         """What a checkpoint must have been written with, besides the data."""
         names = ("labels", "l1", "l2", "max_iterations", "tol", "period", "memory_size", "min_count", "hash_size",
-                 "observed_pairs_only", "num_buckets", "loss", "optimizer", "regularizer")
+                 "observed_pairs_only", "observed_transitions_only", "num_buckets", "loss", "optimizer", "regularizer")
         return [getattr(self, name) for name in names] + [extractor_spec(self.extractor), str(jnp.dtype(self.dtype))]
 
     # -- inference ----------------------------------------------------------

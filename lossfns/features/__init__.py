@@ -10,8 +10,8 @@ from .corpus import (CorpusArrays, build_index, check_sentences, corpus_arrays, 
 from .design import SparseDesign, bucket_design, design_from_ids, design_matmul
 from .dicts import AttributeCorpus, flatten_corpus, item_features
 from .extraction import TokenFeatures
-from .index import (FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples, pack,
-                    pack_rows, pack_token_rows, pack_tokens, pad_batch, ragged_rows)
+from .index import (FeatureBatch, FeatureIndex, PackedCorpus, observed_label_pairs, observed_label_triples,
+                    observed_transitions, pack, pack_rows, pack_token_rows, pack_tokens, pad_batch, ragged_rows)
 from .presets import preset
 from .templates import parse_templates, read_templates
 
@@ -20,5 +20,6 @@ __all__ = ["corpus", "design", "dicts", "presets", "templates", "CorpusArrays", 
            "label_ids", "pack_shards", "padded_buckets", "SparseDesign", "bucket_design", "design_from_ids", "design_matmul",
            "AttributeCorpus", "flatten_corpus", "item_features",
            "TokenFeatures", "FeatureBatch", "FeatureIndex", "PackedCorpus",
-           "observed_label_pairs", "observed_label_triples", "pack", "pack_rows", "pack_token_rows", "pack_tokens",
+           "observed_label_pairs", "observed_label_triples", "observed_transitions", "pack", "pack_rows",
+           "pack_token_rows", "pack_tokens",
            "pad_batch", "ragged_rows", "preset", "parse_templates", "read_templates"]

@@ -209,6 +209,24 @@ def observed_label_triples(batches: Iterable[FeatureBatch], num_pair_features: i
     return seen
 
 
+def observed_transitions(packed: "PackedCorpus", num_labels: int) -> np.ndarray:
+    """`[L, L]` bool: which (previous label, label) pairs follow each other
+    inside a sentence of the labelled packed corpus (never across the
+    sentence boundaries of `pack_rows`' rows): the transition features
+    CRFsuite creates without `possible_transitions`."""
+    if packed.labels is None:
+        raise ValueError("packed must be labelled (packed with labels)")
+    seen = np.zeros((num_labels, num_labels), dtype=bool)
+    starts = packed.starts if packed.starts is not None else (None,) * len(packed.positions)
+    for positions, labels, first in zip(packed.positions, packed.labels, starts):
+        positions, labels = np.asarray(positions), np.asarray(labels)
+        follows = (positions[:, 1:] >= 0) & (positions[:, :-1] >= 0)
+        if first is not None:
+            follows &= ~np.asarray(first)[:, 1:]
+        seen[labels[:, :-1][follows], labels[:, 1:][follows]] = True
+    return seen
+
+
 class PackedCorpus(NamedTuple):
     """A corpus as one stack of real tokens plus padded length buckets that
     point into it, so feature gathers never touch padding and only a few
