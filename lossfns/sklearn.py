@@ -66,7 +66,7 @@ from .optimizers import (OwlqnState, SequenceData, Status, averaged_params, cali
                          perceptron_epoch_fn, perceptron_init, pseudo_gradient, relative_improvement_below, sgd_l1)
 from .optimizers.minimize import check_scalar, float_dtype
 from .tagger import Tagger
-from .validation import check_int
+from .validation import check_allocation, check_int
 
 __all__ = ["CRF", "TrainingLog"]
 
@@ -261,7 +261,8 @@ class CRF(BaseEstimator):
         algorithm = self._algorithm()
         if algorithm == "lbfgs":
             stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
-            callback = functools.partial(_after_iteration, self.verbose, stop)
+            callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose \
+                else None
             tagger.fit_packed(corpus.pack_rows(index, ids), labels, index, callback=callback)
         else:
             _fit_sentences(tagger, algorithm, corpus, index, labels, ids, self._calibration(algorithm),
@@ -471,6 +472,10 @@ def _sentence_data(corpus, index, ids: list) -> SequenceData:
     values [S, T, F] or None)`, labels `[S, T]` (-1 past each length), lengths `[S]`."""
     unigram_ids, values = corpus.token_arrays(index)
     lengths = corpus.sentence_lengths
+    # Every sentence is padded to the longest (one example per row, as the loops index them).
+    check_allocation("the per-sentence training arrays (sentences, longest sentence, features)",
+                     (lengths.size, int(lengths.max(initial=0)), unigram_ids.shape[1]), np.int32,
+                     copies=1 if values is None else 3)
     positions = ragged_rows(np.arange(int(lengths.sum())), lengths, -1)
     real = positions[..., None] >= 0
     sentence_ids = np.where(real, unigram_ids[positions], -1).astype(np.int32)

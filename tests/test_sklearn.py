@@ -2,7 +2,11 @@
 one process on a slice of CoNLL-2002 Spanish with the sklearn-crfsuite
 tutorial's own feature function (c1 = c2 = 0.1, all_possible_transitions),
 and the scikit-learn estimator protocol (clone, pickle, GridSearchCV,
-cross_val_score).
+cross_val_score); CRFsuite's feature generation (`all_possible_states`,
+`all_possible_transitions`) and stop rule (`epsilon`) against CRFsuite's
+own on a 40-sentence slice; its averaged perceptron and l2sgd against
+CRFsuite's (entity F1 within 0.05 after 5 epochs on 300 sentences:
+measured 0.615 against 0.646, and 0.656 against 0.643).
 
 Tolerances: both minimise the same convex objective (CRFsuite's `c1 ||w||_1
 + c2 ||w||^2` is lossfns' `l1 = c1, l2 = 2 c2`) by OWL-QN from zero, but
