@@ -48,7 +48,7 @@ def ensure_peers(install: bool, log=print):
             available[module] = False
         if install:
             log(f"installing {requirement} ...")
-            done = subprocess.run([sys.executable, "-m", "pip", "install", requirement], capture_output=True, text=True)
+            done = subprocess.run([sys.executable, "-m", "pip", "install", requirement], capture_output=True, check=False, text=True)
             if done.returncode == 0:
                 importlib.invalidate_caches()
                 try:
@@ -216,7 +216,7 @@ def main(argv=None):
         records = chain_benchmark.benchmark_chain(shapes, repeats, args.budget, on_shape=save_partial)
         report["chain"] = {"records": records, "ratios": chain_benchmark.chain_ratios(records)}
         for row in report["chain"]["ratios"]:
-            print(f"{str(tuple(row['shape'])):>18} {row['form']:<13} {row['fastest_lossfns']:<36} "
+            print(f"{tuple(row['shape'])!s:>18} {row['form']:<13} {row['fastest_lossfns']:<36} "
                   f"vs torch-struct {row.get('vs_torch_struct', float('nan')):7.1f}x "
                   f"(min {row.get('vs_torch_struct_min', float('nan')):7.1f}x)   "
                   f"vs numpy {row.get('vs_numpy', float('nan')):7.1f}x (min {row.get('vs_numpy_min', float('nan')):7.1f}x)")

@@ -36,7 +36,7 @@ def measure(task: str, set_name: str, rounds: int) -> dict:
     build = time.perf_counter() - start
     run = boost(sparse, max_rounds=rounds, tol=0.0, chunk_rounds=rounds)
     done = int(run.loop.step)
-    return {"task": task, "features": set_name, "sentences": len(data.train), "pieces": int(len(pieces[2])),
+    return {"task": task, "features": set_name, "sentences": len(data.train), "pieces": len(pieces[2]),
             "labels": len(data.labels), "weak_learners": sparse.num_weak_learners, "build_seconds": build,
             "setup_seconds": run.setup_seconds, "rounds": done, "rounds_per_second": done / run.seconds}
 

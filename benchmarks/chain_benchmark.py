@@ -34,7 +34,8 @@ import math
 import statistics
 import time
 import warnings
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -145,7 +146,7 @@ class Variant(NamedTuple):
 
 def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
     def build(problem: Problem):
-        B, T, L = problem.unary.shape
+        B, T, _L = problem.unary.shape
         lengths = jnp.full((B,), T, jnp.int32)
         if form == "factored":
             inputs = chain.FactoredPotentials(jnp.asarray(problem.unary), jnp.asarray(problem.transitions),
@@ -160,7 +161,7 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
             return jax.value_and_grad(total)(potentials)
 
         def run():
-            value, grads = jax.block_until_ready(value_and_marginals(inputs))
+            value, _grads = jax.block_until_ready(value_and_marginals(inputs))
             return value
 
         return run
@@ -182,7 +183,7 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
     return Variant(f"lossfns {form} {semiring} {algorithm}", "lossfns", form, build, fits)
 
 
-def _torch_struct_variant() -> Optional[Variant]:
+def _torch_struct_variant() -> Variant | None:
     try:
         import torch
         import torch_struct
@@ -192,7 +193,7 @@ def _torch_struct_variant() -> Optional[Variant]:
     warnings.filterwarnings("ignore", message=".*does not define `arg_constraints`")
 
     def build(problem: Problem):
-        B, T, L = problem.unary.shape
+        B, T, _L = problem.unary.shape
         # torch-struct's log_potentials[b, n, z_{n+1}, z_n] over T - 1 edges;
         # the first node's scores are folded into the first edge.
         edges = problem.per_position[:, 1:].transpose(0, 1, 3, 2).copy()
@@ -203,7 +204,7 @@ def _torch_struct_variant() -> Optional[Variant]:
         def run():
             distribution = torch_struct.LinearChainCRF(log_potentials, lengths=lengths)
             partition = distribution.partition
-            (marginals,) = torch.autograd.grad(partition.sum(), log_potentials)
+            (_marginals,) = torch.autograd.grad(partition.sum(), log_potentials)
             return partition.detach().numpy()
 
         return run
@@ -319,7 +320,7 @@ def benchmark_chain(shapes=SHAPES, repeats: int = 7, budget_s: float = 60.0, log
     records = []
     all_variants = variants()
     for shape in shapes:
-        B, T, L = shape
+        B, T, _L = shape
         problem = make_problem(shape)
         reference = numpy_factored(problem.unary, problem.transitions, problem.start)[0]
         runs, skipped = {}, {}
@@ -346,13 +347,13 @@ def benchmark_chain(shapes=SHAPES, repeats: int = 7, budget_s: float = 60.0, log
                             "repeats": len(times),
                             "first_call_s": first, "compile_s": max(first - median, 0.0) if by_name[name].peer == "lossfns" else None,
                             "tokens_per_s": B * T / median})
-            log(f"{str(shape):>18} {name:<36} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+            log(f"{shape!s:>18} {name:<36} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
                 f"{B * T / median:12.0f} tok/s  "
                 f"compile {max(first - median, 0.0):6.2f} s")
         for name, reason in skipped.items():
             records.append({"shape": list(shape), "variant": name, "peer": by_name[name].peer,
                             "form": by_name[name].form, "skipped": reason})
-            log(f"{str(shape):>18} {name:<36} skipped: {reason}")
+            log(f"{shape!s:>18} {name:<36} skipped: {reason}")
         if on_shape is not None:
             on_shape(records)
     return records
@@ -443,7 +444,7 @@ def _pytorch_crf_loss():
         return None
 
     def build(problem: Problem, tags):
-        B, T, L = problem.unary.shape
+        _B, _T, L = problem.unary.shape
         crf = CRF(L, batch_first=True)
         with torch.no_grad():
             crf.transitions.copy_(torch.tensor(problem.transitions))
@@ -477,7 +478,7 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
         builders["pytorch-crf"] = pytorch_crf
     records = []
     for shape in shapes:
-        B, T, L = shape
+        _B, _T, _L = shape
         problem, tags = make_problem(shape), _gold_tags(shape)
         runs = {name: build(problem, tags) for name, build in builders.items()}
         first, results = first_calls(runs)
@@ -492,14 +493,14 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
             median = statistics.median(times)
             record["variants"][name] = {"median_s": median, "min_s": min(times), "repeats": len(times),
                                         "first_call_s": first_s}
-            log(f"crf loss {str(shape):>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+            log(f"crf loss {shape!s:>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
                 f"first call {first_s:6.2f} s")
         if "pytorch-crf" in record["variants"]:
             peer = record["variants"]["pytorch-crf"]
             record["vs_pytorch_crf"] = {name: {"median": peer["median_s"] / v["median_s"],
                                                "min": peer["min_s"] / v["min_s"]}
                                         for name, v in record["variants"].items() if name != "pytorch-crf"}
-            log(f"crf loss {str(shape):>16} speed-up over pytorch-crf: " + ", ".join(
+            log(f"crf loss {shape!s:>16} speed-up over pytorch-crf: " + ", ".join(
                 f"{name} {r['median']:.1f}x (min {r['min']:.1f}x)" for name, r in record["vs_pytorch_crf"].items()))
         records.append(record)
     return records

@@ -29,8 +29,8 @@ Variants run interleaved in one process, `repeats` times; medians. Run:
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import datetime
+import importlib.metadata
 import json
 import os
 import platform

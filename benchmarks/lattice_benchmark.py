@@ -17,10 +17,9 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lossfns import semirings
 from lossfns.lattices import dag

@@ -12,12 +12,12 @@ shared machine).
 from __future__ import annotations
 
 import argparse
+import functools
 import time
-
-import numpy as np
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lossfns import losses, semirings
 from lossfns.lattices.chain import FactoredPotentials, materialize
@@ -71,7 +71,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     semiring = semirings.Log if args.semiring == "log" else semirings.Real
-    chosen = {name: (lambda fn: lambda p, y, n: fn(p, y, n, semiring=semiring))(fn) for name, fn in MARGINAL_LOSSES.items()}
+    chosen = {name: functools.partial(fn, semiring=semiring) for name, fn in MARGINAL_LOSSES.items()}
     chosen.update(VITERBI_LOSSES)
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, semiring={args.semiring}, form={args.form}, float32")
     for batch, T, L in SHAPES:

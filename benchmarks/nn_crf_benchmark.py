@@ -153,7 +153,7 @@ def benchmark(shapes=SHAPES, repeats: int = 9, budget_s: float = 60.0, log=print
             records.append(record)
             ours = record["lossfns"]
             peer = record.get("pytorch-crf", {"median_s": float("nan")})
-            log(f"nn.CRF {task:<6} {str(tuple(shape)):>16}  lossfns {ours['median_s'] * 1e3:8.2f} ms "
+            log(f"nn.CRF {task:<6} {tuple(shape)!s:>16}  lossfns {ours['median_s'] * 1e3:8.2f} ms "
                 f"(min {ours['min_s'] * 1e3:7.2f}, first call {ours['first_call_s']:5.2f} s)  pytorch-crf "
                 f"{peer['median_s'] * 1e3:8.2f} ms  speed-up {record.get('speedup_median', float('nan')):6.1f}x "
                 f"(min {record.get('speedup_min', float('nan')):6.1f}x)")

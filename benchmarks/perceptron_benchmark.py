@@ -36,8 +36,13 @@ from lossfns import corpora
 from lossfns.features import preset
 from lossfns.features.index import FeatureIndex
 from lossfns.lattices import chain
-from lossfns.optimizers.sparse_perceptron import (sparse_averaged_params, sparse_perceptron_epoch,
-                                                  sparse_perceptron_init, sparse_scores, sparse_sequence_data)
+from lossfns.optimizers.sparse_perceptron import (
+    sparse_averaged_params,
+    sparse_perceptron_epoch,
+    sparse_perceptron_init,
+    sparse_scores,
+    sparse_sequence_data,
+)
 
 FEATURES = "lavergne_pos"
 

@@ -26,10 +26,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 
-from benchmarks.lattice_benchmark import median_seconds
 from lossfns import corpora, metrics, semirings
 from lossfns.features import preset
 from lossfns.features.design import bucket_design, bucket_slices, design_matmul
@@ -38,6 +36,8 @@ from lossfns.lattices.chain import FactoredPotentials
 from lossfns.losses.sequence import sequence_log_loss
 from lossfns.models import LinearChainModel
 from lossfns.tagger import Tagger, crfsuite_elastic_net
+
+from benchmarks.lattice_benchmark import median_seconds
 
 
 def _crfsuite(train, test, extractor, c1, c2, iterations):

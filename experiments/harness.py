@@ -15,12 +15,15 @@ import os
 import shlex
 import sys
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
+import jax
+import jax.numpy as jnp
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # no display on CI machines; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -35,6 +38,11 @@ def _atomic_write(path: str, text: str) -> None:
     os.replace(temporary, path)
 
 
+def _as_json(value):
+    """`value` as it reads back from JSON (tuples become lists), for comparing settings."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
 class RunDirectory:
     """Outputs of one experiment run under `root`."""
 
@@ -42,22 +50,40 @@ class RunDirectory:
         self.root = root
         self.compute_missing = compute_missing
         self.command = command if command is not None else [sys.executable, "-m", "experiments"] + sys.argv[1:]
+        self.missing: list[str] = []  # units a report (no `compute_missing`) found unfinished, in order
         os.makedirs(os.path.join(root, "units"), exist_ok=True)
 
     def _unit_path(self, name: str) -> str:
         return os.path.join(self.root, "units", f"{name}.json")
 
-    def unit(self, name: str, compute: Callable[[], dict]) -> dict | None:
-        """The result of unit `name`: read back if a previous run finished it,
-        else computed now and saved before returning (or `None` without
-        `compute_missing`: a report of a run that is still going)."""
+    def unit(self, name: str, compute: Callable[[], dict], settings=None,
+             legacy: Callable[[dict], bool] | None = None) -> dict | None:
+        """The result of unit `name`: read back if a previous run finished it
+        with the same `settings` (any JSON value: the configuration that
+        decides the result, saved with it as `unit_settings`), else computed
+        now and saved before returning (or `None` without `compute_missing`:
+        a report of a run that is still going). A unit saved before settings
+        were recorded stands if `legacy(result)` says it does (its stored
+        fields show it was run as these settings would run it). Without
+        `compute_missing`, a unit of other settings is returned marked
+        `"stale": True` (a report shows what was run, and says so:
+        `stale_note`)."""
         path = self._unit_path(name)
         if os.path.exists(path):
             with open(path) as stream:
-                return json.load(stream)
+                result = json.load(stream)
+            stored = result.get("unit_settings")
+            if (settings is None or stored == _as_json(settings)
+                    or (stored is None and legacy is not None and legacy(result))):
+                return result
+            if not self.compute_missing:
+                return result | {"stale": True, "unit": name}
         if not self.compute_missing:
+            self.missing.append(name)
             return None
         result = compute()
+        if settings is not None:
+            result = result | {"unit_settings": _as_json(settings)}
         _atomic_write(path, json.dumps(result, indent=1, sort_keys=True))
         return result
 
@@ -111,3 +137,99 @@ def floors_section(floors: dict, heading: str, missing: str) -> list[str]:
         ours = "-" if floor["ours"] is None else f"{floor['ours']:.2f}"
         lines.append(f"- {name}: ours {ours}, floor {floor['floor']}: {status}")
     return lines
+
+
+# ---------------------------------------------------------------------------
+# Convergence: whether a trained row ran to its criterion, and verdicts that
+# are judged only from rows that did
+# ---------------------------------------------------------------------------
+
+
+def trace_convergence(trace, rule, cap: int, criterion: str) -> dict:
+    """Whether the objective `trace` (`[steps]`, one value per step) met the
+    library's stop rule `rule` (`lossfns.optimizers.relative_change_below`,
+    `relative_improvement_below`: the rule the training loop itself asked,
+    read here host-side on the stored trace), and at which step.
+
+    Returns `{"met", "criterion", "step", "cap", "last_relative_change"}`:
+    `step` is the first step at which the rule fired (None: never, the run
+    stopped at its `cap` or on a failure); `last_relative_change` is
+    `|f_{k-1} - f_k| / max(|f_k|, 1)` at the last step (how far from the
+    criterion a capped run stopped)."""
+    values = np.asarray(trace, np.float64)
+    padded = jnp.asarray(np.concatenate([values, np.full(1, np.nan)]))
+    fired = np.asarray(jax.vmap(lambda k: rule(padded, k))(jnp.arange(1, values.size + 1))) if values.size else []
+    step = next((k + 1 for k, stop in enumerate(fired) if stop), None)
+    cap = cap if step is not None else min(int(cap), int(values.size))  # an earlier configuration's cap
+    last = (abs(values[-2] - values[-1]) / max(abs(values[-1]), 1.0)) if values.size >= 2 else None
+    return {"met": step is not None, "criterion": criterion, "step": step, "cap": int(cap),
+            "last_relative_change": None if last is None else float(last)}
+
+
+def plateau_convergence(steps, scores, patience: int, cap: int, criterion: str, *, lower_is_better: bool,
+                        relative_patience: float = 0.0) -> dict:
+    """Whether a development-set score stopped improving: met at the first
+    evaluated step that lies `max(patience, relative_patience * best step)`
+    steps (or evaluations, as `steps` counts them) after the best score so
+    far (`relative_patience = 1`: the best step lies in the first half of
+    the run). `steps`, `scores`: `[E]` the evaluated steps and their scores.
+    Same fields as `trace_convergence`, plus `best_step` (the best score's
+    step up to where the rule was met). A driver callback that returns
+    `met` on the scores so far stops the run by this same rule."""
+    steps, scores = list(steps), [float(s) for s in scores]
+    sign = 1.0 if lower_is_better else -1.0
+    best, met = 0, None
+    for i in range(len(scores)):
+        if sign * scores[i] < sign * scores[best]:
+            best = i
+        if steps[i] - steps[best] >= max(patience, relative_patience * steps[best]):
+            met = i
+            break
+    cap = cap if met is not None or not steps else min(int(cap), int(steps[-1]))  # an earlier configuration's cap
+    return {"met": met is not None, "criterion": criterion, "step": None if met is None else int(steps[met]),
+            "cap": int(cap), "best_step": int(steps[best]) if steps else None, "last_relative_change": None}
+
+
+def stale_note(rows) -> list[str]:
+    """Markdown lines naming the rows read from units of an earlier
+    configuration (`RunDirectory.unit` without `compute_missing`)."""
+    names = sorted({row["unit"] for row in rows if row.get("stale")})
+    if not names:
+        return []
+    return [f"Rows from units of an earlier configuration (a run of the command recomputes them): "
+            f"{', '.join(names)}.", ""]
+
+
+def missing_note(run: RunDirectory) -> list[str]:
+    """Markdown lines naming the units a report found unfinished."""
+    if not run.missing:
+        return []
+    return [f"Units not run yet (a run of the command computes them): {', '.join(run.missing)}.", ""]
+
+
+def converged_cell(convergence: dict | None) -> str:
+    """The `converged` column: the criterion met at step k, or "not
+    converged" with why (the cap reached, with the last relative change)."""
+    if convergence is None:
+        return "-"
+    if convergence["met"]:
+        return f"yes: {convergence['criterion']} at step {convergence['step']}"
+    change, best = convergence.get("last_relative_change"), convergence.get("best_step")
+    why = f"cap {convergence['cap']} reached" + ("" if change is None else f", last relative change {change:.1e}")
+    why += "" if best is None else f", best development score at step {best}"
+    return f"not converged ({why})"
+
+
+def verdict(holds: bool | None, *, quick: bool, converged: bool, current: bool = True) -> str:
+    """A published claim's verdict: HOLDS / DOES NOT HOLD only when judged
+    from a full run's converged rows of the current configuration
+    (`current`: none read from a stale unit); else why it is not judged."""
+    if quick:
+        return "not judged (quick run)"
+    if holds is None:
+        return "not tested"
+    if not converged:
+        return "not judged (not converged)"
+    if not current:
+        return "not judged (rows of an earlier configuration)"
+    return "HOLDS" if holds else "DOES NOT HOLD"

@@ -40,7 +40,7 @@ import os
 import re
 import statistics
 import time
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -78,7 +78,7 @@ class Splits(NamedTuple):
     source: str
 
 
-def load(num_train: Optional[int], num_eval: Optional[int]) -> Splits:
+def load(num_train: int | None, num_eval: int | None) -> Splits:
     """CoNLL-2002 Spanish (esp.train, esp.testa, esp.testb), or without it a
     planted IOB corpus (`experiments.synthetic`); `num_*` keep fixed random subsets."""
     try:
@@ -278,7 +278,7 @@ class Model(eqx.Module):
     """The encoder and its head: a `CRF`, or None for the softmax head."""
 
     encoder: Encoder
-    crf: Optional[CRF]
+    crf: CRF | None
 
 
 def loss(model: Model, batch: Batch, key):
@@ -304,7 +304,7 @@ def decode(model: Model, batch: Batch):
     return model.crf.decode(emissions, lengths=batch.lengths)[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def adam(learning_rate: float, clip: float):
     """One optimizer object per setting, so that `train_step` compiles once per shape."""
     return optax.chain(optax.clip_by_global_norm(clip), optax.adam(learning_rate))
@@ -396,10 +396,11 @@ def train_head(run: RunDirectory, head: str, splits: Splits, vocab: Vocabulary, 
             "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(parameters)))}
 
 
-def sparse_tagger_results(path: str = TAGGER_RESULTS) -> Optional[dict]:
+def sparse_tagger_results(path: str = TAGGER_RESULTS) -> dict | None:
     """The sparse-feature Tagger's stored esp.testb F1 and training time."""
     try:
-        text = open(path).read()
+        with open(path) as handle:
+            text = handle.read()
     except OSError:
         return None
     f1 = re.search(r"esp\.testb: f1 crfsuite ([\d.]+)\s+lossfns ([\d.]+)", text)

@@ -21,10 +21,9 @@ import functools
 import shutil
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lossfns import corpora, features, metrics, optimizers, semirings
@@ -41,7 +40,8 @@ LOSSES = ("sequential log", "sequential exp", "pointwise log", "pointwise exp")
 
 class TaskData(NamedTuple):
     """A tagging task: sentences (`corpora.Sentence`), the label inventory,
-    the metric ("entity_f1" or "accuracy") and where the data came from."""
+    the metric ("entity_f1" or "accuracy"), where the data came from, and
+    development sentences (for stopping rules that read a held-out score)."""
 
     name: str
     train: list
@@ -49,23 +49,30 @@ class TaskData(NamedTuple):
     labels: tuple[str, ...]
     metric: str
     source: str
+    dev: tuple | list = ()
 
 
 def _as_sentences(pairs) -> list:
     return [corpora.Sentence(tuple((word,) for word in words), tuple(tags)) for words, tags in pairs]
 
 
-def load_task(task: str, num_train: int | None, num_test: int | None, seed: int = 0) -> TaskData:
-    """NER (CoNLL-2002 Spanish, train -> esp.testb) or POS (conll2000 WSJ,
-    train.txt -> test.txt) from `NLTK_DATA`; without the corpus, sentences
-    from a planted model of the same kind (`experiments.synthetic`).
-    `num_train`/`num_test` keep a fixed random subset (None: all)."""
+def load_task(task: str, num_train: int | None, num_test: int | None, seed: int = 0, *,
+              num_dev: int | None = 0) -> TaskData:
+    """NER (CoNLL-2002 Spanish, train -> esp.testb, development esp.testa)
+    or POS (conll2000 WSJ, train.txt -> test.txt, development the NLTK
+    treebank sample: WSJ sections 00-01, disjoint from conll2000's 15-18 and
+    20) from `NLTK_DATA`; without the corpus, sentences from a planted model
+    of the same kind (`experiments.synthetic`). `num_train`/`num_test`/
+    `num_dev` keep a fixed random subset (None: all; no development
+    sentences with `num_dev=0`)."""
     try:
         if task == "ner":
             train, test, metric = corpora.conll2002("esp.train"), corpora.conll2002("esp.testb"), "entity_f1"
+            dev = corpora.conll2002("esp.testa") if num_dev != 0 else []
             source = "CoNLL-2002 Spanish (esp.train -> esp.testb)"
         elif task == "pos":
             train, test = corpora.conll2000("train.txt", task="pos"), corpora.conll2000("test.txt", task="pos")
+            dev = corpora.treebank() if num_dev != 0 else []
             metric = "accuracy"
             source = "conll2000 WSJ POS (train.txt -> test.txt)"
         else:
@@ -74,13 +81,18 @@ def load_task(task: str, num_train: int | None, num_test: int | None, seed: int 
         scheme, metric = ("iob", "entity_f1") if task == "ner" else ("pos", "accuracy")
         pairs_train, pairs_test, _ = synthetic.synthetic_corpus(seed, scheme, num_train or 3000, num_test or 1000)
         train, test = _as_sentences(pairs_train), _as_sentences(pairs_test)
+        # Development sentences: the same planted model, a third generator stream.
+        dev = _as_sentences(synthetic.sample_sentences(synthetic.planted_model(seed, scheme), np.random.default_rng(
+            [seed, 3]), num_dev or 1000)) if num_dev != 0 else []
         source = f"synthetic planted model ({scheme}, seed {seed}): no corpus under NLTK_DATA"
     if num_train is not None and num_train < len(train):
         train = [train[i] for i in np.sort(corpora.shuffled(len(train), seed)[:num_train])]
     if num_test is not None and num_test < len(test):
         test = [test[i] for i in np.sort(corpora.shuffled(len(test), seed + 1)[:num_test])]
+    if num_dev is not None and num_dev < len(dev):
+        dev = [dev[i] for i in np.sort(corpora.shuffled(len(dev), seed + 2)[:num_dev])]
     labels = tuple(sorted({label for sentence in train for label in sentence.labels}))
-    return TaskData(task, train, test, labels, metric, source)
+    return TaskData(task, train, test, labels, metric, source, dev)
 
 
 class Bucket(NamedTuple):
@@ -99,8 +111,9 @@ class Bucket(NamedTuple):
 class EncodedTask(NamedTuple):
     """A task featurised with every feature set at one common shape.
 
-    train/test: feature set name -> list of `Bucket`;
-    test_order: `[N_test]` the test-sentence index behind each bucket row, in order;
+    train/test/dev: feature set name -> list of `Bucket` (dev: empty dict
+    when the task has no development sentences);
+    test_order/dev_order: `[N]` the sentence index behind each bucket row, in order;
     num_features: K, the common weight-table row count.
     """
 
@@ -108,6 +121,8 @@ class EncodedTask(NamedTuple):
     test: dict
     test_order: np.ndarray
     num_features: int
+    dev: dict
+    dev_order: np.ndarray | None
 
 
 def _buckets(packed: features.PackedCorpus, width: int) -> list[Bucket]:
@@ -124,7 +139,7 @@ def encode_task(data: TaskData, feature_sets, num_buckets: int) -> EncodedTask:
     """Featurise train and test with each feature set (index built on the
     training set) into length buckets (`features.pack`) of one shape per
     split across feature sets."""
-    splits = {"train": data.train, "test": data.test}
+    splits = {"train": data.train, "test": data.test} | ({"dev": data.dev} if data.dev else {})
     labels = {name: features.label_ids(sentences, data.labels) for name, sentences in splits.items()}
     packed, num_features = {}, 1
     for set_name in feature_sets:
@@ -138,8 +153,8 @@ def encode_task(data: TaskData, feature_sets, num_buckets: int) -> EncodedTask:
         # Bucketing depends on the lengths only: every feature set has the same buckets.
         width = max(packed[set_name][split].unigram_ids.shape[1] for set_name in feature_sets)
         out[split] = {set_name: _buckets(packed[set_name][split], width) for set_name in feature_sets}
-    test_order = np.concatenate(packed[feature_sets[0]]["test"].members)
-    return EncodedTask(out["train"], out["test"], test_order, num_features)
+    order = {split: np.concatenate(packed[feature_sets[0]][split].members) for split in splits if split != "train"}
+    return EncodedTask(out["train"], out["test"], order["test"], num_features, out.get("dev", {}), order.get("dev"))
 
 
 # ---------------------------------------------------------------------------
@@ -193,7 +208,7 @@ class TrainResult(NamedTuple):
     train_seconds: float
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _objective_of(loss: str, l2_weight: float):
     """`(params, (buckets, weights)) -> objective`, one function per (loss,
     prior), so the driver re-uses its compiled loop across feature sets."""
@@ -204,16 +219,20 @@ _LBFGS = optax.lbfgs()
 
 
 def train(params: LinearChainModel, buckets: list, weights: list, loss: str, *, l2_weight: float, max_steps: int,
-          tol: float, checkpoint_dir: str | None, progress: bool, chunks: int = 5) -> TrainResult:
+          stop: optimizers.StopRule, checkpoint_dir: str | None, progress: bool,
+          chunk_steps: int = 50) -> TrainResult:
     """Minimise `objective` with `optax.lbfgs` through the driver
-    (`optimizers.train`), in `chunks` jitted pieces with a progress bar and a
-    checkpoint after each, so that an interrupted run resumes from its last
-    chunk. The checkpoints are removed once the run is done."""
+    (`optimizers.train`) until the stop rule `stop` (a relative change of
+    the objective, `optimizers.relative_change_below` or
+    `relative_improvement_below`) or `max_steps` (a safety cap), in jitted
+    chunks of `chunk_steps` steps with a progress bar and a checkpoint after
+    each, so that an interrupted run resumes from its last chunk. The
+    checkpoints are removed once the run is done."""
     data = (tuple(buckets), tuple(jnp.asarray(w, params.emission.dtype) for w in weights))
     result = optimizers.train(_objective_of(loss, l2_weight), params, _LBFGS, data, max_steps=max_steps,
-                              stop=optimizers.relative_change_below(tol), chunk_steps=-(-max_steps // chunks),
+                              stop=stop, chunk_steps=min(chunk_steps, max_steps),
                               checkpoint_dir=checkpoint_dir, progress=progress, description=loss,
-                              settings=["altun2003", loss, l2_weight, tol])
+                              settings=["altun2003", loss, l2_weight, repr(stop)])
     if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     steps = int(result.num_steps)
@@ -240,10 +259,10 @@ def predict(params: LinearChainModel, buckets: list, order: np.ndarray, labels: 
     return predicted
 
 
-def evaluate(params: LinearChainModel, buckets: list, order: np.ndarray, data: TaskData) -> float:
-    """Entity F1 (conlleval) or token accuracy on the test set, in percent."""
+def evaluate(params: LinearChainModel, buckets: list, order: np.ndarray, data: TaskData, split: str = "test") -> float:
+    """Entity F1 (conlleval) or token accuracy on the test (or "dev") set, in percent."""
     predicted = predict(params, buckets, order, data.labels)
-    gold = [sentence.labels for sentence in data.test]
+    gold = [sentence.labels for sentence in (data.test if split == "test" else data.dev)]
     if data.metric == "entity_f1":
         return 100.0 * metrics.entity_scores(gold, predicted).f1
     return 100.0 * metrics.token_accuracy(gold, predicted)
@@ -254,27 +273,72 @@ def evaluate(params: LinearChainModel, buckets: list, order: np.ndarray, data: T
 # ---------------------------------------------------------------------------
 
 
-def _perceptron_epochs(buckets):
-    """`make_step` of one averaged-perceptron epoch over every bucket in
-    turn (`optimizers.perceptron_epoch_fn`); the objective is the mistakes."""
+def shuffled_perceptron_epochs(data):
+    """`make_step` of one averaged-perceptron epoch (`optimizers.perceptron_epoch_fn`)
+    over every bucket, `data = (buckets, seed)`: the buckets and the sentences
+    within each are visited in an order drawn from `(seed, epoch)`, so no
+    sentence is always seen after the same others (a fixed order biases the
+    averaged weights towards the last buckets). The objective is the mistakes."""
+    buckets, seed = data
+
+    def visit(bucket, key):
+        def epoch(state, step):
+            rows = jax.random.permutation(key, bucket.lengths.shape[0])
+            shuffled = optimizers.SequenceData(bucket.ids[rows], bucket.labels[rows], bucket.lengths[rows])
+            return optimizers.perceptron_epoch_fn(lambda model, ids: model(ids), shuffled)(state, step)
+        return epoch
+
     def step_fn(state, step):
-        mistakes = 0
-        for bucket in buckets:
-            data = optimizers.SequenceData(bucket.ids, bucket.labels, bucket.lengths)
-            state, bucket_mistakes = optimizers.perceptron_epoch_fn(lambda model, ids: model(ids), data)(state, step)
-            mistakes = mistakes + bucket_mistakes
-        return state, mistakes
+        keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), step), len(buckets) + 1)
+        order = jax.random.permutation(keys[0], len(buckets))
+        branches = [lambda state, b=b: visit(buckets[b], keys[b + 1])(state, step) for b in range(len(buckets))]
+
+        def body(i, carry):
+            state, mistakes = carry
+            state, bucket_mistakes = jax.lax.switch(order[i], branches, state)
+            return state, mistakes + bucket_mistakes
+
+        return jax.lax.fori_loop(0, len(buckets), body, (state, jnp.zeros((), jnp.int32)))
 
     return step_fn
 
 
-def train_perceptron(params: LinearChainModel, buckets: list, *, num_epochs: int, progress: bool):
-    """Averaged perceptron for up to `num_epochs` epochs (buckets in a fixed
-    order; stops after an epoch without mistakes), through the driver.
-    Returns `(params, mistakes per epoch, seconds)` (compilation included)."""
-    loop = optimizers.init_loop(optimizers.perceptron_init(params), num_epochs, params.emission.dtype)
-    run = optimizers.drive(_perceptron_epochs, loop, tuple(buckets), stop=optimizers.no_mistakes, progress=progress,
-                           description="perceptron")
+class PerceptronRun(NamedTuple):
+    """params: the averaged weights of the epoch with the best development
+    score; mistakes: per epoch; dev_scores: per epoch; best_epoch: 1-based;
+    stopped_by: "patience" (no better development score for `patience`
+    epochs), "no mistakes" or "epoch cap"; seconds: compilation included."""
+
+    params: LinearChainModel
+    mistakes: list
+    dev_scores: list
+    best_epoch: int
+    stopped_by: str
+    seconds: float
+
+
+def train_perceptron(params: LinearChainModel, buckets: list, *, max_epochs: int, patience: int, seed: int,
+                     dev_score, progress: bool) -> PerceptronRun:
+    """Averaged perceptron, shuffled each epoch (`seed`), through the driver
+    until its development score (`dev_score(params) -> float`, higher is
+    better) has not improved for `patience` epochs (or an epoch without
+    mistakes, or `max_epochs`, a safety cap); the model of the best epoch."""
+    loop = optimizers.init_loop(optimizers.perceptron_init(params), max_epochs, params.emission.dtype)
+    scores, best = [], {}
+
+    def after_epoch(report) -> bool:
+        averaged = optimizers.averaged_params(report.inner)
+        scores.append(float(dev_score(averaged)))
+        if scores[-1] > max(scores[:-1], default=-np.inf):
+            best.update(params=averaged, epoch=len(scores))
+        return len(scores) - best["epoch"] >= patience
+
+    run = optimizers.drive(shuffled_perceptron_epochs, loop, (tuple(buckets), jnp.asarray(seed, jnp.uint32)),
+                           stop=optimizers.no_mistakes, progress=progress, description="perceptron",
+                           callback=after_epoch)
     steps = int(run.loop.step)
     mistakes = [int(m) for m in np.asarray(run.loop.trace)[:steps]]
-    return optimizers.averaged_params(run.loop.inner), mistakes, run.compile_seconds + run.run_seconds
+    stopped_by = ("patience" if len(scores) - best["epoch"] >= patience else
+                  "no mistakes" if mistakes[-1] == 0 else "epoch cap")
+    return PerceptronRun(best["params"], mistakes, scores, best["epoch"], stopped_by,
+                         run.compile_seconds + run.run_seconds)

@@ -45,27 +45,30 @@ import tempfile
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 try:
     import fcntl
 except ImportError:  # not POSIX: DirectoryLock does not lock
     fcntl = None
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 FORMAT_VERSION = 1
+"""The checkpoint format this version writes and reads."""
 MAGIC = b"LOSSFNS-CHECKPOINT\n"
+"""The bytes every checkpoint file starts with."""
 _SIZE = struct.Struct("<Q")
 _NAME_PATTERN = re.compile(r"^checkpoint-(\d+)\.ckpt$")
 # What `write_atomically` leaves behind for a checkpoint when killed before its rename.
 _TEMPORARY_PATTERN = re.compile(r"^\.checkpoint-\d+\.ckpt\..+\.tmp$")
 LOCK_NAME = ".lossfns.lock"
+"""The lock file a training run holds in its checkpoint directory (`DirectoryLock`)."""
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
+"""A path: `str` or `os.PathLike`."""
 
 
 class CheckpointError(ValueError):
@@ -91,6 +94,7 @@ class FileKind(NamedTuple):
 
 
 CHECKPOINT = FileKind(MAGIC, "checkpoint", "a lossfns checkpoint", "format_version", FORMAT_VERSION, CheckpointError)
+"""How checkpoint files are framed, versioned and checked (`FileKind`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -280,7 +284,7 @@ def load(path: PathLike, like):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _like_leaf(template, array: np.ndarray, key_impl: Optional[str]):
+def _like_leaf(template, array: np.ndarray, key_impl: str | None):
     """`array` in the type of the template leaf."""
     if key_impl is not None:
         return jax.random.wrap_key_data(jnp.asarray(array), impl=key_impl)
@@ -308,7 +312,7 @@ def _numbered(directory: Path):
     return sorted(found)
 
 
-def latest_checkpoint(directory: PathLike) -> Optional[Path]:
+def latest_checkpoint(directory: PathLike) -> Path | None:
     """The valid checkpoint with the highest step in `directory`, or `None`.
 
     Temporary files of an interrupted save are ignored. A newest file that
@@ -362,13 +366,13 @@ class DirectoryLock:
         self.path = self.directory / LOCK_NAME
         self._handle = None
 
-    def acquire(self) -> "DirectoryLock":
+    def acquire(self) -> DirectoryLock:
         if self._handle is not None:
             raise RuntimeError(f"the lock of {self.directory} is already held by this DirectoryLock")
         self.directory.mkdir(parents=True, exist_ok=True)
         if fcntl is None:
             return self
-        handle = open(self.path, "a+")
+        handle = open(self.path, "a+")  # noqa: SIM115  (held open: the lock lives as long as the handle)
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):
@@ -396,14 +400,14 @@ class DirectoryLock:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
             handle.close()
 
-    def __enter__(self) -> "DirectoryLock":
+    def __enter__(self) -> DirectoryLock:
         return self.acquire()
 
     def __exit__(self, *exc_info) -> None:
         self.release()
 
 
-def locked(directory: Optional[PathLike]):
+def locked(directory: PathLike | None):
     """`DirectoryLock(directory)`, or a context that does nothing when
     `directory` is None (training without checkpoints)."""
     return nullcontext() if directory is None else DirectoryLock(directory)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,12 +33,13 @@ from . import corpora, labelled_output, losses, metrics
 from .features.templates import read_templates
 from .tagger import Tagger
 
-#: Wapiti's training algorithms; the ones the command line trains.
 ALGORITHMS = ("owlqn", "lbfgs", "sgd-l1", "bcd", "perceptron")
+"""Wapiti's training algorithms (`-a/--algo`)."""
 TRAINED = ("owlqn", "lbfgs")
-#: `--loss`: the per-sentence losses `(potentials, labels, lengths) -> [B]` (None: the CRF log-loss).
+"""The ones the command line trains (the others are refused with a message)."""
 LOSSES = {"crf": None, "hinge": losses.structured_hinge_loss, "exp": losses.sequence_exp_loss,
           "log-exp": losses.log_sequence_exp_loss}
+"""`--loss`: the per-sentence losses `(potentials, labels, lengths) -> [B]` (None: the CRF log-loss)."""
 
 
 def _positive_int(text: str) -> int:
@@ -100,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on `argv` (default `sys.argv[1:]`); 0 on success."""
     options = parser().parse_args(argv)
     return _train(options) if options.mode == "train" else _label(options)

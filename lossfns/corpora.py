@@ -19,7 +19,8 @@ import io
 import os
 import sys
 import zipfile
-from typing import Iterable, NamedTuple, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -66,8 +67,8 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
     return _parse_columns(lines, source, label_column, observation_columns)[0]
 
 
-def _parse_columns(lines: Iterable[str], source: str, label_column: Optional[int],
-                   observation_columns: Optional[Sequence[int]]):
+def _parse_columns(lines: Iterable[str], source: str, label_column: int | None,
+                   observation_columns: Sequence[int] | None):
     """`(sentences, rows, texts)`: `parse_conll`'s sentences (all columns
     observations and labels `()` when `label_column` is None), per sentence
     the 0-based indices of its lines, and every line without its line end."""
@@ -209,7 +210,7 @@ def read_bytes(path) -> bytes:
             raise FileNotFoundError(f"{path}: the archive {archive} has no member {member!r}") from None
 
 
-def split_archive(path: str) -> Optional[tuple[str, str]]:
+def split_archive(path: str) -> tuple[str, str] | None:
     """`(archive, member)` when `path` does not exist as a file but runs
     through an existing zip file (`a/b.zip/b/c` -> `("a/b.zip", "b/c")`,
     the member with `/` separators as zip files name them), else None."""
@@ -263,7 +264,7 @@ def data_path() -> list[str]:
     return roots
 
 
-def _in_archive(archive: str, member: str) -> Optional[str]:
+def _in_archive(archive: str, member: str) -> str | None:
     """`member` if the zip file `archive` holds it as a file, `member + "/"`
     if as a directory, else None."""
     try:
@@ -277,7 +278,7 @@ def _in_archive(archive: str, member: str) -> Optional[str]:
     return directory if any(name.startswith(directory) for name in names) else None
 
 
-def _find_in(roots: Sequence[str], parts: Sequence[str]) -> Optional[str]:
+def _find_in(roots: Sequence[str], parts: Sequence[str]) -> str | None:
     """NLTK's lookup of one resource name over the roots: a root that is a
     zip file is searched inside; otherwise the path under the root, read
     through the first `.zip` component of the name if it has one."""
@@ -310,8 +311,8 @@ def find_data(*parts: str) -> str:
     inside an archive ends with `/`, as NLTK names them.
 
     Raises:
-      FileNotFoundError naming the resource, the directories searched and
-      how to install it.
+      FileNotFoundError: naming the resource, the directories searched and
+        how to install it.
     """
     roots = data_path()
     found = _find_in(roots, parts)
@@ -321,7 +322,7 @@ def find_data(*parts: str) -> str:
         found = _find_in(roots, [*parts[:i], parts[i] + ".zip", *parts[i:]])
     if found is not None:
         return found
-    package = parts[1] if len(parts) > 1 else parts[0]
+    package = parts[min(1, len(parts) - 1)]  # the second component, or the only one
     raise FileNotFoundError(f"{'/'.join(parts)} not found (plain or zipped) in NLTK's data path: "
                             f"NLTK_DATA={os.environ.get('NLTK_DATA', '')!r}, then {roots}; install it with "
                             f"`python -m nltk.downloader {package}` or set NLTK_DATA to a directory holding the "
@@ -329,7 +330,9 @@ def find_data(*parts: str) -> str:
 
 
 CONLL2002_SPLITS = ("esp.train", "esp.testa", "esp.testb", "ned.train", "ned.testa", "ned.testb")
+"""The files of NLTK's conll2002 corpus (Spanish `esp.*`, Dutch `ned.*`)."""
 CONLL2000_SPLITS = ("train.txt", "test.txt")
+"""The files of NLTK's conll2000 corpus."""
 
 
 def conll2002(split: str = "esp.train", *, encoding: str = "utf-8") -> list[Sentence]:
@@ -367,7 +370,8 @@ def treebank() -> list[Sentence]:
     for tagged in reader.tagged_sents():
         kept = [(word, tag) for word, tag in tagged if tag != "-NONE-"]
         if kept:
-            sentences.append(Sentence(tuple((word,) for word, _ in kept), tuple(tag for _, tag in kept)))
+            tokens, labels = tuple((word,) for word, _ in kept), tuple(tag for _, tag in kept)
+            sentences.append(Sentence(tokens, labels))  # pyright: ignore[reportArgumentType]  # nltk's stubs: str words
     return sentences
 
 
@@ -404,7 +408,7 @@ def map_labels(sentences: Sequence[Sentence], mapping: dict[str, str]) -> list[S
 # ---------------------------------------------------------------------------
 
 
-def length_buckets(lengths: Sequence[int], num_buckets: int = 4, multiple: int = 8) -> list[tuple[np.ndarray, int]]:
+def length_buckets(lengths: Sequence[int] | np.ndarray, num_buckets: int = 4, multiple: int = 8) -> list[tuple[np.ndarray, int]]:
     """Group sequence indices into at most `num_buckets` buckets of similar
     length, so that only a few padded shapes are ever compiled.
 

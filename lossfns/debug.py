@@ -19,7 +19,7 @@ time and memory; leave them off in production runs.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from jax.experimental import checkify
 from .lattices.chain import FactoredPotentials
 
 DEFAULT_ERRORS = checkify.user_checks | checkify.nan_checks
+"""The checkify errors `checked` looks for: the argument checks and NaNs."""
 
 
 def check_scores(name: str, scores) -> None:
@@ -83,7 +84,7 @@ def check_chain_inputs(potentials, lengths=None, labels=None, **options) -> None
         check_labels(labels, L, full)
 
 
-def checked(fn: Callable, *, validate: Optional[Callable] = None, errors=DEFAULT_ERRORS) -> Callable:
+def checked(fn: Callable, *, validate: Callable | None = None, errors=DEFAULT_ERRORS) -> Callable:
     """`fn` compiled with value checks; a failed check raises `ValueError`.
 
     Args:
@@ -98,7 +99,7 @@ def checked(fn: Callable, *, validate: Optional[Callable] = None, errors=DEFAULT
       check's, e.g. "potentials contains NaN (inside jit)".
     """
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def compiled(options):
         def body(*args):
             if validate is not None:

@@ -170,6 +170,8 @@ def initial_params(num_tags: int, vocabulary_size: int, *, order: int = 1, tag_d
     K = num_tags
     counts = HMMParams(jnp.ones((K + 1,) * order + (K,), dtype), jnp.ones((K, vocabulary_size), dtype))
     if noise:
+        if key is None:
+            raise ValueError("key: noise > 0 perturbs the start with random numbers; pass a PRNG key (jax.random.key)")
         keys = jax.random.split(key, 2)
         counts = HMMParams(*(c * jnp.exp(noise * jax.random.normal(k, c.shape, dtype)) for c, k in zip(counts, keys)))
     return m_step(counts, 0.0, tag_dictionary)

@@ -21,17 +21,19 @@ here, line for line:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from .corpora import ColumnFile
 
 OUTSIDE = "O"
+"""The label outside every chunk (IOB2's `O`)."""
 
 
 def write_labelled(file: ColumnFile, labels: Sequence[Sequence[Sequence[str]]], out: TextIO, *,
-                   sequence_scores: Optional[Sequence[Sequence[float]]] = None,
-                   token_scores: Optional[Sequence[Sequence[Sequence[float]]]] = None,
-                   separator: Optional[str] = None) -> None:
+                   sequence_scores: Sequence[Sequence[float]] | None = None,
+                   token_scores: Sequence[Sequence[Sequence[float]]] | None = None,
+                   separator: str | None = None) -> None:
     """Write `file`'s lines to `out` with the predicted labels appended.
 
     labels: per sentence of `file`, `[N][T]` label strings (N >= 1 label
@@ -56,7 +58,7 @@ def write_labelled(file: ColumnFile, labels: Sequence[Sequence[Sequence[str]]], 
             out.write(line + "\n" if not line.strip() else line + _separator(line, separator) + OUTSIDE + "\n")
 
 
-def _separator(line: str, separator: Optional[str]) -> str:
+def _separator(line: str, separator: str | None) -> str:
     if separator is not None:
         return separator
     return "\t" if "\t" in line else " "

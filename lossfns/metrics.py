@@ -10,9 +10,11 @@ and predicted aligned token by token.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable, NamedTuple, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 Labels = Sequence[Sequence[str]]
+"""Label sequences: per sentence, its labels."""
 
 
 def _check_aligned(gold: Labels, predicted: Labels) -> None:
@@ -36,7 +38,7 @@ def _split(label: str) -> tuple[str, str]:
     the first `-`, where a type Perl reads as false (`"0"`) is no type."""
     if label == "O":
         return "O", ""
-    prefix, dash, kind = label.partition("-")
+    prefix, _, kind = label.partition("-")
     return prefix, (kind if kind != "0" else "")
 
 
@@ -102,7 +104,7 @@ class EntityScores(NamedTuple):
     predicted: int
     gold: int
     per_type: dict
-    per_type_counts: Optional[dict] = None
+    per_type_counts: dict | None = None
 
 
 def _prf(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:

@@ -38,9 +38,12 @@ from .features.index import FeatureIndex
 from .models.linear_chain import LinearChainModel
 
 MAGIC = b"LOSSFNS-TAGGER\n"
+"""The bytes every model file starts with."""
 MODEL_FORMAT = 3  # 1: no checksum (refused); 2: dense tables (refused)
+"""The model-file format this version writes and reads."""
 MODEL_FILE = checkpoint.FileKind(MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT,
                                  checkpoint.ModelFileError)
+"""How model files are framed, versioned and checked (`checkpoint.FileKind`)."""
 
 
 class SavedModel(NamedTuple):
@@ -64,7 +67,7 @@ def _label_dtype(num_labels: int):
     return np.uint8 if num_labels <= 256 else np.int32
 
 
-def _arrays(saved: SavedModel) -> tuple[dict, list]:
+def _arrays(saved: SavedModel) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """`(kept rows [K'] of the emission table, {name: array})` of the non-zero weights."""
     model = saved.model
     emission = np.asarray(model.emission)
@@ -91,8 +94,10 @@ def to_bytes(saved: SavedModel) -> bytes:
     rows, arrays = _arrays(saved)
     vocabulary = None
     if not index.hashed:
-        names = sorted(index.unigram, key=index.unigram.get)
-        vocabulary = {"unigram": [names[i] for i in rows.tolist()], "pair": sorted(index.pair, key=index.pair.get)}
+        unigram, pair = index.unigram, index.pair
+        assert unigram is not None and pair is not None  # an index that is not hashed has its tables
+        names = sorted(unigram, key=unigram.__getitem__)
+        vocabulary = {"unigram": [names[i] for i in rows.tolist()], "pair": sorted(pair, key=pair.__getitem__)}
     header = {"labels": list(saved.labels), "features": extractor_spec(saved.features),
               "num_unigram": index.num_unigram if index.hashed else int(rows.size), "num_pair": index.num_pair,
               "hashed": index.hashed, "vocabulary": vocabulary, "dtype": str(jnp.dtype(model.emission.dtype)),

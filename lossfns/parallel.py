@@ -26,16 +26,17 @@ runs the same code on the same inputs (the whole corpus, the same settings:
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
+"""The name of the mesh axis the data is split over."""
 
 
-def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:  # pyright: ignore[reportInvalidTypeForm]  # jax.Device: an alias
     """A one-axis mesh (axis `"data"`) over `devices` (default: all devices of all hosts)."""
     devices = jax.devices() if devices is None else list(devices)
     if not devices:

@@ -47,7 +47,8 @@ import functools
 import itertools
 import math
 import os
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -57,14 +58,28 @@ from jax.flatten_util import ravel_pytree
 from sklearn.base import BaseEstimator
 
 from . import losses, metrics, model_file
-from .features import FeatureBatch, PackedCorpus, observed_label_pairs, observed_transitions, ragged_rows
+from .features import FeatureBatch, PackedCorpus, observed_label_pairs, observed_transitions
 from .features.corpus import in_corpus_order
 from .features.dicts import flatten_corpus
+from .features.index import ragged_rows
 from .models import LinearChainModel, packed
-from .optimizers import (OwlqnState, SequenceData, Status, averaged_params, calibrate_learning_rate,
-                         crfsuite_elastic_net, drive, elastic_net_penalty, epoch_step_fn, init_loop,
-                         perceptron_epoch_fn, perceptron_init, pseudo_gradient, relative_improvement_below, sgd_l1)
+from .optimizers import (
+    SequenceData,
+    Status,
+    averaged_params,
+    calibrate_learning_rate,
+    crfsuite_elastic_net,
+    drive,
+    elastic_net_penalty,
+    epoch_step_fn,
+    init_loop,
+    perceptron_epoch_fn,
+    perceptron_init,
+    relative_improvement_below,
+    sgd_l1,
+)
 from .optimizers.minimize import check_scalar, float_dtype
+from .optimizers.owlqn import OwlqnState, pseudo_gradient
 from .tagger import Tagger
 from .validation import check_allocation, check_int
 
@@ -103,7 +118,7 @@ class TrainingLog(NamedTuple):
     iterations: list
     status: str
     seconds: float
-    dev: Optional[float] = None
+    dev: float | None = None
 
     @property
     def last_iteration(self) -> dict:
@@ -247,7 +262,7 @@ class CRF(BaseEstimator):
                       observed_transitions_only=not self.all_possible_transitions, progress=False,
                       iob_constraints=False)
 
-    def fit(self, X, y, X_dev=None, y_dev=None) -> "CRF":
+    def fit(self, X, y, X_dev=None, y_dev=None) -> CRF:
         """Train on `X` (sentences of token feature dicts) and `y` (label
         sequences); `X_dev`, `y_dev`: a held-out set, scored (token
         accuracy) into `training_log_.dev` after training."""
@@ -320,7 +335,7 @@ class CRF(BaseEstimator):
 
     def _decode(self, X, decode):
         tagger = self._fitted()
-        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)
+        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)  # pyright: ignore[reportArgumentType]  # fitted
         return in_corpus_order(corpus, tagger.decode_packed(corpus, decode))
 
     def predict(self, X) -> list:
@@ -355,7 +370,9 @@ class CRF(BaseEstimator):
         """`{(attribute, label): weight}` of the non-zero emission weights."""
         tagger = self._fitted()
         emission = np.asarray(tagger.model.emission)
-        names = sorted(tagger.index.unigram, key=tagger.index.unigram.get)
+        unigram = tagger.index.unigram
+        assert unigram is not None  # string tables: sklearn's CRF does not hash
+        names = sorted(unigram, key=unigram.__getitem__)
         rows, columns = np.nonzero(emission)
         return {(names[i], tagger.labels[j]): float(emission[i, j]) for i, j in zip(rows.tolist(), columns.tolist())}
 
@@ -443,7 +460,7 @@ class PerceptronEpochs(NamedTuple):
     """`drive`'s `make_step` for the averaged perceptron: one epoch over
     `data = (SequenceData, ChainStructure)` (`optimizers.perceptron_epoch_fn`)."""
 
-    pair_support: Optional[tuple] = None
+    pair_support: tuple | None = None
 
     def __call__(self, data):
         sentences, structure = data
@@ -463,7 +480,7 @@ class SgdEpochs(NamedTuple):
 
     optimizer: optax.GradientTransformation
     penalty: Callable
-    pair_support: Optional[tuple] = None
+    pair_support: tuple | None = None
 
     def __call__(self, data):
         sentences, structure = data
@@ -485,13 +502,14 @@ def _sentence_data(corpus, index, ids: list) -> SequenceData:
     sentence_ids = np.where(real, unigram_ids[positions], -1).astype(np.int32)
     sentence_values = None if values is None else np.where(real, values[positions], 0.0)
     labels = ragged_rows(np.fromiter(itertools.chain.from_iterable(ids), np.int32), lengths, np.int32(-1))
-    return jax.tree_util.tree_map(jnp.asarray, SequenceData((sentence_ids, sentence_values), labels,
-                                                            lengths.astype(np.int32)))
+    inputs = (jnp.asarray(sentence_ids), None if sentence_values is None else jnp.asarray(sentence_values))
+    return SequenceData(inputs, jnp.asarray(labels), jnp.asarray(lengths.astype(np.int32)))
 
 
 def _initial_model(tagger: Tagger, sentences: SequenceData, num_features: int, num_labels: int) -> LinearChainModel:
     """A zero model with the tagger's masks (CRFsuite's features seen in training)."""
-    ids, lengths, labels = (np.asarray(x) for x in (sentences.inputs[0], sentences.lengths, sentences.labels))
+    inputs = cast(tuple, sentences.inputs)  # (ids, values), as `_sentence_data` builds it
+    ids, lengths, labels = (np.asarray(x) for x in (inputs[0], sentences.lengths, sentences.labels))
     batch = FeatureBatch(ids, np.zeros(ids.shape[:2] + (0,), np.int32), lengths, labels)
     mask = observed_label_pairs([batch], num_features, num_labels) if tagger.observed_pairs_only else None
     model = LinearChainModel.zeros(num_features, num_labels, emission_mask=mask, dtype=tagger.dtype)

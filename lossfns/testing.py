@@ -11,10 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.test_util import check_grads
 
 from .lattices.chain import FactoredPotentials, materialize
@@ -213,7 +212,7 @@ def check_gradients(fn, args, order: int = 2, modes=("fwd", "rev"), eps: float =
 
     Requires `jax.config.update("jax_enable_x64", True)`; raises on mismatch.
     """
-    if not jax.config.jax_enable_x64:
+    if not jax.config.read("jax_enable_x64"):
         raise RuntimeError("check_gradients needs float64: jax.config.update('jax_enable_x64', True)")
     args = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), tuple(args))
     check_grads(fn, args, order=order, modes=modes, eps=eps, atol=atol, rtol=rtol)

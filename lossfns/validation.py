@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
-
 import jax
+import jax.core
 import jax.numpy as jnp
+import numpy as np
 
 
 def concrete(x):

@@ -1,6 +1,6 @@
 """Bad input across the public API: each case must raise the stated exception
 type with a message naming the offending argument (and, for files, the
-file and line). The table doubles as the README's reliability table:
+file and line). The table doubles as the reliability page's table (docs/reliability.md):
 `python tests/test_bad_inputs.py` prints it in Markdown.
 
 Cases marked `xfail(strict=True)` are checks the API does not make yet; each
@@ -14,26 +14,24 @@ import io
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 
 from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
+from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.corpora import Sentence
 from lossfns.features import design, dicts, pack, pack_tokens, templates
-from lossfns.lattices import chain, dag
+from lossfns.lattices import chain, constraints, dag
 from lossfns.lattices.chain import FactoredPotentials
-from lossfns.optimizers import reranking
-from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.lattices.sparse_chain import SparsePotentials
 from lossfns.models import LinearChainModel
-from lossfns.lattices import constraints
 from lossfns.nn import CRF, possible_tags
-from lossfns.tagger import Tagger
+from lossfns.optimizers import reranking
 from lossfns.sklearn import CRF as EstimatorCRF
+from lossfns.tagger import Tagger
 
 T, L = 3, 2
 
@@ -111,9 +109,9 @@ def _unary_model(theta, inputs):
     return FactoredPotentials(inputs + theta[:L], theta[L:].reshape(L, L), None)
 
 
-def _reranking_data(features=None, reference=(0, 1), valid=None):
+def _reranking_data(features=None, reference=(0, 1), mask=None):
     return reranking.reranking_data(jnp.zeros((2, 3, 4)) if features is None else features,
-                                    jnp.array(reference), valid)
+                                    jnp.array(reference), mask)
 
 
 def _not_a_tagger(tmp_path):
@@ -129,7 +127,7 @@ _TINY_CORPUS = [Sentence((("El", "DA"), ("rey", "NC"), ("Juan", "NP")), ("O", "O
                 Sentence((("Ana", "NP"), ("vive", "VM")), ("B-PER", "O"))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny_tagger():
     return Tagger("crfsuite_ner", l2=1.0, max_iterations=2, num_buckets=1, progress=False).fit(_TINY_CORPUS)
 
@@ -312,7 +310,7 @@ CASES = [
     ("reranking-empty", "an empty candidate list (N = 0)",
      lambda _: losses.reranking_log_loss(jnp.zeros((2, 0)), jnp.array([0, 0])), ValueError, ["scores", "candidate"]),
     ("hamming-shape", "predicted and gold of different shapes",
-     lambda _: losses.hamming_loss(jnp.zeros((2, 3), int), jnp.zeros((2, 4), int)), ValueError, ["predicted", "gold"]),
+     lambda _: losses.hamming_loss(jnp.zeros((2, 3), int), jnp.zeros((2, 4), int)), ValueError, ["predicted", "labels"]),
     # --- lossfns.features.templates ---
     ("template-kind", "a template line not starting with U, B or *",
      lambda tmp: _template_file(tmp, "U00:%x[0,0]\nX01:%x[1,0]\n"), ValueError, ["bad.tpl:2", "U, B or *"]),
@@ -464,11 +462,11 @@ CASES = [
     ("perceptron-data", "a plain tuple instead of SequenceData",
      lambda _: optimizers.perceptron(_unary_model, jnp.zeros(L + L * L), tuple(_sequence_data()), num_epochs=1),
      TypeError, ["data", "SequenceData", "tuple"]),
-    ("boosting-num-rounds", "num_rounds = 0 for sequence boosting",
-     lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, num_rounds=0),
-     ValueError, ["num_rounds", ">= 1", "0"]),
+    ("boosting-max-rounds", "max_rounds = 0 for sequence boosting",
+     lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, max_rounds=0),
+     ValueError, ["max_rounds", ">= 1", "0"]),
     ("boosting-step", "an unknown boosting step rule",
-     lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, num_rounds=2, step="newton"),
+     lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, max_rounds=2, step="newton"),
      ValueError, ["step", "line_search", "'newton'"]),
     ("chain-boosting-labels", "a label equal to num_labels for sparse sequence boosting",
      lambda _: optimizers.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.array([[0, 2, 1]]), [3], 2, 2),
@@ -498,19 +496,19 @@ CASES = [
     ("blasso-tolerance", "a negative BLasso tolerance",
      lambda _: optimizers.blasso_step_fn(_reranking_data(), 0.1, tolerance=-1.0),
      ValueError, ["tolerance", ">= 0", "-1.0"]),
-    ("rerank-num-steps", "num_steps = 0 for a reranker",
+    ("rerank-max-steps", "max_steps = 0 for a reranker",
      lambda _: optimizers.run_reranker(optimizers.fslr_step_fn(_reranking_data(), 0.1), _reranking_data(),
-                                       num_steps=0), ValueError, ["num_steps", ">= 1", "0"]),
+                                       max_steps=0), ValueError, ["max_steps", ">= 1", "0"]),
     ("rerank-data", "raw features instead of RerankingData",
      lambda _: optimizers.run_reranker(optimizers.fslr_step_fn(_reranking_data(), 0.1), jnp.zeros((2, 3, 4)),
-                                       num_steps=5), TypeError, ["data", "RerankingData", "got "]),
+                                       max_steps=5), TypeError, ["data", "RerankingData", "got "]),
     ("rerank-reference", "a reranking reference >= C", lambda _: _reranking_data(reference=(0, 3)),
      ValueError, ["reference", "[0, 3)", "got 3 at index 1"]),
     ("rerank-reference-wrap", "an int64 reranking reference 2**32 + 1 (int32 would read 1)",
      lambda _: _x32(lambda: reranking.reranking_data(jnp.zeros((2, 3, 4)), np.array([0, 2**32 + 1]))),
      ValueError, ["reference", "int32", "4294967297"]),
-    ("rerank-reference-absent", "a reranking reference that valid marks absent",
-     lambda _: _reranking_data(valid=jnp.array([[1, 1, 1], [1, 0, 1]])), ValueError, ["reference", "valid", "got 1"]),
+    ("rerank-reference-absent", "a reranking reference that mask marks absent",
+     lambda _: _reranking_data(mask=jnp.array([[1, 1, 1], [1, 0, 1]])), ValueError, ["reference", "mask", "got 1"]),
     ("rerank-features-nan", "NaN in reranking features",
      lambda _: _reranking_data(features=jnp.zeros((2, 3, 4)).at[1, 2, 0].set(NAN)),
      ValueError, ["features", "finite", "nan", "(1, 2, 0)"]),
@@ -615,7 +613,7 @@ CASES = [
      lambda _: losses.hamming_loss(np.array([[0.0, 1.5]]), np.array([[0, 1]])), TypeError, ["predicted", "integer"]),
     ("hamming-wide", "an int64 gold label int32 would wrap",
      lambda _: _x32(lambda: losses.hamming_loss(np.array([[0, 1]]), np.array([[_WIDE, 1]]))),
-     ValueError, ["gold", "int32", str(_WIDE)]),
+     ValueError, ["labels", "int32", str(_WIDE)]),
     ("rerank-reference-wide", "an int64 reranking reference int32 would wrap",
      lambda _: _x32(lambda: losses.reranking_exp_loss(jnp.zeros((2, 3)), np.array([_WIDE, 0]))),
      ValueError, ["reference", str(_WIDE)]),
@@ -623,6 +621,8 @@ CASES = [
      lambda _: hmm.log_likelihood(_HMM, [[0, 5, 1]]), ValueError, ["words", "[0, 4)", "5", "(0, 1)"]),
     ("hmm-word-float", "float word ids", lambda _: hmm.log_likelihood(_HMM, [[0.5, 1.0]]),
      TypeError, ["words", "integer", "0.5"]),
+    ("hmm-noise-without-key", "a noisy HMM start without a PRNG key",
+     lambda _: hmm.initial_params(2, 4, noise=0.5), ValueError, ["key", "noise"]),
     ("model-ids-float", "float feature ids for a model",
      lambda _: LinearChainModel.zeros(4, 2)(np.array([[[0.0, 1.0]]])), TypeError, ["unigram_ids", "integer", "float"]),
     ("model-pair-mask-shape", "a pair mask of the wrong shape",
@@ -692,10 +692,12 @@ def test_bad_input_raises_a_named_error(tmp_path, case_id, description, call, er
         assert word in message, f"{description}: {word!r} not in {message!r}"
 
 
-def test_the_table_is_large_enough_and_the_readme_counts_it():
+def test_the_table_is_large_enough_and_the_docs_count_it():
     assert len(CASES) >= 100
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    assert f"({len(CASES)} bad inputs tested)" in readme and f"({len(CASES)} kinds," in readme
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")  # the feature table
+    reliability = (root / "docs" / "reliability.md").read_text(encoding="utf-8")
+    assert f"({len(CASES)} bad inputs tested)" in readme and f"({len(CASES)} kinds," in reliability
 
 
 # ---------------------------------------------------------------------------
@@ -722,7 +724,7 @@ INSIDE_JIT_CASES = [
 
 @pytest.mark.parametrize("case_id, call, words", INSIDE_JIT_CASES, ids=[c[0] for c in INSIDE_JIT_CASES])
 def test_checked_mode_catches_bad_values_inside_jit(case_id, call, words):
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError) as raised:  # noqa: PT011  (its words are checked below)
         call()
     for word in words:
         assert word in str(raised.value), str(raised.value)
@@ -751,14 +753,14 @@ def test_plain_jit_does_not_see_nan_values():
 
 
 def markdown_table(tmp_path: Path) -> str:
-    """The README table: each bad input and the error it gives now."""
+    """The reliability page's table: each bad input and the error it gives now."""
     rows = ["| bad input | error |", "|---|---|"]
     for case in CASES:
-        case_id, description, call, _, _ = case.values if hasattr(case, "values") else case
+        _, description, call, _, _ = case.values if hasattr(case, "values") else case
         try:
             call(tmp_path)
             outcome = "**no error**"
-        except Exception as error:  # noqa: BLE001  (reporting whatever is raised)
+        except Exception as error:  # reporting whatever is raised
             text = str(error).replace(str(tmp_path) + "/", "").replace("|", "\\|").splitlines()[0]
             outcome = f"`{type(error).__name__}`: {text[:140]}"
         rows.append(f"| {description} | {outcome} |")
@@ -886,7 +888,7 @@ def _run(objective, name, max_steps, jit):
 @pytest.mark.parametrize("name", list(_OPTIMIZERS))
 def test_status_converged(name, jit):
     result = _run(_bowl, name, 200, jit)
-    assert int(result.status) == optimizers.CONVERGED and optimizers.status_name(result.status) == "CONVERGED"
+    assert int(result.status) == optimizers.Status.CONVERGED and optimizers.status_name(result.status) == "CONVERGED"
     assert int(result.num_steps) < 200
     np.testing.assert_allclose(result.params, 3.0, atol=1e-3)
 
@@ -907,9 +909,9 @@ def test_status_non_finite_objective_at_the_start_stops_at_once(name, objective)
     assert int(result.num_steps) == 1 and not np.isfinite(result.trace[0])
     np.testing.assert_array_equal(result.params, jnp.ones(2))  # untouched, not NaN
     jitted = _run(objective, name, 20, jit=True)  # inside jit: no warning, the status is the signal
-    assert int(jitted.status) == optimizers.NON_FINITE_OBJECTIVE
+    assert int(jitted.status) == optimizers.Status.NON_FINITE_OBJECTIVE
     if name == "owlqn":  # one evaluation at the start, no line search
-        assert int(result.state.count) == 1 and int(result.state.status) == optimizers.NON_FINITE_OBJECTIVE
+        assert int(result.state.count) == 1 and int(result.state.status) == optimizers.Status.NON_FINITE_OBJECTIVE
 
 
 def test_owlqn_does_not_search_from_a_non_finite_start():

@@ -4,12 +4,14 @@ chains one by one: brute-force enumeration, autodiff marginals, finite
 differences, and the Tagger's objective on length buckets."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lossfns import losses, semirings, testing
 from lossfns.corpora import Sentence
@@ -22,7 +24,7 @@ WIDTH = 8
 ROWS = 3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted(name, *args, **kwargs):
     """One compiled `chain.<name>` per static configuration, shared by all tests."""
     return jax.jit(functools.partial(getattr(chain, name), *args, **kwargs))
@@ -96,7 +98,7 @@ def test_row_values_match_enumeration_chain_by_chain(factored, data):
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-9, atol=1e-9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def row_marginals_fn(semiring):
     """Compiled derivative of the summed row log Z with respect to the potentials."""
     return jax.jit(jax.grad(lambda p, s, n: jnp.sum(chain.row_log_partition(p, s, n, semiring=semiring))))
@@ -196,7 +198,7 @@ def test_pack_rows_places_every_sentence_once_contiguously():
         assert np.all(positions[r, used:] == -1) and np.all(row_labels[r, used:] == -1)
         assert not np.any(starts[r, used:]) and (used == 0 or starts[r, 0])
         bounds = list(np.flatnonzero(starts[r, :used])) + [used]
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             sentence = int(packed.unigram_ids[positions[r, a], 0])
             seen.append(sentence)
             assert b - a == sentence_lengths[sentence]

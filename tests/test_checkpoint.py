@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import equinox as eqx
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 
 from lossfns import checkpoint
 from lossfns.lattices import chain
@@ -201,7 +200,7 @@ def _assert_rejected(path, like, *words):
 
 
 def test_truncated_file_is_detected_at_every_length(tmp_path):
-    tree, path, data = _saved_bytes(tmp_path)
+    tree, _path, data = _saved_bytes(tmp_path)
     cut = tmp_path / "cut.ckpt"
     for size in range(len(data)):
         cut.write_bytes(data[:size])
@@ -212,7 +211,7 @@ def test_truncated_file_is_detected_at_every_length(tmp_path):
 
 
 def test_every_single_byte_corruption_is_detected(tmp_path):
-    tree, path, data = _saved_bytes(tmp_path)
+    tree, _path, data = _saved_bytes(tmp_path)
     damaged = tmp_path / "damaged.ckpt"
     for index in range(len(data)):
         flipped = bytearray(data)
@@ -226,7 +225,7 @@ def test_every_single_byte_corruption_is_detected(tmp_path):
 
 
 def test_trailing_garbage_missing_file_and_foreign_file_are_rejected(tmp_path):
-    tree, path, data = _saved_bytes(tmp_path)
+    tree, _path, data = _saved_bytes(tmp_path)
     longer = tmp_path / "longer.ckpt"
     longer.write_bytes(data + b"\0")
     _assert_rejected(longer, tree, "unexpected bytes")
@@ -254,7 +253,7 @@ def test_unsupported_leaf_is_a_type_error(tmp_path):
 
 
 def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
-    tree, path, data = _saved_bytes(tmp_path)
+    _tree, path, data = _saved_bytes(tmp_path)
 
     def crash(*args):
         raise OSError("disk full")
@@ -329,7 +328,7 @@ def test_a_save_killed_mid_write_keeps_the_previous_file_and_the_lock_cleans_up(
     data = path.read_bytes()
     environment = dict(_environment(), PYTHONPATH=str(SCRIPT.parents[1]))
     process = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(path)], env=environment, capture_output=True,
-                             text=True, timeout=120)
+                             check=False, text=True, timeout=120)
     assert process.returncode == -9 and process.stdout.strip() == "killing", process
     assert path.read_bytes() == data
     orphans = [p for p in tmp_path.iterdir() if p != path]
@@ -341,7 +340,7 @@ def test_a_save_killed_mid_write_keeps_the_previous_file_and_the_lock_cleans_up(
 
 
 def test_failed_rename_keeps_the_previous_file(tmp_path, monkeypatch):
-    tree, path, data = _saved_bytes(tmp_path)
+    _tree, path, data = _saved_bytes(tmp_path)
 
     def crash(*args):
         raise OSError("rename failed")
@@ -359,9 +358,9 @@ def test_two_writers_on_one_directory(tmp_path):
     prunes undisturbed, and leaves the directory free."""
     directory = tmp_path / "run"
     with checkpoint.DirectoryLock(directory):
-        with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint directory {directory} is in use"):
-            with checkpoint.DirectoryLock(directory):
-                pass
+        with (pytest.raises(checkpoint.CheckpointError, match=f"checkpoint directory {directory} is in use"),
+              checkpoint.DirectoryLock(directory)):
+            pass
         for step in (1, 2, 3):
             checkpoint.save(checkpoint.checkpoint_path(directory, step), {"w": jnp.zeros(2)})
         checkpoint.prune_checkpoints(directory, keep=2)

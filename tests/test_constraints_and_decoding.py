@@ -19,8 +19,8 @@ from lossfns import testing
 from lossfns.corpora import Sentence
 from lossfns.features import pad_batch
 from lossfns.lattices import chain
-from lossfns.lattices.sparse_chain import SparsePotentials, to_dense
 from lossfns.lattices.constraints import allowed_transitions, scheme_of
+from lossfns.lattices.sparse_chain import SparsePotentials, to_dense
 from lossfns.models import constrain
 from lossfns.tagger import Tagger
 
@@ -37,7 +37,7 @@ def valid(scheme: str, sequence) -> bool:
 
 def moves_accept(moves, sequence) -> bool:
     return (not sequence or (moves.start[sequence[0]] and moves.end[sequence[-1]]
-                             and all(moves.transitions[a, b] for a, b in zip(sequence, sequence[1:]))))
+                             and all(moves.transitions[a, b] for a, b in itertools.pairwise(sequence))))
 
 
 @pytest.mark.parametrize("scheme", sorted(LABELS))
@@ -54,6 +54,17 @@ def test_scheme_of_and_bad_schemes():
     assert scheme_of(("NN", "VB", "DT")) is None and scheme_of(("O",)) == "IOB2"
     with pytest.raises(ValueError, match="scheme must be one of"):
         allowed_transitions(LABELS["IOB2"], "BIO")
+
+
+def test_constrain_reads_a_missing_start_as_zeros():
+    """`start=None` means zero start scores (as `FactoredPotentials` documents)."""
+    labels = LABELS["IOB2"]
+    L, lengths = len(labels), np.array([3, 2])
+    unary, transitions = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, L))), jnp.zeros((L, L))
+    moves = allowed_transitions(labels, "IOB2")
+    without = constrain(chain.FactoredPotentials(unary, transitions), moves, lengths)
+    zeros = constrain(chain.FactoredPotentials(unary, transitions, jnp.zeros(L)), moves, lengths)
+    np.testing.assert_array_equal(chain.materialize(without), chain.materialize(zeros))
 
 
 @pytest.mark.parametrize("form", ["factored", "sparse", "dense"])

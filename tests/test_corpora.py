@@ -10,10 +10,10 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import corpus_or_fail
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import corpus_or_fail
 from lossfns import corpora
 from lossfns.corpora import Sentence
 
@@ -114,7 +114,7 @@ def test_zipped_corpus_is_read_in_place(monkeypatch, tmp_path):
     assert [s.words for s in dutch] == [("De", "Morgen"), ("Jan", "zegt"), ("Gent",)]
     assert dutch[1].labels == ("B-PER", "O") and dutch[0].tokens[1] == ("Morgen", "N")
     assert not list((root / "corpora").glob("conll2002/*"))  # nothing was unzipped
-    with pytest.raises(FileNotFoundError, match="ned.train not found"):
+    with pytest.raises(FileNotFoundError, match=r"ned\.train not found"):
         corpora.conll2002("ned.train")
 
 
@@ -285,7 +285,7 @@ def test_a_sentence_that_drops_its_label_column_is_an_error(tmp_path):
     # Read per sentence, the second sentence would silently get its POS tags as labels.
     text = "El DA O\nrey NC O\n\nMadrid NP\nes VS\n"
     path = _write(tmp_path, "bad.conll", text.encode())
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError) as error:  # noqa: PT011  (the message, led by a path, is checked below)
         corpora.read_conll(path)
     message = str(error.value)
     assert message.startswith(f"{path}:4: expected 3 columns") and "got 2" in message, message
@@ -305,7 +305,7 @@ def test_a_utf8_byte_order_mark_is_not_part_of_the_first_token(tmp_path):
 
 def test_latin1_bytes_name_file_and_line_with_an_encoding_hint(tmp_path):
     path = _write(tmp_path, "latin.conll", "El DA O\n\nLa DA O\nCoruña NC B-LOC\n".encode("latin-1"))
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError) as error:  # noqa: PT011  (the message, led by a path, is checked below)
         corpora.read_conll(path)
     message = str(error.value)
     assert message.startswith(f"{path}:4: byte 0xf1 at column 5 is not valid utf-8"), message
@@ -351,8 +351,8 @@ def test_zipped_treebank_through_nltk(monkeypatch, tmp_path):
 
 
 def test_column_file_keeps_lines_and_gold(tmp_path):
-    path = _write(tmp_path, "in.conll", ("-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\n"
-                                         "Madrid NP B-LOC\n").encode())
+    path = _write(tmp_path, "in.conll", (b"-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\n"
+                                         b"Madrid NP B-LOC\n"))
     checked = corpora.read_column_file(path, labelled=True)
     assert checked.lines == ("-DOCSTART- -X- O", "", "El DA O", "rey NC B-PER", "", "", "Madrid NP B-LOC")
     assert checked.sentences == (Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),

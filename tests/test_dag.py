@@ -8,12 +8,12 @@ each path in numpy and reduces with each semiring's definition.
 import functools
 import itertools
 
-import numpy as np
-import pytest
-from hypothesis import given, strategies as st
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 from lossfns import semirings
@@ -77,7 +77,7 @@ def random_batch():
     return cases, dag.stack(lattices), jnp.asarray(scores)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted_forward(semiring):
     return jax.jit(functools.partial(dag.forward, semiring))
 
@@ -98,7 +98,7 @@ def test_enumerate_paths_matches_oracle(random_batch):
 
 
 def test_jit_vmap_loop_agree(random_batch):
-    cases, lattices, scores = random_batch
+    _cases, lattices, scores = random_batch
     batched = dag.log_partition(lattices, scores)
     mapped = jax.jit(jax.vmap(dag.log_partition))(lattices, scores)
     looped = [dag.log_partition(jax.tree_util.tree_map(lambda x: x[i], lattices), scores[i]) for i in range(8)]
@@ -215,7 +215,7 @@ def test_large_scores_do_not_overflow_real():
 def test_gradients_are_finite_and_zero_without_paths(semiring, random_batch):
     """The batch ends with lattices without a finite path (their values are
     checked against the oracle above): their gradients must be exactly 0."""
-    cases, lattices, scores = random_batch
+    _cases, lattices, scores = random_batch
     if semiring.name in ("log", "real", "entropy"):
         # Cotangent 1 even at -inf outputs: the derivative of an empty sum is 0.
         total = lambda s: jnp.sum(jitted_forward(semiring)(lattices, s))
@@ -368,7 +368,7 @@ def test_pack_sizes_blocks_and_errors(random_pack):
         np.testing.assert_allclose(dag.packed_forward(semiring, wide, padded_scores), expected, rtol=1e-12)
         np.testing.assert_allclose(dag.packed_forward(semiring, one_block, scores)[:len(cases)],
                                    expected[:len(cases)], rtol=1e-12)
-    with pytest.raises(ValueError, match="use dag.stack"):
+    with pytest.raises(ValueError, match=r"use dag\.stack"):
         dag.packed_forward(semirings.Entropy, packed, scores)
     with pytest.raises(ValueError, match="num_lattices"):
         dag.pack(lattices, num_lattices=2)

@@ -17,18 +17,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import semirings
 from lossfns.lattices import chain
 from lossfns.lattices.chain import FactoredPotentials
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_checkpoint import train  # noqa: E402  (the resumable training loop)
+from test_checkpoint import train  # the resumable training loop
 
 SCRIPT = Path(__file__).resolve()
 

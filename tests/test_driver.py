@@ -14,6 +14,8 @@ import pytest
 
 from lossfns import checkpoint, optimizers
 from lossfns.lattices import chain
+from lossfns.optimizers.driver import describe, fingerprint
+from lossfns.optimizers.minimize import run_loop_jit
 
 TRACE = np.array([100.0, 60.0, 40.0, 30.0, 29.0, 28.5, 28.4, 28.39, 28.389, 28.3889, 28.3888, 28.3888])
 
@@ -46,10 +48,11 @@ def test_stop_rules_fire_where_their_definitions_say(tol, period):
     rules = [(optimizers.relative_improvement_below(tol, period), _crfsuite_stops_after(TRACE, tol, period)),
              (optimizers.relative_change_below(tol), _relative_change_stops_after(TRACE, tol))]
     for rule, expected in rules:
-        done = optimizers.run_loop_jit(_replay(TRACE)(None), loop, len(TRACE), rule)
+        done = run_loop_jit(_replay(TRACE)(None), loop, len(TRACE), rule)
         assert int(done.step) == expected, (rule, expected)
         status = int(done.status)
-        assert status == (optimizers.CONVERGED if expected < len(TRACE) or bool(done.done) else optimizers.ITERATION_LIMIT)
+        stopped = expected < len(TRACE) or bool(done.done)
+        assert status == (optimizers.Status.CONVERGED if stopped else optimizers.Status.ITERATION_LIMIT)
 
 
 def _crf_objective(params, data):
@@ -96,7 +99,7 @@ def test_callback_sees_every_chunk_and_can_stop_the_run(crf):
     result = optimizers.train(_crf_objective, params, optax.lbfgs(), data, max_steps=30, callback=callback,
                               stop=optimizers.relative_change_below(0.0), chunk_steps=2, progress=False)
     assert [r.step for r in reports] == [2, 4, 6] and int(result.num_steps) == 6
-    assert int(result.status) == optimizers.CONVERGED
+    assert int(result.status) == optimizers.Status.CONVERGED
     np.testing.assert_array_equal(reports[-1].trace, np.asarray(result.trace)[:6])
     assert reports[-1].value == float(result.trace[5])
     assert set(reports[-1].inner[0]) == {"weights", "transitions"}
@@ -124,10 +127,10 @@ def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(cr
 
 def test_fingerprint_and_describe_see_data_and_settings_not_addresses():
     data = {"x": np.arange(3.0)}
-    assert np.array_equal(optimizers.fingerprint(data, [1, "a"]), optimizers.fingerprint(dict(data), [1, "a"]))
-    assert not np.array_equal(optimizers.fingerprint(data), optimizers.fingerprint({"x": np.arange(3.0) + 1}))
-    assert not np.array_equal(optimizers.fingerprint(data), optimizers.fingerprint({"x": np.arange(3.0, dtype=np.float32)}))
-    described = optimizers.describe([functools.partial(jnp.sum, axis=0), optax.lbfgs(), lambda x: x])
+    assert np.array_equal(fingerprint(data, [1, "a"]), fingerprint(dict(data), [1, "a"]))
+    assert not np.array_equal(fingerprint(data), fingerprint({"x": np.arange(3.0) + 1}))
+    assert not np.array_equal(fingerprint(data), fingerprint({"x": np.arange(3.0, dtype=np.float32)}))
+    described = describe([functools.partial(jnp.sum, axis=0), optax.lbfgs(), lambda x: x])
     assert described[0][0].endswith("sum") and "0x" not in str(described)
 
 
@@ -141,3 +144,15 @@ def test_elastic_net_training_chooses_the_optimizer_and_its_terms():
     with pytest.raises(ValueError, match="l1 > 0 needs optimizer=None"):
         optimizers.elastic_net_training(0.1, 0.0, optax.sgd(0.1))
     assert optimizers.crfsuite_elastic_net(0.1, 0.2) == {"l1": 0.1, "l2": pytest.approx(0.4)}
+
+
+def test_a_plain_gradient_transformation_takes_no_extra_arguments():
+    """`minimize` passes value/grad/value_fn to line searches; an optax
+    `GradientTransformation` without extra-argument support (a user's own
+    `update(updates, state, params)`) must still run: gradient descent on
+    `|x|^2` with step 0.25 halves `x` each step."""
+    descent = optax.GradientTransformation(
+        lambda params: optax.EmptyState(),
+        lambda updates, state, params=None: (jax.tree_util.tree_map(lambda g: -0.25 * g, updates), state))
+    result = optimizers.minimize(lambda x: jnp.sum(x ** 2), jnp.ones(3), descent, max_steps=3)
+    np.testing.assert_allclose(result.params, 0.5 ** 3 * np.ones(3), rtol=1e-12)

@@ -10,17 +10,15 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.numpy as jnp
-
 from conftest import corpus_or_fail
+
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 
 from experiments import altun2002, gao2006
-
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _quick(name: str, tasks: str, out) -> None:
     command = [sys.executable, "-m", "experiments", name, "--quick", "--tasks", tasks, "--no-progress",
                "--out", str(out)]
-    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
 
 
@@ -44,6 +42,7 @@ def test_altun2002_quick_run_writes_table_json_plot(tmp_path):
     _quick("altun2002", "S2", tmp_path)
     table = (tmp_path / "results.md").read_text()
     assert "66.11" in table and "69.75" in table  # the paper's S2 boosting and log-loss F1 beside ours
+    assert "not judged (quick run)" in table and "| S2 converged |" in table
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["result"]["source"].startswith("CoNLL-2002")
     rows = {row["method"]: row for row in summary["result"]["rows"]}
@@ -72,6 +71,7 @@ def test_gao2006_quick_run_writes_table_json_figures(tmp_path):
     _quick("gao2006", "news", tmp_path)
     table = (tmp_path / "results.md").read_text()
     assert "| news (60) |" in table and "3.13" in table  # the paper's Y (800) boosting CER beside ours
+    assert "not judged (quick run)" in table and "HOLD" not in table
     summary = json.loads((tmp_path / "results.json").read_text())
     baseline = summary["baselines"]["news"]["test"]
     assert 0.0 <= baseline["oracle_error"] < baseline["baseline_error"] < 100.0
@@ -79,7 +79,9 @@ def test_gao2006_quick_run_writes_table_json_figures(tmp_path):
     assert set(rows) == {"boosting", "fslr", "blasso", "fboosting"}
     for row in rows.values():
         curve = row["curve"]
-        assert curve["step"][0] == 0 and curve["step"][-1] == summary["config"]["num_steps"]
+        # Each run stops on its held-out plateau or the cap; the curve ends there.
+        assert curve["step"][0] == 0 and curve["step"][-1] == row["run_steps"] <= summary["config"]["num_steps"]
+        assert row["convergence"]["met"] or row["run_steps"] == summary["config"]["num_steps"]
         assert curve["exp_loss"][-1] < curve["exp_loss"][0]
         # At step 0 only lambda_0 f_0 scores: the baseline's own ranking.
         assert curve["test_error"][0] == pytest.approx(baseline["baseline_error"], abs=1e-3)
@@ -148,9 +150,9 @@ def test_oracle_features_and_differences():
     counts = gao2006.featurize([sentence], candidates, 2, {})
     assert len(counts[0]) == 3 and all(sum(c.values()) == 3 + 3 + 2 for c in counts[0])  # bigrams, trigrams, pairs
     index = gao2006.build_index(counts * 2, np.array([1, 1]))  # two identical examples: every key seen twice
-    baseline, entries, valid = gao2006.reranking_arrays(counts, log_probability[:, :3], reference, index)
+    baseline, entries, _valid = gao2006.reranking_arrays(counts, log_probability[:, :3], reference, index)
     np.testing.assert_allclose(baseline, [[-1.0 + 0.1, 0.0, 1.0]])
-    example, candidate, feature, value = entries
+    _example, candidate, feature, value = entries
     assert set(candidate.tolist()) == {0, 2}  # the reference differs from nothing
     inverse = {i: key for key, i in index.items()}
     for c, f, v in zip(candidate, feature, value):

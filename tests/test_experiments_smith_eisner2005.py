@@ -11,18 +11,17 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
 from lossfns import corpora, hmm
 from lossfns.lattices import dag, neighbourhoods, tagging
+from tests.conftest import corpus_or_fail
 
 from experiments import smith_eisner2005 as se
 from experiments import synthetic
-from tests.conftest import corpus_or_fail
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K, V = 2, 4
@@ -94,8 +93,8 @@ def test_padded_batches_add_nothing():
 
 def test_dilution_rules():
     sentence = lambda words: corpora.Sentence(tuple((w,) for w in words), ("N",) * len(words))
-    train = [sentence("a b a".split()), sentence("c a".split())]
-    dev = [sentence("b d".split())]
+    train = [sentence(["a", "b", "a"]), sentence(["c", "a"])]
+    dev = [sentence(["b", "d"])]
     vocabulary = ["a", "b", "c", "d"]
     assert not se.rare_words("all", vocabulary, train, dev).any()
     assert se.rare_words("first half", vocabulary, train, dev).tolist() == [False, False, True, True]
@@ -105,8 +104,13 @@ def test_dilution_rules():
 
 def test_conll2000_corpus_dictionary_and_coarse_tags():
     corpus_or_fail(("corpora", "conll2000", "train.txt"))
+    corpus_or_fail(("corpora", "treebank"))
     corpus = se.load_corpus("fine", 12000, 5000)
-    assert not corpus.synthetic and len(corpus.tags) == 44
+    # The dictionary reads every WSJ text NLTK has: conll2000 train and test
+    # (8,936 + 2,012 sentences) and the treebank sample (3,914, brackets as
+    # conll2000 writes them; it adds the tag LS).
+    assert len(corpus.dictionary_text) == 8936 + 2012 + 3914
+    assert not corpus.synthetic and len(corpus.tags) == 45 and "-LRB-" not in corpus.tags
     assert sum(len(s.labels) for s in corpus.train) >= 12000 > sum(len(s.labels) for s in corpus.train[:-1])
     assert 5000 <= sum(len(s.labels) for s in corpus.dev) < 5000 + 100
     vocabulary = se.vocabulary_of(corpus.train + corpus.dev)
@@ -136,7 +140,7 @@ def quick_run(tmp_path_factory):
     """`python -m experiments smith_eisner2005 --quick`, once."""
     out = tmp_path_factory.mktemp("smith_eisner2005-quick")
     command = [sys.executable, "-m", "experiments", "smith_eisner2005", "--quick", "--no-progress", "--out", str(out)]
-    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=900)
+    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=900)
     assert finished.returncode == 0, finished.stderr[-3000:]
     return out
 
@@ -147,6 +151,7 @@ def test_quick_run_writes_tables_json_plot_and_command(quick_run):
     for criterion in se.CRITERIA:
         assert f"| {criterion} |" in table
     assert "74.7/79.0" in table  # the paper's TRANS1 at 96K sits beside ours
+    assert "not judged (quick run)" in table and "HOLD" not in table and "## Trained models" in table
     assert "| all train & dev. |" in table and "| count >= 2 |" in table
     summary = json.loads((quick_run / "results.json").read_text())
     figure2, table3 = summary["tasks"]["figure2"], summary["tasks"]["table3"]
@@ -169,3 +174,17 @@ def test_quick_run_writes_tables_json_plot_and_command(quick_run):
     assert (quick_run / "figure2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "-m experiments smith_eisner2005 --quick" in (quick_run / "COMMAND.txt").read_text()
     assert not (quick_run / "cache").exists() and not (quick_run / "checkpoints").exists()
+
+
+def test_table3_claims_hold_on_the_papers_own_numbers():
+    """Oracle: the paper states both Table 3 claims from its Table 3; the
+    check applied to those numbers must agree (and a table where LENGTH
+    keeps its accuracy must not)."""
+    paper = {f"{c}{'+spelling' if s else ''}": {d: dict(zip(("selected", "oracle"), se.PAPER_TABLE3[d][c, s]))
+                                               for d in se.PAPER_TABLE3} for c, s in se.TABLE3_MODELS}
+    models = list(paper)
+    suffers, rescue = se.check_table3(paper, se.DILUTIONS, models)
+    assert suffers["holds"] is True and rescue["holds"] is True
+    flat = {model: dict.fromkeys(se.DILUTIONS, paper[model]["all"]) for model in models}
+    assert se.check_table3(flat, se.DILUTIONS, models)[0]["holds"] is False
+    assert se.check_table3({}, se.DILUTIONS, models)[1]["holds"] is None

@@ -11,8 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lossfns.features import (FeatureIndex, TokenFeatures, observed_label_pairs, pad_batch, parse_templates, preset,
-                              read_templates)
+from lossfns.features import (
+    FeatureIndex,
+    TokenFeatures,
+    observed_label_pairs,
+    pad_batch,
+    parse_templates,
+    preset,
+    read_templates,
+)
 from lossfns.features.index import pack
 from lossfns.features.templates import wapiti_regex
 
@@ -225,7 +232,7 @@ def test_template_file_errors_name_the_file(tmp_path):
 
 
 def test_template_column_out_of_range_at_application():
-    with pytest.raises(ValueError, match="template U9 .*reads column 2"):
+    with pytest.raises(ValueError, match=r"template U9 .*reads column 2"):
         parse_templates("U9:%x[0,2]")(TOKENS)
 
 

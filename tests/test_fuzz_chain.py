@@ -18,13 +18,13 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-import pytest
-from hypothesis import given, strategies as st
-from hypothesis.extra import numpy as hnp
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from lossfns import semirings, testing
 from lossfns.lattices import chain

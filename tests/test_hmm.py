@@ -2,11 +2,10 @@
 
 import itertools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import hmm
 

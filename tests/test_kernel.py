@@ -82,31 +82,46 @@ def weighted(log_partition):
     return total
 
 
-def assert_matches_reference(fast, reference, potentials, weights, atol=1e-12):
-    """Values, gradients and Hessian-vector products (forward over reverse
-    mode, along a direction that is zero at -inf scores), jitted."""
-    np.testing.assert_allclose(jax.jit(fast)(potentials), reference(potentials), rtol=1e-12)
-    gradient = lambda log_partition: jax.grad(weighted(log_partition))
-    got, want = jax.jit(gradient(fast))(potentials, weights), gradient(reference)(potentials, weights)
+def derivatives(log_partition, potentials, weights):
+    """Values, gradients of `weighted` and Hessian-vector products (forward
+    over reverse mode, along a direction that is zero at -inf scores), in
+    one jitted program."""
+    gradient = jax.grad(weighted(log_partition))
+    direction = jax.tree_util.tree_map(lambda x: jnp.where(jnp.isfinite(x), 0.1, 0.0), potentials)
+    hessian_vector = lambda p, d: jax.jvp(lambda q: gradient(q, weights), (p,), (d,))[1]
+    return jax.jit(lambda p, d: (log_partition(p), gradient(p, weights), hessian_vector(p, d)))(potentials, direction)
+
+
+def assert_matches_reference(fast, expected, potentials, weights, atol=1e-12):
+    """`fast`'s `derivatives` against the reference's (`expected`, computed
+    once outside any `variant`: the reference does not read the tuning)."""
+    (value, got, hessian_vector), (want_value, want, want_hessian_vector) = derivatives(fast, potentials, weights), expected
+    np.testing.assert_allclose(value, want_value, rtol=1e-12)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, w, atol=atol)
-    direction = jax.tree_util.tree_map(lambda x: jnp.where(jnp.isfinite(x), 0.1, 0.0), potentials)
-    hessian_vector = lambda log_partition: jax.jit(
-        lambda p, d: jax.jvp(lambda q: gradient(log_partition)(q, weights), (p,), (d,))[1])(potentials, direction)
-    for g, w in zip(jax.tree_util.tree_leaves(hessian_vector(fast)), jax.tree_util.tree_leaves(hessian_vector(reference))):
+    for g, w in zip(jax.tree_util.tree_leaves(hessian_vector), jax.tree_util.tree_leaves(want_hessian_vector)):
         np.testing.assert_allclose(g, w, atol=1e-10)
     return got
+
+
+ROW_WEIGHTS = jnp.asarray([0.5, -2.0, 3.0, 1.5])
+PER_POSITION_WEIGHTS = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
+
+
+@functools.cache
+def row_reference():
+    potentials, starts, lengths = problem(0)
+    return derivatives(lambda p: testing.reference_row_log_partition(p, starts, lengths), potentials, ROW_WEIGHTS)
 
 
 @pytest.mark.parametrize("name", ROW_VARIANTS)
 def test_rows_match_the_reference(name):
     potentials, starts, lengths = problem(0)
-    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5])
+    expected = row_reference()
     with variant(**ROW_VARIANTS[name]):
         fast = lambda p: kernel_rows(p, starts, lengths)
-        got = assert_matches_reference(fast, lambda p: testing.reference_row_log_partition(p, starts, lengths),
-                                       potentials, weights)
+        got = assert_matches_reference(fast, expected, potentials, ROW_WEIGHTS)
         values = fast(potentials)
     assert values[2] == 0.0 and values[3] == -np.inf
     # The chain with no allowed path contributes nothing; the chain before it does.
@@ -124,9 +139,10 @@ def test_rows_with_many_labels_match_the_reference():
                                     jnp.asarray(rng.normal(size=labels)))
     starts = jnp.asarray(rng.random((rows, 5)) < 0.3)
     lengths = jnp.asarray(rng.integers(0, 6, size=rows), jnp.int32)
-    assert_matches_reference(lambda p: kernel_rows(p, starts, lengths),
-                             lambda p: testing.reference_row_log_partition(p, starts, lengths),
-                             potentials, jnp.asarray(rng.normal(size=rows)))
+    weights = jnp.asarray(rng.normal(size=rows))
+    reference = lambda p: testing.reference_row_log_partition(p, starts, lengths)
+    assert_matches_reference(lambda p: kernel_rows(p, starts, lengths), derivatives(reference, potentials, weights),
+                             potentials, weights)
 
 
 def test_hessian_of_the_default_call():
@@ -187,13 +203,13 @@ def test_backend_choice_of_the_parallel_algorithm():
     with finite gradients; too many labels keep the scan."""
     potentials, lengths = per_position_problem(10)
     potentials = potentials * jnp.asarray([100.0, 1.0, 1.0, 1.0, 1.0])[:, None, None, None]
-    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
+    expected = derivatives(lambda p: testing.reference_row_log_partition(p, None, lengths), potentials,
+                           PER_POSITION_WEIGHTS)
     with variant(parallel_min_steps=T, parallel_max_labels=L):
         program = str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
         assert "scan[" not in program and "while[" not in program
-        got = assert_matches_reference(lambda p: chain.log_partition(p, lengths),
-                                       lambda p: testing.reference_row_log_partition(p, None, lengths),
-                                       potentials, weights, atol=1e-9)
+        got = assert_matches_reference(lambda p: chain.log_partition(p, lengths), expected, potentials,
+                                       PER_POSITION_WEIGHTS, atol=1e-9)
         assert np.all(got[4] == 0)
     with variant(parallel_min_steps=T, parallel_max_labels=L - 1):
         assert "scan[" in str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
@@ -224,14 +240,20 @@ PER_POSITION_VARIANTS = {
 }
 
 
+@functools.cache
+def per_position_reference():
+    potentials, lengths = per_position_problem(5)
+    return derivatives(lambda p: testing.reference_row_log_partition(p, None, lengths), potentials,
+                       PER_POSITION_WEIGHTS)
+
+
 @pytest.mark.parametrize("name", PER_POSITION_VARIANTS)
 def test_per_position_matches_the_reference(name):
     potentials, lengths = per_position_problem(5)
-    weights = jnp.asarray([0.5, -2.0, 3.0, 1.5, 1.0])
+    expected = per_position_reference()
     with variant(**PER_POSITION_VARIANTS[name]):
         fast = lambda p: chain.log_partition(p, lengths)
-        got = assert_matches_reference(fast, lambda p: testing.reference_row_log_partition(p, None, lengths),
-                                       potentials, weights)
+        got = assert_matches_reference(fast, expected, potentials, PER_POSITION_WEIGHTS)
         values = fast(potentials)
     assert values[2] == 0.0 and values[4] == -np.inf
     assert np.all(got[4] == 0) and np.all(got[1, 4:] == 0) and np.all(got[:, 0, 1:] == 0)
@@ -279,14 +301,23 @@ def adversarial_chains():
     return cases
 
 
+@functools.cache
+def adversarial_references():
+    """`(name, potentials64, lengths, log Z [B], node marginals [B, T, L])` per
+    adversarial chain, from the float64 reference (its gradient gives the
+    node marginals), computed once for every dtype and form."""
+    def reference(unary, transitions, start, lengths):
+        log_z = lambda u: testing.reference_row_log_partition(FactoredPotentials(u, transitions, start), None, lengths)
+        return log_z(unary), jax.grad(lambda u: jnp.sum(log_z(u)))(unary)
+
+    return [(name, potentials64, lengths) + tuple(np.asarray(x) for x in jax.jit(reference)(
+        *(jnp.asarray(x) for x in (*potentials64, lengths)))) for name, potentials64, lengths in adversarial_chains()]
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 @pytest.mark.parametrize("form", ["factored", "per-position"])
 def test_adversarial_chains_are_exact(dtype, form):
-    for name, potentials64, lengths in adversarial_chains():
-        reference = np.asarray(testing.reference_row_log_partition(
-            jax.tree_util.tree_map(jnp.asarray, potentials64), None, jnp.asarray(lengths)))
-
-
+    for name, potentials64, lengths, reference, want in adversarial_references():
         potentials = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), potentials64)
         if form == "per-position":
             potentials = chain.materialize(potentials)
@@ -295,21 +326,11 @@ def test_adversarial_chains_are_exact(dtype, form):
             assert np.all(np.isfinite(log_z)), name
             np.testing.assert_allclose(np.asarray(log_z, np.float64), reference, rtol=1e-5, err_msg=name)
         nodes = chain.node_marginals(potentials, lengths)
-        want = reference_nodes(potentials64, lengths)
         np.testing.assert_allclose(np.asarray(nodes, np.float64), want, atol=1e-5, err_msg=name)
         # The log-loss of every sequence is >= 0 up to rounding, and of the best one near 0.
         _, best = chain.viterbi(potentials, lengths)
         loss = losses.sequence_log_loss(potentials, jnp.maximum(best, 0), lengths)
         assert np.all(np.asarray(loss) >= -1e-5 * np.abs(reference)), name
-
-
-def reference_nodes(potentials64, lengths):
-    """Node marginals `[B, T, L]` of float64 chains from the reference's gradient."""
-    unary = jnp.asarray(potentials64.unary)
-    grad = jax.grad(lambda u: jnp.sum(testing.reference_row_log_partition(
-        FactoredPotentials(u, jnp.asarray(potentials64.transitions), jnp.asarray(potentials64.start)),
-        None, lengths)))(unary)
-    return np.asarray(grad)
 
 
 def test_long_float32_chains_with_wide_scores_match_float64():

@@ -108,7 +108,7 @@ def test_peak_memory_with_gradients_under_two_gigabytes(form, semiring):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, form, semiring], env=env, capture_output=True,
-                          text=True, timeout=600)
+                          check=False, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["finite"]

@@ -4,14 +4,13 @@ semi-supervised objective (sequence log-loss + contrastive estimation)."""
 
 import itertools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
 from lossfns import losses
-from lossfns.lattices import chain, dag, neighbourhoods, tagging
+from lossfns.lattices import dag, neighbourhoods, tagging
 from lossfns.lattices.chain import FactoredPotentials
 
 NUM_TAGS, VOCABULARY = 2, 4

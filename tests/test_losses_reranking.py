@@ -1,11 +1,10 @@
 """Reranking objectives and regularisers against direct numpy sums and their
 closed-form gradients (MATH.md sections 2 and 5)."""
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns import losses
 

@@ -179,7 +179,7 @@ def test_argument_errors():
         model(jnp.zeros((F,), jnp.int32))
     with pytest.raises(ValueError, match=r"unigram_ids must hold ids in \[-1, 7\)"):
         model(jnp.full((T, F), K, jnp.int32))
-    with pytest.raises(ValueError, match="pair_ids .* is required"):
+    with pytest.raises(ValueError, match=r"pair_ids .* is required"):
         model(jnp.zeros((T, F), jnp.int32))
     with pytest.raises(ValueError, match=r"pair_ids must have shape \[\.\.\., T, F2\] with \[\.\.\., T\] = \(5,\)"):
         model(jnp.zeros((T, F), jnp.int32), jnp.zeros((T + 1, 1), jnp.int32))

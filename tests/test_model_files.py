@@ -23,15 +23,13 @@ import textwrap
 from pathlib import Path
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lossfns import checkpoint
+from lossfns import checkpoint, optimizers
 from lossfns.checkpoint import CheckpointError, DirectoryLock, ModelFileError
 from lossfns.corpora import Sentence
-from lossfns import optimizers
 from lossfns.model_file import MAGIC, MODEL_FILE
 from lossfns.tagger import Tagger
 
@@ -61,7 +59,7 @@ def taggers():
     return _train(CORPUS_A), _train(CORPUS_B)
 
 
-@pytest.fixture()
+@pytest.fixture
 def saved(tmp_path, taggers):
     path = tmp_path / "a.tagger"
     taggers[0].save(path)
@@ -326,9 +324,8 @@ def test_a_second_lock_on_a_directory_is_refused_naming_it(tmp_path):
     # Released on leaving the `with` (the lock objects stay referenced: no help from garbage collection).
     DirectoryLock(directory).acquire().release()
     failing = DirectoryLock(directory)
-    with pytest.raises(ZeroDivisionError):
-        with failing:
-            1 / 0
+    with pytest.raises(ZeroDivisionError), failing:
+        raise ZeroDivisionError
     DirectoryLock(directory).acquire().release()  # released on an exception too
     assert lock.path.read_text() == str(os.getpid())
 
@@ -353,10 +350,9 @@ def test_minimize_drive_refuses_a_directory_in_use(tmp_path):
 
     stop = optimizers.relative_change_below(0.0)
     loop = optimizers.init_loop(jnp.zeros(2), 6)
-    with DirectoryLock(directory):
-        with pytest.raises(CheckpointError, match=f"checkpoint directory {directory} is in use"):
-            optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory,
-                             progress=False)
+    with DirectoryLock(directory), pytest.raises(CheckpointError, match=f"checkpoint directory {directory} is in use"):
+        optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory,
+                         progress=False)
     assert not list(directory.glob("checkpoint-*"))
     done = optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory, keep=2,
                             progress=False).loop

@@ -7,10 +7,9 @@ sentence of length 1 to 6 with distinct words and with repeated words.
 
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.numpy as jnp
 
 from lossfns.lattices import dag, neighbourhoods, tagging
 

@@ -286,10 +286,10 @@ def test_scheme_masks_written_out():
 def valid_chunks(tags, scheme):
     """Whether a label sequence is well formed, by reading its chunks left to right."""
     open_kind = None
-    single, last = {"IOB2": (None, None), "IOBES": ("S", "E"), "BILOU": ("U", "L")}[scheme]
+    _single, last = {"IOB2": (None, None), "IOBES": ("S", "E"), "BILOU": ("U", "L")}[scheme]
     for tag in tags:
         prefix, _, kind = tag.partition("-")
-        if prefix == "I" or prefix == last:
+        if prefix in ("I", last):
             if open_kind != kind:
                 return False
             open_kind = kind if prefix == "I" else None

@@ -9,26 +9,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
-import pytest
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import assert_resume_bit_identical
 
 from lossfns import features, optimizers
 from lossfns.lattices import chain
 from lossfns.losses import sequence_log_loss
 from lossfns.models import LinearChainModel
+from lossfns.optimizers.bcd import bcd_loss
 from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from test_optimizers_problems import assert_resume_bit_identical
 
 K, K2, L = 8, 3, 3
 MAX_LENGTH = 6
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _corpus(pairs: bool):
     """20 random sentences: a bias test 0 everywhere, test 1 at most once per
     sentence, tests 2..K-1 at random (some several times in a sentence, or
@@ -61,7 +61,7 @@ def _model(pairs: bool, seed=None) -> LinearChainModel:
                                pair_emission=jax.random.normal(keys[3], model.pair_emission.shape))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data(pairs: bool):
     return optimizers.bcd_data(_corpus(pairs)[0], _model(pairs))
 
@@ -80,7 +80,7 @@ def _tables(model):
 @pytest.mark.parametrize("pairs", [False, True])
 def test_loss_and_block_gradients_match_autodiff_of_the_models_loss(pairs):
     model = _model(pairs, seed=1)
-    np.testing.assert_allclose(float(optimizers.bcd_loss(model, _data(pairs))), float(_reference_loss(model, pairs)),
+    np.testing.assert_allclose(float(bcd_loss(model, _data(pairs))), float(_reference_loss(model, pairs)),
                                rtol=1e-12)
     expected = eqx.filter_grad(_reference_loss)(model, pairs)
     gradient, _ = optimizers.bcd_block_statistics(model, _data(pairs))
@@ -168,7 +168,7 @@ def test_rejects_bad_input():
     with pytest.raises(ValueError, match="labels"):
         optimizers.bcd_data(corpus, LinearChainModel.zeros(K, L - 1))
     with pytest.raises(ValueError, match="label-pair"):
-        optimizers.bcd_loss(_model(True), _data(False))
+        bcd_loss(_model(True), _data(False))
     with pytest.raises(ValueError, match="l1"):
         optimizers.bcd_sweep_fn(_data(False), -1.0)
     with pytest.raises(ValueError, match="num_sweeps"):

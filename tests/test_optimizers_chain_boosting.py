@@ -11,10 +11,9 @@ import functools
 import importlib
 import itertools
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lossfns import optimizers
 from lossfns.models.linear_chain import LinearChainModel
@@ -56,7 +55,7 @@ def _enumerated(ids, labels, length):
     return _enumerated_cached(ids.tobytes(), ids.shape, labels.tobytes(), int(length))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _enumerated_cached(ids, shape, labels, length):
     ids, labels = np.frombuffer(ids, np.int32).reshape(shape), np.frombuffer(labels, np.int32)
     sequences = list(itertools.product(range(L), repeat=int(length)))
@@ -64,7 +63,7 @@ def _enumerated_cached(ids, shape, labels, length):
     return table, sequences.index(tuple(labels[:length]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problem(seed):
     ids, labels, lengths = _random_sequences(seed)
     sparse = optimizers.chain_boosting_data(ids, labels, lengths, K_OBS, L, tiers=(2, 4), dtype=jnp.float64)
@@ -81,7 +80,7 @@ def test_closed_form_ranges_equal_enumeration():
     weak learner, `u = S(x, y) - S(x, y_gold)` over all label sequences."""
     rng = np.random.default_rng(7)
     lowest, highest = [], []
-    for length in range(0, 7):
+    for length in range(7):
         ids = np.full((1, 6, F), -1, np.int32)
         ids[0, :length] = rng.integers(0, 2, (length, F))  # few distinct features: counts above 1
         labels = np.full((1, 6), -1, np.int32)

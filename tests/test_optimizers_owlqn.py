@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 from jax.flatten_util import ravel_pytree
-
-from lossfns.lattices import chain
-from lossfns import optimizers
-from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn, pseudo_gradient
 from test_optimizers_problems import assert_resume_bit_identical, crf_init, crf_reference, crf_value_and_grad
 from test_optimizers_problems import crf_problem as shared_crf_problem
+
+from lossfns import optimizers
+from lossfns.lattices import chain
+from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn, pseudo_gradient
 
 sklearn_linear = pytest.importorskip("sklearn.linear_model")
 

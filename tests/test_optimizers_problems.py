@@ -7,10 +7,9 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from lossfns import testing
@@ -63,20 +62,20 @@ def crf_loss(params, data: CrfData):
     return jnp.sum(chain.log_partition(potentials, data.lengths) - chain.score(potentials, data.labels, data.lengths))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crf_problem():
     """The shared CRF objective `params -> crf_loss(params, make_crf_data())`
     (one object, so jitted functions taking it as a static argument compile once)."""
     return functools.partial(crf_loss, data=make_crf_data())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crf_value_and_grad():
     """Jitted `value_and_grad` of the shared CRF objective (compiled once for all tests)."""
     return jax.jit(jax.value_and_grad(crf_problem()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crf_reference(l1: float):
     """A long proximal-gradient solution of the shared CRF problem with L1 `l1`."""
     return proximal_gradient(crf_problem(), crf_init(), l1, 3000)

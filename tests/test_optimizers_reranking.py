@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import assert_resume_bit_identical
 
 from lossfns.optimizers import reranking
 from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below, run_loop_jit
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from test_optimizers_problems import assert_resume_bit_identical
 
 EPSILON = 0.02
 NUM_STEPS = 400
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data():
     """Feature 3 is nearly `f1 + f2` while the truth uses f1 and f2: the lasso
     path takes f3 first and later shrinks it, which forward-only steps cannot.
@@ -51,7 +50,7 @@ def _step_fns(data, epsilon=EPSILON, tolerance=1e-12):
             "capped_fslr": reranking.fslr_step_fn(data, epsilon, cap=True)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _path(kind):
     """States after every step of one run, `[NUM_STEPS]`-stacked `LoopState`s."""
     data = _data()
@@ -150,7 +149,7 @@ def test_rejects_bad_shapes():
         reranking.reranking_data(jnp.zeros((3, 4)), jnp.zeros(3, jnp.int32))
     with pytest.raises(ValueError, match="reference"):
         reranking.reranking_data(jnp.zeros((3, 4, 2)), jnp.zeros(4, jnp.int32))
-    with pytest.raises(ValueError, match="valid"):
+    with pytest.raises(ValueError, match="mask"):
         reranking.reranking_data(jnp.zeros((3, 4, 2)), jnp.zeros(3, jnp.int32), jnp.ones((3, 5)))
 
 
@@ -177,7 +176,7 @@ def _sparse_of(dense):
     differences = np.asarray(dense.differences)
     example, candidate, feature = np.nonzero(differences[:, :, 1:])
     entries = (example, candidate, feature + 1, differences[example, candidate, feature + 1])
-    return reranking.sparse_reranking_data(differences[:, :, 0], entries, np.asarray(dense.valid),
+    return reranking.sparse_reranking_data(differences[:, :, 0], entries, np.asarray(dense.mask),
                                            num_features=differences.shape[-1], dtype=jnp.float64)
 
 
@@ -207,20 +206,20 @@ def test_sparse_layout_takes_the_dense_steps(kind, counts):
     argument, as research code runs it)."""
     dense = _random_problem(1, counts)
     sparse = _sparse_of(dense)
-    run = lambda data: reranking.run_reranker(_step_fns(data, 0.5)[kind], data, num_steps=60)
+    run = lambda data: reranking.run_reranker(_step_fns(data, 0.5)[kind], data, max_steps=60)
     want, got = run(dense), jax.jit(run)(sparse)
     np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
     np.testing.assert_allclose(got.inner.margins, want.inner.margins, atol=1e-11)
     np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
     np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9, atol=1e-12)  # alpha -> 0: losses' rounding
     if kind == "blasso" and counts:  # backward steps taken on this one: not F-Boosting's path
-        forward_only = reranking.run_reranker(_step_fns(sparse, 0.5)["fboosting"], sparse, num_steps=60)
+        forward_only = reranking.run_reranker(_step_fns(sparse, 0.5)["fboosting"], sparse, max_steps=60)
         assert not np.allclose(got.trace, forward_only.trace)
 
 
 def test_sparse_data_rejects_bad_inputs():
     entries = (np.array([0, 1]), np.array([1, 2]), np.array([1, 3]), np.array([1.0, -2.0]))
-    good = dict(baseline=np.zeros((2, 3)), entries=entries, valid=np.ones((2, 3)))
+    good = dict(baseline=np.zeros((2, 3)), entries=entries, mask=np.ones((2, 3)))
     assert reranking.num_features(reranking.sparse_reranking_data(**good)) == 4
     assert reranking.num_features(reranking.sparse_reranking_data(**good, num_features=6)) == 6
 
@@ -229,7 +228,7 @@ def test_sparse_data_rejects_bad_inputs():
             reranking.sparse_reranking_data(**{**good, **changes})
 
     rejects(r"baseline must have shape \[N, C\]", baseline=np.zeros((2, 3, 1)))
-    rejects(r"valid must have shape \[N, C\] = \(2, 3\)", valid=np.ones((3, 2)))
+    rejects(r"mask must have shape \[N, C\] = \(2, 3\)", mask=np.ones((3, 2)))
     rejects("entries must be a tuple of 4 arrays", entries=entries[:3])
     rejects(r"entries' value must have shape \[E\]", entries=entries[:3] + (np.ones(3),))
     rejects("entries' feature must be an int array", entries=entries[:2] + (np.array([1.0, 3.0]), entries[3]))
@@ -243,5 +242,5 @@ def test_sparse_data_rejects_bad_inputs():
     rejects("at most one value per", entries=(np.array([0, 0]), np.array([1, 1]), np.array([2, 2]), entries[3]))
     with pytest.raises(TypeError, match="baseline must be a floating-point array"):
         reranking.sparse_reranking_data(**{**good, "baseline": np.zeros((2, 3), np.int32)})
-    with pytest.raises(TypeError, match="data must be a RerankingData .* or a SparseRerankingData"):
+    with pytest.raises(TypeError, match=r"data must be a RerankingData .* or a SparseRerankingData"):
         reranking.fslr_step_fn(entries, 0.1)

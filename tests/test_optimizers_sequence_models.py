@@ -7,23 +7,32 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_optimizers_problems import (
+    NUM_LABELS,
+    assert_resume_bit_identical,
+    linear_potentials,
+    make_crf_data,
+    num_linear_parameters,
+)
 
-from lossfns.lattices import chain
 from lossfns import optimizers
+from lossfns.lattices import chain
 from lossfns.optimizers.minimize import init_loop, relative_change_below
-from lossfns.optimizers.perceptron import SequenceData
-from lossfns.optimizers.sparse_perceptron import (sparse_averaged_params, sparse_perceptron_epoch,
-                                                  sparse_perceptron_init, sparse_sequence_data)
-from test_optimizers_problems import (NUM_LABELS, assert_resume_bit_identical, linear_potentials, make_crf_data,
-                                      num_linear_parameters)
+from lossfns.optimizers.perceptron import SequenceData, perceptron_update
+from lossfns.optimizers.sequence_boosting import sequence_boosting_step_fn, sequence_exp_loss
+from lossfns.optimizers.sparse_perceptron import (
+    sparse_averaged_params,
+    sparse_perceptron_epoch,
+    sparse_perceptron_init,
+    sparse_sequence_data,
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _separable_data():
     """Gold labels are the Viterbi paths of a random model: separable by construction."""
     with jax.ensure_compile_time_eval():
@@ -81,7 +90,7 @@ def test_perceptron_update_adds_the_feature_difference():
     """Oracle: `theta += S(x, y) - S(x, yhat)`, counted directly."""
     data = _separable_data()
     theta = jnp.asarray(np.random.default_rng(5).normal(size=num_linear_parameters()))
-    update = jax.jit(functools.partial(optimizers.perceptron_update, linear_potentials))
+    update = jax.jit(functools.partial(perceptron_update, linear_potentials))
     predictions = _decode(theta, data)
     for index in range(3):
         inputs, labels, length = data.inputs[index], data.labels[index], data.lengths[index]
@@ -100,7 +109,7 @@ def test_perceptron_resume_is_bit_identical(tmp_path):
     assert_resume_bit_identical(step_fn, loop, relative_change_below(0.0), 2, tmp_path / "perceptron.eqx")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _boosting_data():
     crf = make_crf_data(seed=4, num_sequences=8, max_length=4)
     return SequenceData(crf.features, crf.labels, crf.lengths)
@@ -108,7 +117,7 @@ def _boosting_data():
 
 @functools.partial(jax.jit, static_argnames=("step", "num_rounds"))
 def _boost(data, step, num_rounds):
-    return optimizers.sequence_boosting(linear_potentials, data, num_linear_parameters(), num_rounds=num_rounds,
+    return optimizers.sequence_boosting(linear_potentials, data, num_linear_parameters(), max_rounds=num_rounds,
                                         step=step)
 
 
@@ -121,11 +130,11 @@ def test_boosting_of_any_linear_model_lowers_the_exp_loss_with_few_features():
     the dense layout's general case."""
     data = _boosting_data()
     theta, loop = _boost(data, "line_search", 25)
-    initial = jax.jit(functools.partial(optimizers.sequence_exp_loss, linear_potentials))(jnp.zeros_like(theta), data)
+    initial = jax.jit(functools.partial(sequence_exp_loss, linear_potentials))(jnp.zeros_like(theta), data)
     trace = np.concatenate([[np.log(float(initial))], np.asarray(loop.trace)])
     assert int(loop.step) == 25 and np.all(np.diff(trace) < 0)
     # The exp-loss after the rounds, recomputed directly.
-    np.testing.assert_allclose(np.exp(trace[-1]), optimizers.sequence_exp_loss(linear_potentials, theta, data),
+    np.testing.assert_allclose(np.exp(trace[-1]), sequence_exp_loss(linear_potentials, theta, data),
                                rtol=1e-10)
     assert np.all(np.asarray(loop.inner.history.bound) < 1.0)
     assert np.sum(np.asarray(theta) != 0) <= 0.5 * theta.size  # a sparse model
@@ -140,7 +149,7 @@ def test_line_search_bound_is_tighter_than_closed_form():
 
 def test_boosting_rejects_unknown_step():
     with pytest.raises(ValueError, match="step"):
-        optimizers.sequence_boosting_step_fn(optimizers.boosting_data(linear_potentials, _boosting_data(),
+        sequence_boosting_step_fn(optimizers.boosting_data(linear_potentials, _boosting_data(),
                                                                       num_linear_parameters()),
                                              linear_potentials, step="newton")
 

@@ -7,27 +7,31 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 from jax.flatten_util import ravel_pytree
+from test_optimizers_problems import (
+    assert_resume_bit_identical,
+    crf_init,
+    crf_loss,
+    crf_problem,
+    crf_value_and_grad,
+    make_crf_data,
+)
 
 from lossfns import optimizers
 from lossfns.optimizers.finetune import finetune
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
-from lossfns.optimizers.sgd_l1 import (calibrate_learning_rate, cumulative_l1_clip, decaying_schedule,
-                                       sgd_l1)
-from test_optimizers_problems import (assert_resume_bit_identical, crf_init, crf_loss, crf_problem, crf_value_and_grad,
-                                      make_crf_data)
+from lossfns.optimizers.sgd_l1 import calibrate_learning_rate, cumulative_l1_clip, decaying_schedule, sgd_l1
 
 BATCH_SIZE = 4
 NUM_EPOCHS = 60
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data():
     return make_crf_data()
 

@@ -4,11 +4,10 @@ back-to-back chains, float32)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lossfns.lattices import chain, prefix
 from lossfns.lattices.chain import FactoredPotentials
@@ -63,7 +62,7 @@ def test_forward_scores_are_the_log_partitions_of_every_prefix(form, with_starts
 
 
 def test_sparse_potentials_score_as_their_dense_form():
-    unary, transitions, start, _, _, lengths = _rows()
+    unary, _transitions, start, _, _, lengths = _rows()
     rng = np.random.default_rng(1)
     previous, following = np.array([0, 1, 2]), np.array([1, 2, 0])
     sparse = chain.SparsePotentials(jnp.asarray(unary), jnp.asarray(rng.normal(size=(B, T, 3))), jnp.asarray(previous),

@@ -20,17 +20,19 @@ slice within 0.02.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import numpy as np
 import pytest
+from conftest import corpus_or_fail
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV, cross_val_score
 
-from benchmarks.feature_dicts_benchmark import word2features
-from conftest import corpus_or_fail
 from lossfns import corpora, metrics
 from lossfns.sklearn import CRF
+
+from benchmarks.feature_dicts_benchmark import word2features
 
 sklearn_crfsuite = pytest.importorskip("sklearn_crfsuite")
 
@@ -136,7 +138,7 @@ def _observed(X, y):
 
     states = {(name, label) for xseq, yseq in zip(X, y) for item, label in zip(xseq, yseq)
               for name, _ in flatten(item)}
-    return states, {pair for yseq in y for pair in zip(yseq, yseq[1:])}
+    return states, {pair for yseq in y for pair in itertools.pairwise(yseq)}
 
 
 #: L-BFGS (c1 = 0) on `small`, no stop on the objective: the fits of these settings share one compiled loop.

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import corpus_or_fail
+
 from lossfns import corpora, losses, metrics
 from lossfns.features import pad_batch
 from lossfns.losses.sequence import sequence_log_loss
@@ -184,7 +184,7 @@ def test_argument_errors(ner_data):
         Tagger("crfsuite_ner", l1=0.1, optimizer=optax.lbfgs())
     with pytest.raises(TypeError, match="features must be a preset name"):
         Tagger(42)
-    with pytest.raises(ValueError, match="unknown feature preset|must start with U, B or"):
+    with pytest.raises(ValueError, match=r"unknown feature preset|must start with U, B or"):
         Tagger("not_a_preset")
     with pytest.raises(ValueError, match="max_iterations"):
         Tagger("crfsuite_ner", max_iterations=0)

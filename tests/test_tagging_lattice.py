@@ -2,10 +2,9 @@
 
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.numpy as jnp
 from jax.test_util import check_grads
 
 from lossfns.lattices import dag, neighbourhoods, tagging

@@ -24,7 +24,8 @@ share one path (and one way of batching a corpus):
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -35,7 +36,8 @@ from .index import PADDING_ID, FeatureBatch, FeatureIndex, PackedCorpus, pack_ro
 from .presets import PRESETS, Preset, preset
 from .templates import Templates, parse_templates
 
-Extractor = Union[Preset, Templates]
+Extractor = Preset | Templates
+"""What turns a sentence into features: a `Preset` or parsed `Templates`."""
 
 
 def extractor(features) -> Extractor:
@@ -94,7 +96,7 @@ def check_sentences(sentences, labelled: bool = True) -> None:
 
 
 def build_index(extracted: Sequence[TokenFeatures], *, min_count: int = 1,
-                hash_size: Optional[int] = None) -> FeatureIndex:
+                hash_size: int | None = None) -> FeatureIndex:
     """The index of the extracted training features: every string seen at
     least `min_count` times, or (with `hash_size`) `hash_size` hashed ids
     (and as many for pair features, when the extractor has any)."""
@@ -131,8 +133,8 @@ class CorpusArrays(NamedTuple):
     pair_ids: np.ndarray
     positions: tuple
     lengths: tuple
-    labels: Optional[tuple] = None
-    starts: Optional[tuple] = None
+    labels: tuple | None = None
+    starts: tuple | None = None
 
 
 def corpus_arrays(packed: PackedCorpus, num_features: int) -> CorpusArrays:
@@ -216,7 +218,7 @@ def padded_buckets(packed: PackedCorpus) -> tuple:
     return tuple(out)
 
 
-def in_corpus_order(packed: PackedCorpus, bucket_values: Sequence, time_axis: Optional[int] = 1) -> list:
+def in_corpus_order(packed: PackedCorpus, bucket_values: Sequence, time_axis: int | None = 1) -> list:
     """Per-sentence values in corpus order from per-bucket arrays of an
     `index.pack`ed corpus, `[B_b, T_b, ...]` (or e.g. `[B_b, k, T_b]` with
     `time_axis=2`), each cut to its sentence's length: `[N]` arrays

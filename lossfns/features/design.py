@@ -19,7 +19,7 @@ the transposed product then scales each scattered row by its value.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,10 +44,10 @@ class SparseDesign(NamedTuple):
     indices: np.ndarray
     values: np.ndarray
     row_ids: np.ndarray
-    row_values: Optional[np.ndarray] = None
+    row_values: np.ndarray | None = None
 
 
-def _csr(ids: np.ndarray, num_features: int, weights: Optional[np.ndarray] = None):
+def _csr(ids: np.ndarray, num_features: int, weights: np.ndarray | None = None):
     """CSR `(indptr, indices, values)` of per-row ids `ids [R, F]` (-1 =
     none), repeated ids of a row summed: counts (float32), or the sums of
     `weights [R, F]` (float64). Each row is sorted on its own (F is small),
@@ -150,8 +150,8 @@ def _product(design: SparseDesign, table):
     num_rows, flat = design.indptr.shape[0] - 1, table.reshape(table.shape[0], -1)
     if design.indices.shape[0] == 0 or flat.shape[1] == 0:
         return jnp.zeros((num_rows,) + table.shape[1:], table.dtype)
-    matrix = sparse.BCSR((design.values.astype(table.dtype), design.indices, design.indptr),
-                         shape=(num_rows, table.shape[0]))
+    buffers = (design.values.astype(table.dtype), design.indices, design.indptr)  # numpy, moved by BCSR
+    matrix = sparse.BCSR(buffers, shape=(num_rows, table.shape[0]))  # pyright: ignore[reportArgumentType]  # stubs: jax.Array
     # The CPU kernel is several times faster when the table's width is a
     # multiple of 8 (CoNLL-2002, 3.2M non-zeros: 35 ms at 9 labels, 9 ms at
     # 8 and 10 ms at 16), so the table gets zero columns and the product is cut back.

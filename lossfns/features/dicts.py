@@ -40,7 +40,8 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -148,7 +149,7 @@ class AttributeCorpus(NamedTuple):
             lookup = [index.unigram.get(name, -1) for name in self.names]
         return np.asarray(lookup, dtype=np.int64)[self.attributes] if lookup else np.zeros(0, np.int64)
 
-    def token_arrays(self, index: FeatureIndex) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    def token_arrays(self, index: FeatureIndex) -> tuple[np.ndarray, np.ndarray | None]:
         """`(unigram_ids [N, F] int32, unigram_values [N, F] float64 or None)`:
         each token's known attributes under `index` (-1 = padding), and
         their values, None when every value is 1 (binary features keep the
@@ -161,13 +162,13 @@ class AttributeCorpus(NamedTuple):
         values = self.values[known]
         return unigram_ids, (None if np.all(values == 1.0) else ragged_rows(values, counts, 0.0))
 
-    def pack(self, index: FeatureIndex, labels: Optional[Sequence[Sequence[int]]] = None,
+    def pack(self, index: FeatureIndex, labels: Sequence[Sequence[int]] | None = None,
              num_buckets: int = 6) -> PackedCorpus:
         """The corpus packed in length buckets (`features.pack_tokens`)."""
         unigram_ids, values = self.token_arrays(index)
         return pack_tokens(unigram_ids, self.sentence_lengths, labels, num_buckets, unigram_values=values)
 
-    def pack_rows(self, index: FeatureIndex, labels: Sequence[Sequence[int]], width: Optional[int] = None,
+    def pack_rows(self, index: FeatureIndex, labels: Sequence[Sequence[int]], width: int | None = None,
                   multiple: int = 8) -> PackedCorpus:
         """The labelled corpus packed back to back in rows (`features.pack_token_rows`)."""
         unigram_ids, values = self.token_arrays(index)
@@ -204,7 +205,7 @@ def _positions(objects: list) -> tuple[list, np.ndarray]:
     return list(table), np.fromiter(map(table.__getitem__, objects), np.int64, len(objects))
 
 
-def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> Optional[AttributeCorpus]:
+def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpus | None:
     """The vectorised path for flat dicts; None when a value is not a plain
     string, number or bool (the per-token path then reads, or refuses, it)."""
     counts = np.fromiter(map(len, tokens), np.int64, len(tokens))

@@ -13,7 +13,7 @@ they select (`value * emission[id]`).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 
 class TokenFeatures(NamedTuple):
@@ -28,4 +28,4 @@ class TokenFeatures(NamedTuple):
 
     unigram: list[list[str]]
     pair: list[list[str]]
-    unigram_values: Optional[list[list[float]]] = None
+    unigram_values: list[list[float]] | None = None

@@ -22,7 +22,8 @@ import bisect
 import itertools
 import zlib
 from collections import Counter
-from typing import Iterable, NamedTuple, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,8 +48,8 @@ class FeatureBatch(NamedTuple):
     unigram_ids: np.ndarray
     pair_ids: np.ndarray
     lengths: np.ndarray
-    labels: Optional[np.ndarray] = None
-    unigram_values: Optional[np.ndarray] = None
+    labels: np.ndarray | None = None
+    unigram_values: np.ndarray | None = None
 
 
 def _stable_hash(text: str, buckets: int) -> int:
@@ -64,14 +65,14 @@ class FeatureIndex(NamedTuple):
     hashed: whether ids come from a stable hash modulo K (resp. K2).
     """
 
-    unigram: Optional[dict]
-    pair: Optional[dict]
+    unigram: dict | None
+    pair: dict | None
     num_unigram: int
     num_pair: int
     hashed: bool = False
 
     @staticmethod
-    def build(features: Iterable[TokenFeatures], min_count: int = 1) -> "FeatureIndex":
+    def build(features: Iterable[TokenFeatures], min_count: int = 1) -> FeatureIndex:
         """Index every observation string seen at least `min_count` times,
         in order of first appearance (so ids are deterministic)."""
         if min_count < 1:
@@ -83,13 +84,13 @@ class FeatureIndex(NamedTuple):
         return FeatureIndex(unigram, pair, len(unigram), len(pair))
 
     @staticmethod
-    def hashed_index(num_unigram: int, num_pair: int = 0) -> "FeatureIndex":
+    def hashed_index(num_unigram: int, num_pair: int = 0) -> FeatureIndex:
         """Hash strings into `num_unigram` (resp. `num_pair`) ids; no vocabulary is kept."""
         if num_unigram < 1 or num_pair < 0:
             raise ValueError(f"num_unigram must be >= 1 and num_pair >= 0, got {num_unigram} and {num_pair}")
         return FeatureIndex(None, None, num_unigram, num_pair, hashed=True)
 
-    def _ids(self, names: Sequence[str], table: Optional[dict], size: int) -> list[int]:
+    def _ids(self, names: Sequence[str], table: dict | None, size: int) -> list[int]:
         if self.hashed:
             return sorted({_stable_hash(name, size) for name in names}) if size else []
         return [i for i in map(table.get, names) if i is not None]
@@ -127,7 +128,7 @@ def _vocabulary(names: Iterable[str], min_count: int) -> dict:
     return {name: i for i, name in enumerate(kept)}
 
 
-def ragged_rows(flat: np.ndarray, counts: np.ndarray, fill, width: Optional[int] = None) -> np.ndarray:
+def ragged_rows(flat: np.ndarray, counts: np.ndarray, fill, width: int | None = None) -> np.ndarray:
     """`[n, width]` rows from a ragged array: row i holds the next `counts[i]`
     entries of `flat [sum(counts)]`, then `fill` (width: the largest count)."""
     counts = np.asarray(counts, dtype=np.int64)
@@ -140,7 +141,8 @@ def ragged_rows(flat: np.ndarray, counts: np.ndarray, fill, width: Optional[int]
     return out
 
 
-def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill=PADDING_ID, dtype=np.int32) -> np.ndarray:
+def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill: float = PADDING_ID,
+         dtype: type = np.int32) -> np.ndarray:
     """`[B, max_length, F]` from `[B][T][...]` nested lists (vectorised: one
     pass flattens them, one scatter places them)."""
     sentence_lengths = np.fromiter(map(len, rows), np.int64, len(rows))
@@ -154,8 +156,8 @@ def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill=PADDING_ID, d
     return out
 
 
-def pad_batch(encoded: Sequence[tuple], labels: Optional[Sequence[Sequence[int]]] = None,
-              max_length: Optional[int] = None) -> FeatureBatch:
+def pad_batch(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None,
+              max_length: int | None = None) -> FeatureBatch:
     """Stack encoded sentences (from `FeatureIndex.encode`, with or without
     values) into a `FeatureBatch` padded to `max_length` positions (default:
     the longest) and to the widest token."""
@@ -168,8 +170,9 @@ def pad_batch(encoded: Sequence[tuple], labels: Optional[Sequence[Sequence[int]]
     pair_ids = _pad([sentence[1] for sentence in encoded], max_length)
     unigram_values = None
     if any(len(sentence) > 2 for sentence in encoded):
-        unigram_values = _pad([sentence[2] if len(sentence) > 2 else [[1.0] * len(token) for token in sentence[0]]
-                               for sentence in encoded], max_length, 0.0, np.float64)
+        ones = lambda sentence: [[1.0] * len(token) for token in sentence[0]]  # one encoded without values
+        unigram_values = _pad([sentence[2] if len(sentence) > 2 else ones(sentence) for sentence in encoded],
+                              max_length, 0.0, np.float64)
     label_array = None
     if labels is not None:
         label_array = np.full((len(encoded), max_length), -1, dtype=np.int32)
@@ -209,7 +212,7 @@ def observed_label_triples(batches: Iterable[FeatureBatch], num_pair_features: i
     return seen
 
 
-def observed_transitions(packed: "PackedCorpus", num_labels: int) -> np.ndarray:
+def observed_transitions(packed: PackedCorpus, num_labels: int) -> np.ndarray:
     """`[L, L]` bool: which (previous label, label) pairs follow each other
     inside a sentence of the labelled packed corpus (never across the
     sentence boundaries of `pack_rows`' rows): the transition features
@@ -250,10 +253,10 @@ class PackedCorpus(NamedTuple):
     pair_ids: np.ndarray
     positions: tuple
     lengths: tuple
-    labels: Optional[tuple]
+    labels: tuple | None
     members: tuple
-    starts: Optional[tuple] = None
-    unigram_values: Optional[np.ndarray] = None
+    starts: tuple | None = None
+    unigram_values: np.ndarray | None = None
 
 
 def _token_stack(encoded):
@@ -300,7 +303,7 @@ def _check_stack(unigram_ids, sentence_lengths, pair_ids, unigram_values):
     return unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values
 
 
-def pack(encoded: Sequence[tuple], labels: Optional[Sequence[Sequence[int]]] = None,
+def pack(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None,
          num_buckets: int = 6) -> PackedCorpus:
     """Pack encoded sentences (from `FeatureIndex.encode`, with or without
     values) and optional label ids into a `PackedCorpus` with at most
@@ -309,7 +312,7 @@ def pack(encoded: Sequence[tuple], labels: Optional[Sequence[Sequence[int]]] = N
     return pack_tokens(stack.unigram_ids[0], sentence_lengths, labels, num_buckets, **_stacked(stack))
 
 
-def pack_tokens(unigram_ids, sentence_lengths: Sequence[int], labels: Optional[Sequence[Sequence[int]]] = None,
+def pack_tokens(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]] | None = None,
                 num_buckets: int = 6, *, pair_ids=None, unigram_values=None) -> PackedCorpus:
     """`pack` from a token stack: `unigram_ids [N, F]` (-1 = padding) over the
     N tokens of sentences of `sentence_lengths [S]`, in order; `pair_ids
@@ -335,7 +338,7 @@ def pack_tokens(unigram_ids, sentence_lengths: Sequence[int], labels: Optional[S
                         tuple(label_arrays) if labels is not None else None, tuple(members), None, unigram_values)
 
 
-def pack_rows(encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: Optional[int] = None,
+def pack_rows(encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: int | None = None,
               multiple: int = 8) -> PackedCorpus:
     """Pack labelled encoded sentences back to back into rows of `width`
     positions (default: the longest sentence, rounded up to `multiple`),
@@ -395,8 +398,8 @@ def _row_bucket(rows: list, width: int, sentence_lengths: np.ndarray, offsets: n
     return positions, row_lengths, row_labels, members, starts
 
 
-def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int], labels: Sequence[Sequence[int]],
-                    width: Optional[int] = None, multiple: int = 8, *, pair_ids=None,
+def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]],
+                    width: int | None = None, multiple: int = 8, *, pair_ids=None,
                     unigram_values=None) -> PackedCorpus:
     """`pack_rows` from a token stack (arguments as in `pack_tokens`)."""
     unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values = _check_stack(

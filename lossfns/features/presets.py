@@ -23,12 +23,14 @@ true (a CRFsuite attribute of value 0 contributes nothing).
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from .dicts import item_features
 from .extraction import TokenFeatures
 
 Tokens = Sequence[Sequence[str]]
+"""A sentence: per token, its columns (the word first)."""
 
 
 def _spelling(word: str, prefix: str) -> list[str]:
@@ -59,14 +61,17 @@ def _word_at(tokens: Tokens, index: int) -> str:
 
 
 def altun_s1(tokens: Tokens) -> TokenFeatures:
+    """Altun et al. (2003) feature set S1: the word."""
     return TokenFeatures([[f"word={row[0]}"] for row in tokens], [[] for _ in tokens])
 
 
 def altun_s2(tokens: Tokens) -> TokenFeatures:
+    """Altun et al. (2003) feature set S2: the word and its spelling features."""
     return TokenFeatures([[f"word={row[0]}"] + _spelling(row[0], "") for row in tokens], [[] for _ in tokens])
 
 
 def altun_s3(tokens: Tokens) -> TokenFeatures:
+    """Altun et al. (2003) feature set S3: S2 over a window of neighbouring words."""
     unigram = []
     for t, row in enumerate(tokens):
         features = [f"word={row[0]}"] + _spelling(row[0], "")
@@ -112,6 +117,8 @@ def _shape(word: str) -> str:
 
 
 def lavergne_pos(tokens: Tokens) -> TokenFeatures:
+    """Lavergne et al. (2010)'s part-of-speech features: the word, its lowercase form, shape,
+    prefixes and suffixes up to 4 characters, the words at offsets -2 to 2 and adjacent word pairs."""
     unigram = []
     for t, row in enumerate(tokens):
         word = row[0]
@@ -136,6 +143,7 @@ PRESETS: dict[str, Callable[[Tokens], TokenFeatures]] = {
     # the name a model trained on them (`lossfns.sklearn.CRF`) is saved under.
     "feature_dicts": item_features,
 }
+"""The feature presets by name (the `features` argument of `Tagger`)."""
 
 
 class Preset(NamedTuple):

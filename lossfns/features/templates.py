@@ -46,13 +46,15 @@ weights.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Sequence, Union
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..corpora import read_lines
 from .extraction import TokenFeatures
 
 _MACRO = re.compile(r'%([xXtTmM])\[\s*([@*]?)\s*([+-]?\d+)\s*,\s*(\d+)\s*(?:,\s*"((?:[^"\\]|\\.)*)"\s*)?\]')
 DIALECTS = ("python", "wapiti")
+"""Template dialects: `python` (CRF++'s macros, Python regular expressions) or `wapiti` (Wapiti's regex subset)."""
 
 
 class Macro(NamedTuple):
@@ -67,7 +69,7 @@ class Macro(NamedTuple):
     kind: str
     row: int
     column: int
-    pattern: "re.Pattern | None"
+    pattern: re.Pattern | None
     mode: str = ""
 
 
@@ -76,7 +78,7 @@ class Template(NamedTuple):
     macro, for messages), then literal text and macros (`parts`)."""
 
     name: str
-    parts: tuple[Union[str, Macro], ...]
+    parts: tuple[str | Macro, ...]
     line_number: int
 
 
@@ -142,7 +144,7 @@ def wapiti_regex(pattern: str) -> str:
 
 
 def _parse_body(body: str, source: str, line_number: int, line: str, dialect: str):
-    parts: list[Union[str, Macro]] = []
+    parts: list[str | Macro] = []
     position = 0
     while position < len(body):
         percent = body.find("%", position)

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,11 +55,15 @@ from .. import semirings
 from ..semirings import Semiring
 from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf, concrete
 from . import decode, kernel, sparse_chain, tree_product
-from .forms import DensePotentials, FactoredPotentials
-from .forms import materialize  # noqa: F401  (public as chain.materialize)
+from .forms import (
+    DensePotentials,
+    FactoredPotentials,
+    materialize,  # noqa: F401  (public as chain.materialize)
+)
 from .sparse_chain import SparsePotentials
 
 ALGORITHMS = ("auto", "sequential", "parallel")
+"""The values of `algorithm=`: `auto` picks by semiring, form and backend (`kernel.TUNING`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -124,7 +129,7 @@ def _check_scores_inside(potentials, lengths) -> None:
     check_finite_or_neg_inf(name, np.where(inside, values, 0.0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _instance(fn, *static):
     """One stable callable per static configuration, so `_map_batch`'s jit
     cache is hit on every later call with the same shapes."""
@@ -167,8 +172,8 @@ class _Algorithms(NamedTuple):
     (None: the semiring's); `pad`, whether the scan runs on the form
     `padded` to the backend's label multiple (`kernel.Tuning`)."""
 
-    tangent_rule: Optional[Callable] = None
-    matmul: Optional[Callable] = None
+    tangent_rule: Callable | None = None
+    matmul: Callable | None = None
     pad: bool = False
 
 
@@ -329,7 +334,7 @@ def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.L
     """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
     edge = marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
     if isinstance(edge, tuple):  # a factored or sparse form: its unary derivatives
-        return edge.unary
+        return edge.unary  # pyright: ignore[reportAttributeAccessIssue]  # a factored or sparse potentials tuple
     return jnp.sum(edge, axis=-2)
 
 

@@ -18,7 +18,8 @@ everywhere: for any other label set, build the masks by hand.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,7 @@ _SCHEMES = {
     "BILOU": {"begin": "B", "inside": "I", "end": "L", "single": "U"},
 }
 SCHEMES = tuple(_SCHEMES)
+"""The chunk schemes `allowed_transitions` knows: IOB2, IOBES, BILOU."""
 
 
 class AllowedTransitions(NamedTuple):
@@ -45,7 +47,7 @@ class AllowedTransitions(NamedTuple):
     end: np.ndarray
 
 
-def _split(label: str, scheme: str, prefixes: dict) -> tuple[Optional[str], str]:
+def _split(label: str, scheme: str, prefixes: dict) -> tuple[str | None, str]:
     """`"B-PER"` -> `("B", "PER")`, `"O"` -> `(None, "")`; refuses other labels."""
     if label == "O":
         return None, ""
@@ -64,7 +66,7 @@ def _fits(labels: Sequence[str], prefixes: dict) -> bool:
                for label in labels)
 
 
-def scheme_of(labels: Sequence[str]) -> Optional[str]:
+def scheme_of(labels: Sequence[str]) -> str | None:
     """The narrowest of `SCHEMES` that every label fits (`O` or `PREFIX-TYPE`),
     in the order IOB2, IOBES, BILOU; None when none does (e.g. POS tags)."""
     return next((name for name, prefixes in _SCHEMES.items() if _fits(labels, prefixes)), None)

@@ -55,7 +55,7 @@ branches in the algorithms.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -128,7 +128,7 @@ class DensePotentials(NamedTuple):
         return self.scores[jnp.arange(labels.shape[0]), previous, labels]
 
     def batched(self, batch_shape):
-        return DensePotentials(_flatten(self.scores, batch_shape, 3)), DensePotentials(0)
+        return DensePotentials(_flatten(self.scores, batch_shape, 3)), DensePotentials._make((0,))  # in_axes: its leaf is an axis
 
     def unshared(self, batch_shape):
         return self
@@ -152,7 +152,7 @@ class FactoredPotentials(NamedTuple):
 
     unary: jax.Array
     transitions: jax.Array
-    start: Optional[jax.Array] = None
+    start: jax.Array | None = None
 
     @property
     def num_steps(self) -> int:
@@ -204,6 +204,7 @@ class FactoredPotentials(NamedTuple):
 
     def batched(self, batch_shape):
         transitions, start = self.transitions, self.start
+        assert start is not None  # filled with zeros on entry
         transitions_axis = None if transitions.ndim == 2 else 0
         start_axis = None if start.ndim == 1 else 0
         if transitions_axis == 0:
@@ -211,7 +212,7 @@ class FactoredPotentials(NamedTuple):
         if start_axis == 0:
             start = _flatten(jnp.broadcast_to(start, batch_shape + start.shape[-1:]), batch_shape, 1)
         flat = FactoredPotentials(_flatten(self.unary, batch_shape, 2), transitions, start)
-        return flat, FactoredPotentials(0, transitions_axis, start_axis)
+        return flat, FactoredPotentials._make((0, transitions_axis, start_axis))  # in_axes: its leaves are axes
 
     def padded(self, num_labels: int):
         """The same chains over `num_labels >= L` labels, the extra ones
@@ -228,6 +229,7 @@ class FactoredPotentials(NamedTuple):
         """Per-example transitions and start, so that their derivatives are
         per-example expected counts rather than batch sums."""
         L = self.num_labels
+        assert self.start is not None  # filled with zeros on entry
         return FactoredPotentials(self.unary, jnp.broadcast_to(self.transitions, batch_shape + (L, L)),
                                   jnp.broadcast_to(self.start, batch_shape + (L,)))
 

@@ -76,14 +76,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from .. import semirings
 from ..semirings import finite_max, logsumexp, pairwise_sum
-
 
 # ---------------------------------------------------------------------------
 # Backend tuning
@@ -139,7 +138,6 @@ class Tuning(NamedTuple):
         return num_steps >= self.parallel_min_steps and num_labels <= self.parallel_max_labels
 
 
-#: Per backend; the tests force every branch on CPU by replacing the entry.
 TUNING = {
     # Measured on the 2-core CPU machine (benchmarks/results/README.md). The
     # parallel algorithm was 4-9x slower than the scan on CPU (NUMERICS.md 7):
@@ -161,6 +159,8 @@ TUNING = {
                       parallel_min_steps=64, parallel_max_labels=128, label_multiple=1,
                       label_multiple_min_labels=0),
 }
+"""Per-backend thresholds that pick the algorithm and the intermediates kept; the tests force every
+branch on CPU by replacing the entry."""
 
 
 def tuning() -> Tuning:
@@ -260,10 +260,10 @@ class Forward(NamedTuple):
     own scales from its start to `t`; 0 past the length).
     """
 
-    values: object
-    aux: object
-    inputs: object
-    scales: object
+    values: Any  # pytrees, of the step's own structure
+    aux: Any
+    inputs: Any
+    scales: Any
 
 
 def scan(semiring, potentials, length, starts=None, keep_values: bool = False):
@@ -320,7 +320,7 @@ def scan(semiring, potentials, length, starts=None, keep_values: bool = False):
     init, _ = semiring.normalize(first_0[0], -1)
     value, outputs = jax.lax.scan(body, init, (positions, starts, valid, valid & ~starts))
     totals, values, aux, scales = outputs if keep_values else (outputs, None, None, None)
-    log_scale = pairwise_sum(totals)
+    log_scale = pairwise_sum(totals)  # pyright: ignore[reportArgumentType]  # scan's outputs: an untyped pytree
     if restarts:
         out = log_scale + jnp.where(length > 0, chain_total(value), 0.0)
     else:
@@ -404,7 +404,7 @@ class DenseSteps(NamedTuple):
 
     scores: jax.Array
     shifts: jax.Array
-    kept: Optional[jax.Array]
+    kept: jax.Array | None
 
     def shifted(self, t):
         return at_position(self.scores, t) - at_position(self.shifts, t)[None, :]
@@ -566,8 +566,8 @@ def factored_tangent(potentials, length, starts, forward: Forward, tangent):
         edges = jnp.sum((alphas @ weighted) * ratios)
     exact_edges = jax.lax.cond(jnp.any(recovered), lambda: _factored_exact_edges(forward, chains, nodes),
                                lambda: jnp.zeros((L, L), alphas.dtype))
-    firsts = jnp.sum(jnp.where(chains.starts[:, None], nodes, 0.0), 0)
-    return (jnp.sum(nodes * _masked(nodes, tangent.unary)) + edges
+    firsts = jnp.sum(jnp.where(chains.starts[:, None], nodes, 0.0), 0)  # pyright: ignore[reportArgumentType]  # a scan output
+    return (jnp.sum(nodes * _masked(nodes, tangent.unary)) + edges  # pyright: ignore[reportArgumentType]  # a scan output
             + _contract(transitions_tangent, exact_edges) + jnp.sum(firsts * _masked(firsts, tangent.start)))
 
 

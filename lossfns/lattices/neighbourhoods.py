@@ -14,7 +14,7 @@ LENGTH has |V|^m strings and is built directly as m positions of |V| arcs.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

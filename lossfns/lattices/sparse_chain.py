@@ -51,15 +51,15 @@ accuracy.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import semirings
-from . import forms, kernel
 from ..validation import as_float_array, as_lengths, check_finite_or_neg_inf, concrete
+from . import forms, kernel
 
 
 class SparsePotentials(NamedTuple):
@@ -76,8 +76,8 @@ class SparsePotentials(NamedTuple):
     pair_weights: jax.Array
     pair_previous: jax.Array
     pair_next: jax.Array
-    start: Optional[jax.Array] = None
-    transitions: Optional[jax.Array] = None
+    start: jax.Array | None = None
+    transitions: jax.Array | None = None
 
     # -- the form protocol of `lattices.forms` (unbatched) ------------------
     # Sizes and dtype come from `unary [..., T, L]`, as for the factored form.
@@ -136,12 +136,13 @@ class SparsePotentials(NamedTuple):
 
     def batched(self, batch_shape):
         flat = lambda x, core: x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core:])
-        shared = self.transitions is None or self.transitions.ndim == 2
-        transitions = self.transitions if shared else flat(
-            jnp.broadcast_to(self.transitions, batch_shape + self.transitions.shape[-2:]), 2)
+        transitions = self.transitions
+        shared = transitions is None or transitions.ndim == 2
+        if transitions is not None and not shared:
+            transitions = flat(jnp.broadcast_to(transitions, batch_shape + transitions.shape[-2:]), 2)
         return (SparsePotentials(flat(self.unary, 2), flat(self.pair_weights, 2), self.pair_previous, self.pair_next,
                                  flat(self.start, 1), transitions),
-                SparsePotentials(0, 0, None, None, 0, None if shared else 0))
+                SparsePotentials._make((0, 0, None, None, 0, None if shared else 0)))  # in_axes: its leaves are axes
 
     def unshared(self, batch_shape):
         """Per-example transitions, so that their derivatives are per-example
@@ -271,7 +272,7 @@ def to_dense(potentials: SparsePotentials) -> jax.Array:
 
     Materialises `T L^2` scores: for tests and for the dense baseline.
     """
-    potentials, _, batch_shape, T, L = _prepare(potentials, None)
+    potentials, _, _, T, _ = _prepare(potentials, None)
     dense = potentials.edge_scores()
     if T == 0:
         return dense
@@ -283,7 +284,7 @@ def random_support(key, num_labels: int, density: float) -> tuple[np.ndarray, np
     `K = round(density * L^2)` distinct pairs, sorted by `pair_next`."""
     if not 0.0 <= density <= 1.0:
         raise ValueError(f"density must lie in [0, 1], got {density}")
-    K = int(round(density * num_labels * num_labels))
+    K = int(round(density * num_labels * num_labels))  # noqa: RUF046  (numpy 1 rounds a numpy scalar to a float)
     flat = np.sort(np.asarray(jax.random.choice(key, num_labels * num_labels, (K,), replace=False)))
     previous, following = np.divmod(flat, num_labels)
     order = np.argsort(following, kind="stable")

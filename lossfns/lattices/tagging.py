@@ -17,12 +17,12 @@ over the spelling features f of w)`.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
-
-import numpy as np
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import dag
 
@@ -37,8 +37,8 @@ class TaggedLattice(NamedTuple):
     """
 
     lattice: dag.Lattice
-    word: jax.Array
-    history: jax.Array
+    word: jax.Array | np.ndarray  # numpy while built (`as_numpy`), then device arrays
+    history: jax.Array | np.ndarray
 
 
 class TaggerParams(NamedTuple):
@@ -51,8 +51,8 @@ class TaggerParams(NamedTuple):
 
     emission: jax.Array
     bigram: jax.Array
-    trigram: Optional[jax.Array] = None
-    spelling: Optional[jax.Array] = None
+    trigram: jax.Array | None = None
+    spelling: jax.Array | None = None
 
 
 def init_params(num_tags: int, vocabulary_size: int, *, order: int = 1, num_spelling_features: int = 0,

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 
 from ..lattices.chain import FactoredPotentials
 from ..lattices.sparse_chain import SparsePotentials
+from ..validation import as_float_array, as_labels, as_lengths
 
 # Forms whose label scores are a `unary [..., T, L]` field.
 _UNARY_FORMS = (FactoredPotentials, SparsePotentials)
-from ..validation import as_float_array, as_labels, as_lengths
 
 
 def chain_inputs(potentials, labels, lengths):

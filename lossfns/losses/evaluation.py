@@ -5,38 +5,41 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import semirings
+from ..deprecation import renamed_arguments
 from ..lattices import chain
 from ..semirings import Semiring
 from ..validation import as_integer_array, as_lengths
 from ._chain_inputs import chain_inputs
 
 
-def hamming_loss(predicted, gold, lengths=None):
-    """Number of positions inside each length where `predicted != gold`, `[...]` int32.
+@renamed_arguments(gold="labels")
+def hamming_loss(predicted, labels, lengths=None):
+    """Number of positions inside each length where `predicted != labels`, `[...]` int32.
 
-    predicted, gold: integer labels `[..., T]` of the same shape (values past
-    each length are ignored); lengths: `[...]`, default `T`.
+    predicted: integer labels `[..., T]`; labels: the gold labels `[..., T]`
+    (second, as in every loss); values past each length are ignored;
+    lengths: `[...]`, default `T`. (`gold=` is the deprecated name of `labels=`.)
     """
     predicted = as_integer_array("predicted", predicted, "an integer array [..., T]")
-    gold = as_integer_array("gold", gold, "an integer array [..., T]")
-    for name, labels in (("predicted", predicted), ("gold", gold)):
-        if labels.ndim < 1:
-            raise ValueError(f"{name} must have shape [..., T] (rank >= 1), got shape {labels.shape}")
-    if predicted.shape != gold.shape:
-        raise ValueError(f"predicted must have the shape of gold {gold.shape} ([..., T]), got shape {predicted.shape}")
-    lengths = as_lengths(lengths, gold.shape[:-1], gold.shape[-1])
-    inside = jnp.arange(gold.shape[-1]) < lengths[..., None]
-    return jnp.sum(inside & (predicted != gold), axis=-1).astype(jnp.int32)
+    labels = as_integer_array("labels", labels, "an integer array [..., T]")
+    for name, array in (("predicted", predicted), ("labels", labels)):
+        if array.ndim < 1:
+            raise ValueError(f"{name} must have shape [..., T] (rank >= 1), got shape {array.shape}")
+    if predicted.shape != labels.shape:
+        raise ValueError(f"predicted must have the shape of labels {labels.shape} ([..., T]), "
+                         f"got shape {predicted.shape}")
+    lengths = as_lengths(lengths, labels.shape[:-1], labels.shape[-1])
+    inside = jnp.arange(labels.shape[-1]) < lengths[..., None]
+    return jnp.sum(inside & (predicted != labels), axis=-1).astype(jnp.int32)
 
 
 def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log,
-                     algorithm: str = "sequential"):
+                     algorithm: str = "auto"):
     """The most probable label at each position (argmax of the node
     marginals), `[..., T]` int32, -1 past each length. Minimises the expected
     Hamming loss; the result need not be an allowed sequence."""

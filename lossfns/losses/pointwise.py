@@ -26,7 +26,7 @@ from ._chain_inputs import chain_inputs, gold_label_scores
 
 
 def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                   algorithm: str = "sequential"):
+                   algorithm: str = "auto"):
     """`(P(y_t = labels_t | x) [..., T], inside [..., T] bool)`; the
     probabilities are 0 outside each length."""
     labels, lengths, inside, _ = chain_inputs(potentials, labels, lengths)
@@ -47,7 +47,7 @@ def _sum_positions(per_position_loss, probability, inside):
 
 
 def pointwise_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                       algorithm: str = "sequential"):
+                       algorithm: str = "auto"):
     """`-sum_t log P(y_t = labels_t | x)`, `[...]`.
 
     Gradient: `sum_t (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
@@ -57,7 +57,7 @@ def pointwise_log_loss(potentials, labels, lengths=None, *, semiring: Semiring =
 
 
 def pointwise_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                       algorithm: str = "sequential"):
+                       algorithm: str = "auto"):
     """`sum_t (1 / P(y_t = labels_t | x) - 1)`, `[...]`.
 
     Gradient: `sum_t (1 / P(labels_t | x)) (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
@@ -68,7 +68,7 @@ def pointwise_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring =
 
 
 def expected_hamming_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                          algorithm: str = "sequential"):
+                          algorithm: str = "auto"):
     """Expected number of wrong labels under the model, `sum_t (1 - P(y_t = labels_t | x))`, `[...]`.
 
     Bounded in `[0, length]`; never infinite.

@@ -10,12 +10,11 @@ mask `[..., N]` bool: which candidates exist (default all), for ragged lists.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
-import jax.numpy as jnp
-
 from ..semirings import logsumexp
-from ..validation import as_integer_array, as_float_array, check_finite_or_neg_inf, concrete
+from ..validation import as_float_array, as_integer_array, check_finite_or_neg_inf, concrete
 
 
 def _candidate_inputs(scores, reference, mask):

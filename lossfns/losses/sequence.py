@@ -26,7 +26,7 @@ from ._chain_inputs import excess_over_gold
 
 
 def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                      algorithm: str = "sequential"):
+                      algorithm: str = "auto"):
     """`log Z(x) - s(x, y) = -log P(y | x)`, `[...]` (the CRF objective).
 
     Gradient: `E_P[S | x] - S(x, y)`. `semiring` is `Log` (exact with -inf)
@@ -47,7 +47,7 @@ def row_sequence_log_loss(potentials, labels, starts, lengths=None, *, semiring:
 
 
 def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                      algorithm: str = "sequential"):
+                      algorithm: str = "auto"):
     """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`, `[...]`.
 
     Computed as `expm1(log Z - s)`, exact for small losses. Gradient:
@@ -65,7 +65,7 @@ def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
 
 
 def log_sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                          algorithm: str = "sequential"):
+                          algorithm: str = "auto"):
     """`log(1 / P(y | x) - 1) = log(1 - P(y | x)) - log P(y | x)`, `[...]`.
 
     The log of `sequence_exp_loss`, finite for very wrong models where the

@@ -8,4 +8,5 @@ from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
 from .packed import TrainingData, corpus_loss, corpus_potentials, weights_objective
 
 __all__ = ["constraints", "packed", "constrain",
-           "ChainStructure", "ChainWeights", "LinearChainModel", "TrainingData", "corpus_loss", "corpus_potentials", "weights_objective"]
+           "ChainStructure", "ChainWeights", "LinearChainModel",
+           "TrainingData", "corpus_loss", "corpus_potentials", "weights_objective"]

@@ -42,7 +42,7 @@ again (jit-able).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -51,7 +51,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ..features.design import SparseDesign, bucket_slices, design_matmul, scatter_rows
-from ..features.index import FeatureBatch
+from ..features.index import FeatureBatch, observed_label_pairs, observed_label_triples
 from ..lattices.chain import FactoredPotentials
 from ..lattices.sparse_chain import SparsePotentials
 from ..validation import as_integer_array, check_allocation, concrete
@@ -124,10 +124,10 @@ class ChainStructure(NamedTuple):
     weights that exist, or None (all); emission_mask `[K, L]`, pair_mask
     `[K2, L, L]` and transition_mask `[L, L]` bool, or None."""
 
-    emission_pairs: Optional[tuple]
-    emission_mask: Optional[jax.Array]
-    pair_mask: Optional[jax.Array]
-    transition_mask: Optional[jax.Array] = None
+    emission_pairs: tuple | None
+    emission_mask: jax.Array | None
+    pair_mask: jax.Array | None
+    transition_mask: jax.Array | None = None
 
 
 class LinearChainModel(eqx.Module):
@@ -148,12 +148,12 @@ class LinearChainModel(eqx.Module):
     transitions: jax.Array
     start: jax.Array
     pair_emission: jax.Array
-    emission_mask: Optional[jax.Array] = None
-    pair_mask: Optional[jax.Array] = None
-    pair_support: Optional[tuple] = eqx.field(default=None, static=True)
-    transition_mask: Optional[jax.Array] = None
+    emission_mask: jax.Array | None = None
+    pair_mask: jax.Array | None = None
+    pair_support: tuple | None = eqx.field(default=None, static=True)
+    transition_mask: jax.Array | None = None
 
-    def with_pair_mask(self, pair_mask, *, max_sparse_fraction: Optional[float] = None) -> "LinearChainModel":
+    def with_pair_mask(self, pair_mask, *, max_sparse_fraction: float | None = None) -> LinearChainModel:
         """The model with the pair weights outside `pair_mask [K2, L, L]` fixed
         at 0, and the sparse form when the mask's label pairs (its union over
         features) cover at most `max_sparse_fraction` (default
@@ -169,7 +169,7 @@ class LinearChainModel(eqx.Module):
         support = (tuple(previous.tolist()), tuple(following.tolist())) if sparse else None
         return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support)
 
-    def with_transition_mask(self, transition_mask) -> "LinearChainModel":
+    def with_transition_mask(self, transition_mask) -> LinearChainModel:
         """The model with the transition weights outside `transition_mask
         [L, L]` (bool) fixed at 0 (CRFsuite without `possible_transitions`
         creates transition features only for the label pairs seen in training)."""
@@ -181,7 +181,7 @@ class LinearChainModel(eqx.Module):
 
     @staticmethod
     def zeros(num_features: int, num_labels: int, num_pair_features: int = 0, *, emission_mask=None,
-              dtype=jnp.float32) -> "LinearChainModel":
+              dtype=jnp.float32) -> LinearChainModel:
         """All-zero weights (the usual starting point of convex training)."""
         if num_features < 0 or num_labels < 1 or num_pair_features < 0:
             raise ValueError(f"need num_features >= 0, num_labels >= 1, num_pair_features >= 0, got "
@@ -196,6 +196,20 @@ class LinearChainModel(eqx.Module):
         return LinearChainModel(jnp.zeros((num_features, num_labels), dtype), jnp.zeros((num_labels, num_labels), dtype),
                                 jnp.zeros((num_labels,), dtype),
                                 jnp.zeros((num_pair_features, num_labels, num_labels), dtype), emission_mask)
+
+    @staticmethod
+    def observed(batches, num_features: int, num_labels: int, num_pair_features: int = 0, *,
+                 dtype=jnp.float32) -> LinearChainModel:
+        """All-zero weights on only the (feature, label) pairs and (pair
+        feature, previous label, label) triples seen in the labelled `batches`
+        (`features.FeatureBatch`es), as CRFsuite creates features; on few
+        label pairs the pair weights take the sparse form (Lavergne 4.1)."""
+        batches = list(batches)
+        mask = observed_label_pairs(batches, num_features, num_labels)
+        model = LinearChainModel.zeros(num_features, num_labels, num_pair_features, emission_mask=mask, dtype=dtype)
+        if num_pair_features:
+            model = model.with_pair_mask(observed_label_triples(batches, num_pair_features, num_labels))
+        return model
 
     @property
     def num_labels(self) -> int:
@@ -333,7 +347,7 @@ class LinearChainModel(eqx.Module):
             pairs = tuple(np.asarray(i, np.int32) for i in np.nonzero(np.asarray(self.emission_mask)))
         return ChainStructure(pairs, self.emission_mask, self.pair_mask, self.transition_mask)
 
-    def with_weights(self, weights: ChainWeights, structure: ChainStructure) -> "LinearChainModel":
+    def with_weights(self, weights: ChainWeights, structure: ChainStructure) -> LinearChainModel:
         """This model with `weights` (from `weights()`, or an optimizer) and
         `structure` (from `structure()`); jit-able in both: every array of the
         result comes from them, none from `self` (only shapes and the static
@@ -342,7 +356,7 @@ class LinearChainModel(eqx.Module):
 
     @staticmethod
     def from_weights(weights: ChainWeights, structure: ChainStructure,
-                     pair_support: Optional[tuple] = None) -> "LinearChainModel":
+                     pair_support: tuple | None = None) -> LinearChainModel:
         """The model of `weights` and `structure` (`weights()`, `structure()`)
         with the static sparse `pair_support` (`with_pair_mask`): nothing
         else is needed, so a training objective is a function of shapes and

@@ -14,7 +14,8 @@ corpus order.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +23,8 @@ import jax.numpy as jnp
 from .. import semirings
 from ..features.corpus import CorpusArrays
 from ..lattices import chain
-from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
 from ..lattices.constraints import AllowedTransitions
+from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
 from .constraints import constrain
 from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
 
@@ -33,7 +34,7 @@ def corpus_potentials(model: LinearChainModel, arrays: CorpusArrays) -> tuple:
     return model.packed_potentials(arrays.design, arrays.pair_ids, arrays.positions, arrays.starts)
 
 
-def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Optional[Callable] = None) -> jax.Array:
+def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | None = None) -> jax.Array:
     """The loss summed over the corpus's sentences, `[]`.
 
     loss: `(potentials, labels [B, T], lengths [B]) -> [B]`, default the CRF
@@ -42,14 +43,19 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Optional[Ca
     default, as `losses.row_sequence_log_loss`.
     """
     buckets = corpus_potentials(model, arrays)
-    if arrays.starts is not None:
+    all_labels, all_starts = arrays.labels, arrays.starts
+    if all_labels is None:
+        raise ValueError("arrays: the loss needs labels; pack the corpus with its labels")
+    if all_starts is not None:
         if loss is not None:
             raise ValueError("loss: rows of several sentences (pack_rows) take only the default log-loss; "
                              "pack a custom loss's corpus into length buckets (features.pack)")
-        return sum(jnp.sum(row_sequence_log_loss(p, labels, starts, lengths, semiring=semirings.Real))
-                   for p, labels, starts, lengths in zip(buckets, arrays.labels, arrays.starts, arrays.lengths))
+        row_loss = functools.partial(row_sequence_log_loss, semiring=semirings.Real)
+        return sum(jnp.sum(row_loss(p, labels, starts, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
+                   for p, labels, starts, lengths in zip(buckets, all_labels, all_starts, arrays.lengths))
     loss = functools.partial(sequence_log_loss, semiring=semirings.Real) if loss is None else loss
-    return sum(jnp.sum(loss(p, labels, lengths)) for p, labels, lengths in zip(buckets, arrays.labels, arrays.lengths))
+    return sum(jnp.sum(loss(p, labels, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
+               for p, labels, lengths in zip(buckets, all_labels, arrays.lengths))
 
 
 class TrainingData(NamedTuple):
@@ -69,22 +75,22 @@ class WeightsObjective(NamedTuple):
     compiled programs are shared by every fit of equal shapes: a
     `GridSearchCV` compiles once per shape, not once per fit."""
 
-    pair_support: Optional[tuple] = None
-    loss: Optional[Callable] = None
+    pair_support: tuple | None = None
+    loss: Callable | None = None
 
     def __call__(self, weights: ChainWeights, data: TrainingData) -> jax.Array:
         model = LinearChainModel.from_weights(weights, data.structure, self.pair_support)
         return corpus_loss(model, data.arrays, self.loss)
 
 
-def weights_objective(model: LinearChainModel, loss: Optional[Callable] = None) -> WeightsObjective:
+def weights_objective(model: LinearChainModel, loss: Callable | None = None) -> WeightsObjective:
     """The `WeightsObjective` of `model`'s kind (its static sparse support)
     and `loss`; the optimisation variables are `model.weights()`. Nothing
     of `model` but its static support enters the result."""
     return WeightsObjective(model.pair_support, loss)
 
 
-def _constrained(model, arrays, moves: Optional[AllowedTransitions]) -> tuple:
+def _constrained(model, arrays, moves: AllowedTransitions | None) -> tuple:
     buckets = corpus_potentials(model, arrays)
     if moves is None:
         return buckets
@@ -92,13 +98,13 @@ def _constrained(model, arrays, moves: Optional[AllowedTransitions]) -> tuple:
 
 
 @jax.jit
-def viterbi(model: LinearChainModel, arrays: CorpusArrays, moves: Optional[AllowedTransitions] = None) -> tuple:
+def viterbi(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, the best labels `[B_b, T_b]` int32 (-1 past each length)."""
     return tuple(chain.viterbi(p, lengths)[1] for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths))
 
 
 @functools.partial(jax.jit, static_argnames="k")
-def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: Optional[AllowedTransitions] = None) -> tuple:
+def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, `(log-probabilities [B_b, k], labels [B_b, k, T_b])` of
     the k best label sequences, best first (`-inf` and -1 where a sentence
     has fewer than k)."""
@@ -110,7 +116,7 @@ def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: Optional
 
 
 @jax.jit
-def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: Optional[AllowedTransitions] = None) -> tuple:
+def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, the label marginals `P(y_t = j | x)` `[B_b, T_b, L]` (0 past each length)."""
     return tuple(chain.node_marginals(p, lengths) for p, lengths in zip(_constrained(model, arrays, moves),
                                                                        arrays.lengths))

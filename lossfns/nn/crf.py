@@ -48,7 +48,7 @@ Any leading batch shape works (`[T, L]` unbatched too), under `jax.jit`,
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax
@@ -59,11 +59,18 @@ from .. import losses
 from ..lattices import chain, constraints
 from ..lattices.chain import FactoredPotentials
 from ..lattices.constraints import AllowedTransitions
-from ..validation import as_float_array, as_integer_array, as_labels, as_lengths, check_finite_or_neg_inf
-from ..validation import check_int, concrete
+from ..validation import (
+    as_float_array,
+    as_integer_array,
+    as_labels,
+    as_lengths,
+    check_finite_or_neg_inf,
+    check_int,
+    concrete,
+)
 
 
-def _as_allowed(allowed, num_tags: int) -> Optional[AllowedTransitions]:
+def _as_allowed(allowed, num_tags: int) -> AllowedTransitions | None:
     """`allowed` as `AllowedTransitions` of bool JAX arrays (`None` stays `None`);
     a bare `[L, L]` mask allows every tag at the start and the end."""
     if allowed is None:
@@ -113,7 +120,7 @@ class CRF(eqx.Module):
     transitions: jax.Array
     start_transitions: jax.Array
     end_transitions: jax.Array
-    allowed: Optional[AllowedTransitions]
+    allowed: AllowedTransitions | None
 
     def __init__(self, num_tags: int, *, key, allowed=None, dtype=jnp.float32):
         """Parameters drawn uniformly from `[-0.1, 0.1]` (pytorch-crf's
@@ -129,7 +136,7 @@ class CRF(eqx.Module):
         self.allowed = _as_allowed(allowed, num_tags)
 
     @classmethod
-    def from_labels(cls, labels: Sequence[str], scheme: str = "IOB2", *, key, dtype=jnp.float32) -> "CRF":
+    def from_labels(cls, labels: Sequence[str], scheme: str = "IOB2", *, key, dtype=jnp.float32) -> CRF:
         """A CRF over `labels` (tag `i` is `labels[i]`) that forbids the moves
         invalid in `scheme` ("IOB2", "IOBES" or "BILOU"; see
         `lattices.constraints.allowed_transitions`)."""
@@ -137,7 +144,7 @@ class CRF(eqx.Module):
         return cls(len(labels), key=key, allowed=allowed, dtype=dtype)
 
     @classmethod
-    def from_parameters(cls, transitions, start_transitions, end_transitions, *, allowed=None) -> "CRF":
+    def from_parameters(cls, transitions, start_transitions, end_transitions, *, allowed=None) -> CRF:
         """A CRF with the given parameters `[L, L]`, `[L]`, `[L]` (e.g. a
         trained pytorch-crf's `transitions`, `start_transitions` and
         `end_transitions`, as arrays)."""

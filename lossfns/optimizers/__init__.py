@@ -11,51 +11,98 @@ chunks of the same loop, progress, checkpoints, a device mesh).
 The functions `minimize`, `bcd`, `perceptron`, `owlqn`, `sgd_l1` and
 `sequence_boosting` exported here share their names with their modules;
 use them from this package (`lossfns.optimizers.minimize(...)`).
+
+`__all__` is the public surface: each optimizer's entry point, the data
+and result types it takes and returns, and the pieces a custom run with the
+driver needs (`init_loop`, the step functions, the stop rules). The loop's
+own machinery (`advance`, `run_loop_jit`, `optimizer_update`, the status
+constants behind `Status`, the optimizers' state classes, the per-round
+helpers of boosting) stays in its module, for the library and its tests:
+`from lossfns.optimizers.minimize import advance`. Reading one of those
+from this package still works for one release, with a `DeprecationWarning`.
 """
 
-from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_loss, bcd_objective, bcd_sweep_fn
-from .finetune import active_mask, finetune
-from .elastic_net import ElasticNetTraining, check_elastic_net, crfsuite_elastic_net, elastic_net_training
-from .driver import DriveResult, Report, TrainResult, describe, drive, fingerprint, train
-from .minimize import (CONVERGED, ITERATION_LIMIT, LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, GradientSteps, LoopState,
-                       MinimizeResult, RelativeChange, RelativeImprovement, Status, StopRule, advance,
-                       epoch_step_fn, gradient_step_fn, halt_on_failure, init_loop, minimize, minimize_stochastic,
-                       num_examples, optimizer_update, relative_change_below, relative_improvement_below, run_loop,
-                       run_loop_jit, status_name, update_and_value)
-from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
-from .perceptron import (PerceptronState, SequenceData, averaged_params, no_mistakes, perceptron,
-                         perceptron_epoch_fn, perceptron_init, perceptron_update)
-from .reranking import (RerankingData, RerankingState, SparseRerankingData, blasso_step_fn,
-                        boosting_with_shrinkage_step_fn, exp_loss, fslr_step_fn, lasso_loss, reranking_data,
-                        reranking_init, run_reranker, sparse_reranking_data)
+from ..deprecation import moved_names
+from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_objective, bcd_sweep_fn
 from .chain_boosting import ChainBoostingData, chain_boosting_data, chain_boosting_model, sequence_pieces
-from .sequence_boosting import (BoostingData, BoostingRun, BoostingState, boost, boosting_converged, boosting_data,
-                                boosting_init, round_bounds, sequence_boosting, sequence_boosting_step_fn,
-                                sequence_exp_loss)
-from .sparse_perceptron import (SparsePerceptronState, SparseSequenceData, sparse_averaged_params,
-                                sparse_perceptron_epoch, sparse_perceptron_init, sparse_sequence_data)
-from .sgd_l1 import SgdL1State, calibrate_learning_rate, decaying_schedule, sgd_l1
+from .driver import DriveResult, Report, TrainResult, drive, train
+from .elastic_net import ElasticNetTraining, crfsuite_elastic_net, elastic_net_training
+from .finetune import finetune
+from .minimize import (
+                       GradientSteps,
+                       LoopState,
+                       MinimizeResult,
+                       Status,
+                       StopRule,
+                       epoch_step_fn,
+                       gradient_step_fn,
+                       init_loop,
+                       minimize,
+                       minimize_stochastic,
+                       num_examples,
+                       relative_change_below,
+                       relative_improvement_below,
+                       run_loop,
+                       status_name,
+)
+from .owlqn import elastic_net_penalty, owlqn
+from .perceptron import SequenceData, averaged_params, no_mistakes, perceptron, perceptron_epoch_fn, perceptron_init
+from .reranking import (
+                       RerankingData,
+                       SparseRerankingData,
+                       blasso_step_fn,
+                       boosting_with_shrinkage_step_fn,
+                       exp_loss,
+                       fslr_step_fn,
+                       lasso_loss,
+                       reranking_data,
+                       reranking_init,
+                       run_reranker,
+                       sparse_reranking_data,
+)
+from .sequence_boosting import BoostingData, BoostingRun, boost, boosting_data, sequence_boosting
+from .sgd_l1 import calibrate_learning_rate, decaying_schedule, sgd_l1
+from .sparse_perceptron import (
+                       SparseSequenceData,
+                       sparse_averaged_params,
+                       sparse_perceptron_epoch,
+                       sparse_perceptron_init,
+                       sparse_sequence_data,
+)
 
 __all__ = [
-    "BcdData", "bcd", "bcd_block_statistics", "bcd_data", "bcd_loss", "bcd_objective", "bcd_sweep_fn",
-    "active_mask", "finetune",
-    "ElasticNetTraining", "check_elastic_net", "crfsuite_elastic_net", "elastic_net_training",
-    "DriveResult", "Report", "TrainResult", "describe", "drive", "fingerprint", "train",
-    "GradientSteps", "LoopState", "MinimizeResult", "RelativeChange", "RelativeImprovement", "StopRule", "advance",
-    "epoch_step_fn", "gradient_step_fn", "init_loop", "minimize", "minimize_stochastic", "num_examples",
-    "optimizer_update", "relative_change_below", "relative_improvement_below", "run_loop", "run_loop_jit",
-    "update_and_value", "Status", "CONVERGED", "ITERATION_LIMIT", "NON_FINITE_OBJECTIVE", "LINE_SEARCH_FAILED",
-    "status_name", "halt_on_failure",
-    "OwlqnState", "elastic_net_penalty", "owlqn", "pseudo_gradient",
-    "PerceptronState", "SequenceData", "averaged_params", "no_mistakes", "perceptron", "perceptron_epoch_fn", "perceptron_init",
-    "perceptron_update",
-    "RerankingData", "RerankingState", "SparseRerankingData", "blasso_step_fn", "boosting_with_shrinkage_step_fn",
-    "exp_loss", "fslr_step_fn", "lasso_loss", "reranking_data", "reranking_init", "run_reranker",
-    "sparse_reranking_data",
-    "BoostingData", "BoostingRun", "BoostingState", "boost", "boosting_converged", "boosting_data", "boosting_init",
-    "round_bounds", "sequence_boosting", "sequence_boosting_step_fn", "sequence_exp_loss",
-    "ChainBoostingData", "chain_boosting_data", "chain_boosting_model", "sequence_pieces",
-    "SparsePerceptronState", "SparseSequenceData", "sparse_averaged_params", "sparse_perceptron_epoch",
-    "sparse_perceptron_init", "sparse_sequence_data",
-    "SgdL1State", "calibrate_learning_rate", "decaying_schedule", "sgd_l1",
+    # the driver and the loop a run is made of
+    "train", "TrainResult", "drive", "DriveResult", "Report", "LoopState", "init_loop", "run_loop",
+    "gradient_step_fn", "epoch_step_fn", "GradientSteps", "num_examples",
+    "StopRule", "relative_change_below", "relative_improvement_below", "Status", "status_name",
+    "minimize", "minimize_stochastic", "MinimizeResult", "finetune",
+    # L1 and elastic-net training
+    "owlqn", "elastic_net_penalty", "sgd_l1", "calibrate_learning_rate", "decaying_schedule",
+    "elastic_net_training", "ElasticNetTraining", "crfsuite_elastic_net",
+    # block coordinate descent (Lavergne et al. 2010)
+    "bcd", "bcd_data", "BcdData", "bcd_objective", "bcd_sweep_fn", "bcd_block_statistics",
+    # perceptrons
+    "perceptron", "SequenceData", "perceptron_init", "perceptron_epoch_fn", "averaged_params", "no_mistakes",
+    "sparse_sequence_data", "SparseSequenceData", "sparse_perceptron_init", "sparse_perceptron_epoch",
+    "sparse_averaged_params",
+    # reranking with L1 (Gao et al. 2006)
+    "reranking_data", "RerankingData", "sparse_reranking_data", "SparseRerankingData", "reranking_init",
+    "boosting_with_shrinkage_step_fn", "fslr_step_fn", "blasso_step_fn", "run_reranker", "exp_loss", "lasso_loss",
+    # sequence boosting (Altun et al. 2003)
+    "sequence_boosting", "boost", "BoostingRun", "boosting_data", "BoostingData",
+    "chain_boosting_data", "ChainBoostingData", "chain_boosting_model", "sequence_pieces",
 ]
+
+# Internal since 0.2 (name -> its module); still found here for one release.
+__getattr__ = moved_names(__name__, {
+    **dict.fromkeys(["advance", "run_loop_jit", "optimizer_update", "update_and_value", "halt_on_failure",
+                     "RelativeChange", "RelativeImprovement", "CONVERGED", "ITERATION_LIMIT",
+                     "NON_FINITE_OBJECTIVE", "LINE_SEARCH_FAILED"], "minimize"),
+    **dict.fromkeys(["describe", "fingerprint"], "driver"),
+    **dict.fromkeys(["BoostingState", "boosting_init", "boosting_converged", "round_bounds",
+                     "sequence_boosting_step_fn", "sequence_exp_loss"], "sequence_boosting"),
+    **dict.fromkeys(["OwlqnState", "pseudo_gradient"], "owlqn"),
+    **dict.fromkeys(["PerceptronState", "perceptron_update"], "perceptron"),
+    "bcd_loss": "bcd", "active_mask": "finetune", "check_elastic_net": "elastic_net",
+    "RerankingState": "reranking", "SparsePerceptronState": "sparse_perceptron", "SgdL1State": "sgd_l1",
+})

@@ -54,13 +54,12 @@ import dataclasses
 from typing import NamedTuple
 
 import equinox as eqx
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..features.index import PackedCorpus
-from ..lattices import chain, prefix
+from ..lattices import prefix
 from ..lattices.chain import FactoredPotentials
 from ..models.linear_chain import LinearChainModel
 from . import bcd_schedule as schedule
@@ -244,14 +243,14 @@ def bcd_data(corpus: PackedCorpus, model: LinearChainModel, *, rows_per_job: int
                                rows_per_job, row_width)
     is_first = np.zeros(offsets[-1], bool)
     is_first[offsets[:-1]] = True
-    return BcdData(jnp.asarray(unigram_ids, jnp.int32), jnp.asarray(pair_ids, jnp.int32),
+    return BcdData(*[jnp.asarray(unigram_ids, jnp.int32), jnp.asarray(pair_ids, jnp.int32),
                    jnp.asarray(sentences.labels, jnp.int32), jnp.asarray(is_first),
                    per_round(blocks.vector_part), per_round(blocks.vector_row), per_round(blocks.matrix_part),
                    per_round(blocks.matrix_row), per_round(matrix_slot, matrix_width), jnp.asarray(matrix_block,
                                                                                                    jnp.int32),
                    *chunks, _device_jobs(forward, rows_per_job, row_width),
                    _device_jobs(backward, rows_per_job, row_width), _device_jobs(windows, window_rows, row_width),
-                   _device_jobs(whole, rows_per_job, row_width))
+                   _device_jobs(whole, rows_per_job, row_width)])  # a list: the chunks' count is not static
 
 
 # ---------------------------------------------------------------------------
@@ -552,7 +551,7 @@ def _statistics(weights: _Weights, data: BcdData, buffers: _Buffers, r) -> _Stat
     matrix, matrix_single = accumulate(data.matrix_single, B2, True, zeros(B2, (L, L)),
                                        single_store(data.matrix_single, (L, L)))
     matrix, _ = accumulate(data.matrix_multi, B2, True, matrix)
-    return _Statistics(*vector, *matrix, vector_single, matrix_single)
+    return _Statistics._make((*vector, *matrix, vector_single, matrix_single))
 class _Blocks(NamedTuple):
     """The round's blocks: current weights, masks and parts (vector `[B, L]`,
     matrix `[B2, L, L]`)."""
@@ -872,7 +871,7 @@ def bcd_sweep_fn(data: BcdData, l1, l2=0.0, *, max_step: float = 1.0, max_backtr
         weights = _weights(model)
 
         def body(r, carry):
-            return _round_update(*carry[:1], data, carry[1], r, l1, l2, max_step, max_backtracking)
+            return _round_update(carry[0], data, carry[1], r, l1, l2, max_step, max_backtracking)
 
         weights, _ = jax.lax.fori_loop(0, data.num_rounds, body, (weights, _initial_buffers(weights, model, data)))
         model = _with_weights(model, weights)

@@ -57,13 +57,13 @@ observation features keep their sentence context; only the chain is cut).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
-
-import numpy as np
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..lattices import chain
 from ..models.linear_chain import LinearChainModel
@@ -185,7 +185,7 @@ def sequence_pieces(ids, labels, lengths, piece_length: int):
     ids = _host_arrays("ids", ids, 3, "[N, T, F]")
     labels = _host_arrays("labels", labels, 2, "[N, T]")
     lengths = _host_arrays("lengths", lengths, 1, "[N]")
-    N, T, F = ids.shape
+    N, T, _ = ids.shape
     if labels.shape != (N, T) or lengths.shape != (N,):
         raise ValueError(f"labels must have shape [N, T] = {(N, T)} and lengths [N] = {(N,)} (from ids), "
                          f"got {labels.shape} and {lengths.shape}")
@@ -221,7 +221,7 @@ def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int
     block = check_int("block", block)
     tiers = tuple(sorted({check_int("tiers", tier) for tier in tiers}))
     ids = _host_arrays("ids", ids, 3, "[N, T, F]")
-    N, T, F = ids.shape
+    N, T, _ = ids.shape
     labels = _host_arrays("labels", labels, 2, "[N, T]")
     lengths = _host_arrays("lengths", lengths, 1, "[N]")
     if labels.shape != (N, T) or lengths.shape != (N,):

@@ -35,8 +35,9 @@ import functools
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,9 +47,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import checkpoint, parallel
 from ..validation import check_int
-from .minimize import (GradientSteps, LoopState, MinimizeResult, StopRule, advance, check_callable,
-                       check_float_params, check_optimizer, float_dtype, init_loop, minimize_result,
-                       relative_change_below)
+from .minimize import (
+    GradientSteps,
+    LoopState,
+    MinimizeResult,
+    StopRule,
+    advance,
+    check_callable,
+    check_float_params,
+    check_optimizer,
+    float_dtype,
+    init_loop,
+    minimize_result,
+    relative_change_below,
+)
 
 
 class Report(NamedTuple):
@@ -114,7 +126,7 @@ def fingerprint(data, settings=None) -> np.ndarray:
     digest.update(str(structure).encode("utf-8"))
     for leaf in leaves:
         array = np.ascontiguousarray(np.asarray(leaf))
-        digest.update(f"{array.shape}{array.dtype}".encode("utf-8"))
+        digest.update(f"{array.shape}{array.dtype}".encode())
         digest.update(array.tobytes())
     return np.frombuffer(digest.digest(), dtype=np.uint8).copy()
 
@@ -145,7 +157,7 @@ def _compiled_chunk(make_step, stop, loop, data, mesh):
         _COMPILED.move_to_end(key)
         return _COMPILED[key], 0.0
     start = time.perf_counter()
-    options = {}
+    options: dict[str, Any] = {}
     if mesh is not None:
         copy = NamedSharding(mesh, PartitionSpec())
         split = NamedSharding(mesh, PartitionSpec(parallel.data_axis(mesh)))
@@ -175,7 +187,7 @@ def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> LoopState:
     return _strong(restored["loop"])
 
 
-def _progress_bar(show: bool, total: int, initial: int, description: Optional[str]):
+def _progress_bar(show: bool, total: int, initial: int, description: str | None):
     if not show:
         return None
     try:
@@ -185,10 +197,10 @@ def _progress_bar(show: bool, total: int, initial: int, description: Optional[st
     return tqdm(total=total, initial=initial, unit="step", desc=description, leave=False)
 
 
-def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, until: Optional[int] = None,
+def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, until: int | None = None,
           chunk_steps: int = 1, checkpoint_dir=None, checkpoint_every: int = 1, keep: int = 1, settings=None,
-          progress: Optional[bool] = None, callback: Optional[Callable] = None, mesh=None,
-          description: Optional[str] = None) -> DriveResult:
+          progress: bool | None = None, callback: Callable | None = None, mesh=None,
+          description: str | None = None) -> DriveResult:
     """Run `loop` to its end: `advance(make_step, stop, loop, until, data)`
     in jitted chunks of `chunk_steps` steps.
 
@@ -258,8 +270,8 @@ def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, un
 
 
 def train(objective: Callable, params, optimizer: optax.GradientTransformation, data=None, *, max_steps: int,
-          stop: Optional[StopRule] = None, regularizer: Optional[Callable] = None,
-          penalty: Optional[Callable] = None, mesh=None, **drive_options) -> TrainResult:
+          stop: StopRule | None = None, regularizer: Callable | None = None,
+          penalty: Callable | None = None, mesh=None, **drive_options) -> TrainResult:
     """Minimise `objective(params, data) (+ regularizer(params))` with an
     optax-shaped optimizer, through `drive`.
 

@@ -12,7 +12,8 @@ CRFsuite's penalty weights.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,8 @@ class ElasticNetTraining(NamedTuple):
     itself (recorded only, or None)."""
 
     optimizer: optax.GradientTransformation
-    regularizer: Optional[Callable]
-    penalty: Optional[Callable]
+    regularizer: Callable | None
+    penalty: Callable | None
 
 
 def check_elastic_net(l1: float, l2: float, optimizer=None, regularizer=None) -> None:
@@ -58,8 +59,8 @@ def check_elastic_net(l1: float, l2: float, optimizer=None, regularizer=None) ->
                              "objective")
 
 
-def elastic_net_training(l1: float, l2: float, optimizer: Optional[optax.GradientTransformation] = None, *,
-                         memory_size: int = 6, regularizer: Optional[Callable] = None) -> ElasticNetTraining:
+def elastic_net_training(l1: float, l2: float, optimizer: optax.GradientTransformation | None = None, *,
+                         memory_size: int = 6, regularizer: Callable | None = None) -> ElasticNetTraining:
     """The optimizer for `f + l1 ||w||_1 + l2 / 2 ||w||^2 (+ regularizer)`:
     OWL-QN when `optimizer` is None and `l1 > 0`, else `optimizer` (default
     `optax.lbfgs`), `memory_size` pairs of history for the defaults."""
@@ -93,8 +94,8 @@ class L2Regularizer(NamedTuple):
     """`params -> l2 / 2 ||params||^2 (+ regularizer(params))`, a value."""
 
     l2: float
-    regularizer: Optional[Callable] = None
+    regularizer: Callable | None = None
 
     def __call__(self, params) -> jax.Array:
-        total = 0.5 * self.l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params))
+        total = jnp.asarray(0.5 * self.l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params)))
         return total if self.regularizer is None else total + self.regularizer(params)

@@ -5,7 +5,7 @@ removes the L1 shrinkage bias and lets SGD and BCD catch up with OWL-QN."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -25,9 +25,11 @@ that take `value=`, `grad=`, `value_fn=` (`optax.lbfgs`, `owlqn`).
 from __future__ import annotations
 
 import enum
+import math
 import numbers
 import warnings
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +37,6 @@ import optax
 
 from .. import validation
 from ..validation import concrete
-
 
 # ---------------------------------------------------------------------------
 # Argument checks shared by the optimizers (static values only: Python
@@ -68,7 +69,7 @@ def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = Fals
     number = array.item()
     below = low is not None and (number <= low if low_open else number < low)
     above = high is not None and (number >= high if high_open else number > high)
-    if number != number or below or above:
+    if math.isnan(number) or below or above:
         raise ValueError(f"{name} must be {expected}, got {number!r}")
     if number in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be {expected} and finite, got {number!r}")
@@ -109,8 +110,15 @@ class Status(enum.IntEnum):
     LINE_SEARCH_FAILED = 3  # no trial step decreased the objective (the parameters stay put)
 
 
-CONVERGED, ITERATION_LIMIT, NON_FINITE_OBJECTIVE, LINE_SEARCH_FAILED = (
-    Status.CONVERGED, Status.ITERATION_LIMIT, Status.NON_FINITE_OBJECTIVE, Status.LINE_SEARCH_FAILED)
+# One assignment each, so that documentation tools (griffe) see them.
+CONVERGED = Status.CONVERGED
+"""`Status.CONVERGED`."""
+ITERATION_LIMIT = Status.ITERATION_LIMIT
+"""`Status.ITERATION_LIMIT`."""
+NON_FINITE_OBJECTIVE = Status.NON_FINITE_OBJECTIVE
+"""`Status.NON_FINITE_OBJECTIVE`."""
+LINE_SEARCH_FAILED = Status.LINE_SEARCH_FAILED
+"""`Status.LINE_SEARCH_FAILED`."""
 
 
 def status_name(code) -> str:
@@ -243,6 +251,7 @@ class RelativeImprovement(NamedTuple):
 #: `(trace [max_steps], num_steps []) -> []` bool (see `run_loop`). A rule that
 #: needs the host (a development-set score) is a `driver.drive` callback.
 StopRule = Callable[[jax.Array, jax.Array], jax.Array]
+"""A stop rule: `(trace [max_steps], step []) -> [] bool`, True to stop."""
 
 
 def relative_change_below(tol: float) -> RelativeChange:
@@ -261,7 +270,7 @@ def relative_improvement_below(tol: float, period: int) -> RelativeImprovement:
 
 
 def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: StopRule,
-             halt_fn: Optional[Callable] = None) -> LoopState:
+             halt_fn: Callable | None = None) -> LoopState:
     """Advance `loop` with `step_fn` until `until` steps in total, the trace is
     full, or the stop rule `stop_fn(trace, num_steps)` fires (or `halt_fn(inner,
     value)`, e.g. `halt_on_failure`). Jit-able (`until` may be traced;
@@ -316,10 +325,12 @@ def optimizer_update(optimizer: optax.GradientTransformation, fun: Callable, par
     Optimizers whose state says `evaluates_objective` (`owlqn`) are given
     only `value_fn=fun` and evaluate it themselves; others get `fun`'s value
     and gradient (re-used from the state when it stores them)."""
+    # A plain GradientTransformation's update takes no extra arguments: wrapped, it ignores them.
+    update = optax.with_extra_args_support(optimizer).update
     if getattr(opt_state, "evaluates_objective", False):
-        return optimizer.update(None, opt_state, params, value_fn=fun)
+        return update(None, opt_state, params, value_fn=fun)  # pyright: ignore[reportArgumentType]  # no gradient: it evaluates fun
     value, grad = _value_and_grad(fun, opt_state)(params)
-    return optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
+    return update(grad, opt_state, params, value=value, grad=grad, value_fn=fun)
 
 
 def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, params, opt_state):
@@ -334,13 +345,15 @@ def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, par
 
 
 def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
-                     penalty: Optional[Callable] = None) -> Callable:
+                     penalty: Callable | None = None) -> Callable:
     """The `step_fn` of one optax update on `inner = (params, opt_state)`.
 
     The objective recorded is `fun(params) + penalty(params)` at the new
     parameters (`penalty` is the non-smooth part the optimizer handles
     itself, e.g. `l1_penalty(...)` for `owlqn`).
     """
+    update = optax.with_extra_args_support(optimizer).update  # as in `optimizer_update`
+
     def step_fn(inner, step):
         params, opt_state = inner
         if getattr(opt_state, "evaluates_objective", False):
@@ -350,7 +363,7 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
             start, grad = _value_and_grad(fun, opt_state)(params)
 
             def move(_):
-                updates, new_state = optimizer.update(grad, opt_state, params, value=start, grad=grad, value_fn=fun)
+                updates, new_state = update(grad, opt_state, params, value=start, grad=grad, value_fn=fun)
                 new_params = optax.apply_updates(params, updates)
                 stored = optax.tree.get(new_state, "value")
                 value = fun(new_params) if stored is None else stored
@@ -378,8 +391,8 @@ class GradientSteps(NamedTuple):
 
     objective: Callable
     optimizer: optax.GradientTransformation
-    regularizer: Optional[Callable] = None
-    penalty: Optional[Callable] = None
+    regularizer: Callable | None = None
+    penalty: Callable | None = None
 
     def __call__(self, data):
         objective, regularizer = self.objective, self.regularizer
@@ -406,7 +419,7 @@ class MinimizeResult(NamedTuple):
 
 
 def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, max_steps: int,
-             tol: float = 1e-9, penalty: Optional[Callable] = None) -> MinimizeResult:
+             tol: float = 1e-9, penalty: Callable | None = None) -> MinimizeResult:
     """Minimise `fun(params)` (+ `penalty(params)`) with an optax optimizer.
 
     Runs up to `max_steps` updates in one `jax.lax.while_loop`, stopping when
@@ -455,11 +468,13 @@ def num_examples(data) -> int:
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"data must be a pytree of arrays sharing a leading example axis [N, ...], "
                          f"got leading sizes {sorted(map(str, sizes))}")
-    return sizes.pop()
+    size = sizes.pop()
+    assert size is not None  # refused above
+    return size
 
 
 def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, *, batch_size: int,
-                  penalty: Optional[Callable] = None) -> Callable:
+                  penalty: Callable | None = None) -> Callable:
     """The `step_fn` of one shuffled epoch of minibatch updates.
 
     inner: `(params, opt_state, key)`; the epoch's order is
@@ -502,7 +517,7 @@ def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, 
 
 def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransformation, data, *, key,
                         batch_size: int, num_epochs: int, tol: float = 0.0,
-                        penalty: Optional[Callable] = None) -> MinimizeResult:
+                        penalty: Callable | None = None) -> MinimizeResult:
     """Minibatch training for up to `num_epochs` epochs in one `while_loop`.
 
     fun: `(params, batch) -> loss summed over the batch`; data: pytree with a
@@ -521,4 +536,4 @@ def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransfor
 
 
 run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3, 4))
-run_loop_jit.__doc__ = """`run_loop` compiled once per `(step_fn, stop_fn, halt_fn)` (pass the same objects to re-use it)."""
+"""`run_loop` compiled once per `(step_fn, stop_fn, halt_fn)` (pass the same objects to re-use it)."""

@@ -250,4 +250,4 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
                                ravel_pytree(grads)[1](f_grad), status)
         return unravel(x - theta), new_state
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)  # pyright: ignore[reportArgumentType]  # optax's update protocol

@@ -15,7 +15,8 @@ mistakes in that epoch, and the loop stops after an epoch without mistakes.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,7 @@ class SequenceData(NamedTuple):
 
 
 def perceptron_init(params) -> PerceptronState:
+    """The perceptron's state before the first epoch: `params`, a zero sum, no examples seen."""
     return PerceptronState(params, jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
 
 

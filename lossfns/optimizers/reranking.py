@@ -5,9 +5,10 @@ stagewise linear regression (FSLR) and BLasso.
 Data: `features [N, C, K]` of `C` candidates per example (`f_0`, column 0,
 is the baseline model's log-probability; its weight is fitted once at
 initialisation and is not penalised or updated afterwards), `reference [N]`
-the index of the oracle-best candidate, `valid [N, C]` which candidates
-exist. With `d = f(reference) - f(candidate)` `[N, C, K]`, the margins are
-`M = d . lambda` and `ExpLoss = sum exp(-M)` over valid candidates.
+the index of the oracle-best candidate, `mask [N, C]` which candidates
+exist (1) and which are padding (0), as `mask` in `losses.reranking_*`.
+With `d = f(reference) - f(candidate)` `[N, C, K]`, the margins are
+`M = d . lambda` and `ExpLoss = sum exp(-M)` over the existing candidates.
 
 All candidate single-feature updates are scored at once from the cached
 margins: the loss of moving `lambda_k` by `delta` is
@@ -21,7 +22,7 @@ only the non-zero `d_ick` of the other features, grouped into slots of
 equal (feature, value), so that a step costs one pass over the non-zeros
 (n-best lists with many sparse count features). The step functions are
 written once on the primitives each layout provides: `_weighted`
-(`valid exp(-M)` `[N, C]`, and for sparse data its sums per slot `[S]`),
+(`mask exp(-M)` `[N, C]`, and for sparse data its sums per slot `[S]`),
 `_move_losses` and `_move_derivatives` (the `[K]` ExpLoss of every
 single-feature move and its derivatives, from `_weighted`), `_column` (one
 feature's `d`, to apply a move to the cached margins), `_baseline` (`d_0`)
@@ -30,24 +31,30 @@ and `_margins` (`d . lambda` of any weights).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Union
-
-import numpy as np
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ..deprecation import renamed_arguments, warn_renamed
 from ..validation import as_float_array, as_int_array, concrete
 from .minimize import check_int, check_scalar, init_loop, relative_change_below, run_loop
 from .scalar_newton import newton_minimize
 
 
 class RerankingData(NamedTuple):
-    """differences: `[N, C, K]` `f(reference) - f(candidate)`, zero for invalid candidates;
-    valid: `[N, C]` float mask."""
+    """differences: `[N, C, K]` `f(reference) - f(candidate)`, zero for missing candidates;
+    mask: `[N, C]` float, 1 where a candidate exists. (`.valid` is the deprecated name of `.mask`.)"""
 
     differences: jax.Array
-    valid: jax.Array
+    mask: jax.Array
+
+    @property
+    def valid(self) -> jax.Array:
+        warn_renamed("lossfns.optimizers.RerankingData", "valid", "mask", stacklevel=3)
+        return self.mask
 
 
 class SparseRerankingData(NamedTuple):
@@ -56,7 +63,8 @@ class SparseRerankingData(NamedTuple):
     differences `d_ick` of features `1..K-1`, grouped into `S` slots of equal
     (feature, value). From `sparse_reranking_data`.
 
-    baseline: `[N, C]` `d_0`, zero for invalid candidates; valid: `[N, C]` float mask;
+    baseline: `[N, C]` `d_0`, zero for missing candidates; mask: `[N, C]` float, 1 where a
+    candidate exists (`.valid` is its deprecated name);
     entry_example, entry_candidate, entry_feature: `[E]` int32; entry_value: `[E]` `d_ick`;
     entry_slot: `[E]` int32, the slot of the entry's (feature, value);
     slot_feature: `[S]` int32, sorted; slot_value: `[S]` the slot's `d`;
@@ -64,7 +72,7 @@ class SparseRerankingData(NamedTuple):
     """
 
     baseline: jax.Array
-    valid: jax.Array
+    mask: jax.Array
     entry_example: jax.Array
     entry_candidate: jax.Array
     entry_feature: jax.Array
@@ -74,8 +82,13 @@ class SparseRerankingData(NamedTuple):
     slot_value: jax.Array
     feature_entries: jax.Array
 
+    @property
+    def valid(self) -> jax.Array:
+        warn_renamed("lossfns.optimizers.SparseRerankingData", "valid", "mask", stacklevel=3)
+        return self.mask
 
-AnyRerankingData = Union[RerankingData, SparseRerankingData]
+
+AnyRerankingData = RerankingData | SparseRerankingData
 
 
 class RerankingState(NamedTuple):
@@ -87,8 +100,11 @@ class RerankingState(NamedTuple):
     alpha: jax.Array
 
 
-def reranking_data(features, reference, valid=None) -> RerankingData:
-    """`RerankingData` from candidate features `[N, C, K]`, `reference [N]`, `valid [N, C]`."""
+@renamed_arguments(valid="mask")
+def reranking_data(features, reference, mask=None) -> RerankingData:
+    """`RerankingData` from candidate features `[N, C, K]`, `reference [N]` and
+    `mask [N, C]` (1 where a candidate exists; default all; `valid=` is its
+    deprecated name)."""
     features = as_float_array("features", features, 3, "[N, C, K]")
     raw = concrete(reference)
     # An int64 reference beyond int32 is refused, not wrapped (jax_enable_x64 off).
@@ -97,25 +113,27 @@ def reranking_data(features, reference, valid=None) -> RerankingData:
     if reference.shape != features.shape[:1] or not jnp.issubdtype(reference.dtype, jnp.integer):
         raise ValueError(f"reference must be an int array of shape [N] = {features.shape[:1]}, "
                          f"got {reference.dtype} {reference.shape}")
-    valid = jnp.ones(features.shape[:2], features.dtype) if valid is None else jnp.asarray(valid, features.dtype)
-    if valid.shape != features.shape[:2]:
-        raise ValueError(f"valid must have shape [N, C] = {features.shape[:2]}, got {valid.shape}")
+    mask = jnp.ones(features.shape[:2], features.dtype) if mask is None else jnp.asarray(mask, features.dtype)
+    if mask.shape != features.shape[:2]:
+        raise ValueError(f"mask must have shape [N, C] = {features.shape[:2]}, got {mask.shape}")
     _check_finite("features", features)
-    _check_references(reference, valid, features.shape[1])
+    _check_references(reference, mask, features.shape[1])
     best = jnp.take_along_axis(features, reference[:, None, None], axis=1)
-    return RerankingData((best - features) * valid[..., None], valid)
+    return RerankingData((best - features) * mask[..., None], mask)
 
 
-def sparse_reranking_data(baseline, entries, valid=None, *, num_features: int | None = None,
+@renamed_arguments(valid="mask")
+def sparse_reranking_data(baseline, entries, mask=None, *, num_features: int | None = None,
                           dtype=None) -> SparseRerankingData:
     """`SparseRerankingData` from the differences `d = f(reference) - f(candidate)`.
 
-    baseline: `[N, C]` `d_0` (read as 0 where `valid` is 0);
+    baseline: `[N, C]` `d_0` (read as 0 where `mask` is 0);
     entries: `(example [E], candidate [E], feature [E], value [E])`, the
       non-zero `d_ick` of features `k >= 1` (at most one entry per
-      (example, candidate, feature); those of invalid candidates and zero
+      (example, candidate, feature); those of missing candidates and zero
       values are dropped);
-    valid: `[N, C]` mask (default all valid);
+    mask: `[N, C]`, 1 where a candidate exists (default all; `valid=` is
+      its deprecated name);
     num_features: `K` (default the largest feature + 1);
     dtype: float dtype of the values (default baseline's).
     Groups the entries on the host (numpy), so call it outside `jit`.
@@ -125,9 +143,9 @@ def sparse_reranking_data(baseline, entries, valid=None, *, num_features: int | 
         raise ValueError(f"baseline must have shape [N, C], got shape {baseline.shape}")
     dtype = baseline.dtype if dtype is None else dtype
     shape = baseline.shape
-    valid = np.ones(shape) if valid is None else np.asarray(valid, np.float64)
-    if valid.shape != shape:
-        raise ValueError(f"valid must have shape [N, C] = {shape} (like baseline), got {valid.shape}")
+    mask = np.ones(shape) if mask is None else np.asarray(mask, np.float64)
+    if mask.shape != shape:
+        raise ValueError(f"mask must have shape [N, C] = {shape} (like baseline), got {mask.shape}")
     if not isinstance(entries, (tuple, list)) or len(entries) != 4:
         got = f" of length {len(entries)}" if isinstance(entries, (tuple, list)) else ""
         raise ValueError("entries must be a tuple of 4 arrays (example [E], candidate [E], feature [E], value [E]), "
@@ -151,12 +169,12 @@ def sparse_reranking_data(baseline, entries, valid=None, *, num_features: int | 
             at = int(np.argmax(outside))
             raise ValueError(f"entries' {name} must lie in [{low}, {high}), got {int(array[at])} at index {at}")
     _check_finite("entries' value", value)
-    baseline = np.where(valid > 0, np.asarray(baseline), 0.0)  # host arrays: not under jit
+    baseline = np.where(mask > 0, np.asarray(baseline), 0.0)  # host arrays: not under jit
     _check_finite("baseline", baseline)
     keys = np.stack([example, candidate, feature])
     if np.unique(keys, axis=1).shape[1] != keys.shape[1]:
         raise ValueError("entries must hold at most one value per (example, candidate, feature), got duplicates")
-    keep = (valid[example, candidate] > 0) & (value != 0)
+    keep = (mask[example, candidate] > 0) & (value != 0)
     example, candidate, feature = example[keep], candidate[keep], feature[keep]
     value = np.asarray(jnp.asarray(value[keep], dtype))  # slots group the values as stored
     # Slots: the distinct (feature, value) pairs, sorted by feature (then value).
@@ -165,10 +183,10 @@ def sparse_reranking_data(baseline, entries, valid=None, *, num_features: int | 
     counts = np.bincount(feature, minlength=size)
     counts[0] = np.count_nonzero(baseline)
     return SparseRerankingData(
-        jnp.asarray(baseline, dtype), jnp.asarray(valid, dtype),
+        jnp.asarray(baseline, dtype), jnp.asarray(mask, dtype),
         jnp.asarray(example, jnp.int32), jnp.asarray(candidate, jnp.int32), jnp.asarray(feature, jnp.int32),
         jnp.asarray(value, dtype), jnp.asarray(slot, jnp.int32),
-        jnp.asarray(unique.f0, jnp.int32), jnp.asarray(unique.f1, dtype),
+        jnp.asarray(unique["f0"], jnp.int32), jnp.asarray(unique["f1"], dtype),
         jnp.asarray(counts, jnp.int32))
 
 
@@ -180,9 +198,9 @@ def _check_finite(name: str, x) -> None:
         raise ValueError(f"{name} must be finite, got {value[where]} at index {where}")
 
 
-def _check_references(reference, valid, num_candidates: int) -> None:
-    """Each reference must index an existing (valid) candidate, when concrete."""
-    reference, valid = concrete(reference), concrete(valid)
+def _check_references(reference, mask, num_candidates: int) -> None:
+    """Each reference must index an existing candidate (mask 1), when concrete."""
+    reference, mask = concrete(reference), concrete(mask)
     if reference is None:
         return
     outside = (reference < 0) | (reference >= num_candidates)
@@ -190,18 +208,18 @@ def _check_references(reference, valid, num_candidates: int) -> None:
         row = int(np.argmax(outside))
         raise ValueError(f"reference must lie in [0, {num_candidates}) (the candidate axis C), "
                          f"got {int(reference[row])} at index {row}")
-    if valid is not None:
-        absent = valid[np.arange(reference.shape[0]), reference] == 0
+    if mask is not None:
+        absent = mask[np.arange(reference.shape[0]), reference] == 0
         if absent.any():
             row = int(np.argmax(absent))
-            raise ValueError(f"reference must be a valid candidate, got {int(reference[row])} at index {row}, "
-                             "which valid marks as absent")
+            raise ValueError(f"reference must be an existing candidate, got {int(reference[row])} at index {row}, "
+                             "which mask marks as absent")
 
 
 def _check_data(data) -> None:
     if not isinstance(data, (RerankingData, SparseRerankingData)):
-        raise TypeError("data must be a RerankingData (from reranking_data(features, reference, valid)) or a "
-                        "SparseRerankingData (from sparse_reranking_data(baseline, entries, valid)), "
+        raise TypeError("data must be a RerankingData (from reranking_data(features, reference, mask)) or a "
+                        "SparseRerankingData (from sparse_reranking_data(baseline, entries, mask)), "
                         f"got {type(data).__name__}")
 
 
@@ -226,7 +244,7 @@ def _column(data: AnyRerankingData, feature) -> jax.Array:
     """`[N, C]` `d_k` of one (possibly traced) feature `k`."""
     if not isinstance(data, SparseRerankingData):
         return data.differences[:, :, feature]
-    scattered = jnp.zeros(data.valid.shape, data.valid.dtype).at[data.entry_example, data.entry_candidate].add(
+    scattered = jnp.zeros(data.mask.shape, data.mask.dtype).at[data.entry_example, data.entry_candidate].add(
         jnp.where(data.entry_feature == feature, data.entry_value, 0.0))
     return jnp.where(feature == 0, data.baseline, scattered)
 
@@ -240,9 +258,9 @@ def _margins(data: AnyRerankingData, weights) -> jax.Array:
 
 
 def _weighted(data: AnyRerankingData, margins):
-    """What the `[K]` move losses need from the margins: `valid exp(-M)`
+    """What the `[K]` move losses need from the margins: `mask exp(-M)`
     `[N, C]`, and for sparse data also its sum over each slot's entries `[S]`."""
-    cached = data.valid * jnp.exp(-margins)
+    cached = data.mask * jnp.exp(-margins)
     if not isinstance(data, SparseRerankingData):
         return cached
     mass = jax.ops.segment_sum(cached[data.entry_example, data.entry_candidate], data.entry_slot,
@@ -282,18 +300,18 @@ def _move_derivatives(data: AnyRerankingData, weighted, delta):
 def _optimal_moves(data: AnyRerankingData, weighted, max_step: float = 10.0) -> jax.Array:
     """`[K]` optimal steps by Newton on `_move_derivatives` (entry 0 as there)."""
     return newton_minimize(lambda delta: _move_derivatives(data, weighted, delta), (num_features(data),),
-                           data.valid.dtype, max_step=max_step)
+                           data.mask.dtype, max_step=max_step)
 
 
 def _baseline_step(data: AnyRerankingData, cached, max_step: float = 10.0) -> jax.Array:
-    """`argmin_delta sum_ic cached_ic exp(-delta d_ic0)`, `[]`, for `cached = valid exp(-M)` `[N, C]`."""
+    """`argmin_delta sum_ic cached_ic exp(-delta d_ic0)`, `[]`, for `cached = mask exp(-M)` `[N, C]`."""
     baseline = _baseline(data)
 
     def derivatives(delta):
         weighted = cached * jnp.exp(-delta[0] * baseline)
         return -jnp.sum(weighted * baseline)[None], jnp.sum(weighted * baseline ** 2)[None]
 
-    return newton_minimize(derivatives, (1,), data.valid.dtype, max_step=max_step)[0]
+    return newton_minimize(derivatives, (1,), data.mask.dtype, max_step=max_step)[0]
 
 
 def _move(data: AnyRerankingData, state: RerankingState, feature, step, alpha=None) -> RerankingState:
@@ -309,8 +327,8 @@ def _move(data: AnyRerankingData, state: RerankingState, feature, step, alpha=No
 
 
 def exp_loss(data: AnyRerankingData, margins) -> jax.Array:
-    """`sum_ic valid exp(-M_ic)` of margins `[N, C]`, `[]`."""
-    return jnp.sum(data.valid * jnp.exp(-margins))
+    """`sum_ic mask exp(-M_ic)` of margins `[N, C]`, `[]`."""
+    return jnp.sum(data.mask * jnp.exp(-margins))
 
 
 def lasso_loss(data: AnyRerankingData, weights, alpha) -> jax.Array:
@@ -340,8 +358,8 @@ def optimal_steps(data: AnyRerankingData, margins, max_step: float = 10.0) -> ja
 def reranking_init(data: AnyRerankingData) -> RerankingState:
     """All weights `[K]` 0 except `lambda_0`, set to minimise ExpLoss."""
     _check_data(data)
-    dtype = data.valid.dtype
-    lambda_0 = _baseline_step(data, data.valid)  # valid exp(-M) at M = 0
+    dtype = data.mask.dtype
+    lambda_0 = _baseline_step(data, data.mask)  # mask exp(-M) at M = 0
     weights = jnp.zeros((num_features(data),), dtype).at[0].set(lambda_0)
     return RerankingState(weights, lambda_0 * _baseline(data), jnp.asarray(jnp.inf, dtype))
 
@@ -462,11 +480,13 @@ def blasso_step_fn(data: AnyRerankingData, epsilon: float, *, backward: bool = T
     return step_fn
 
 
-def run_reranker(step_fn: Callable, data: AnyRerankingData, *, num_steps: int, tol: float = 0.0):
-    """Run a reranking `step_fn` from `reranking_init` for up to `num_steps`
+@renamed_arguments(num_steps="max_steps")
+def run_reranker(step_fn: Callable, data: AnyRerankingData, *, max_steps: int, tol: float = 0.0):
+    """Run a reranking `step_fn` from `reranking_init` for up to `max_steps`
     steps (stopping when ExpLoss changes by less than `tol`, relatively);
-    returns the final `LoopState` (`.inner` is the `RerankingState`). Jit-able."""
+    returns the final `LoopState` (`.inner` is the `RerankingState`). Jit-able.
+    (`num_steps=` is the deprecated name of `max_steps=`, as in `minimize`.)"""
     _check_data(data)
-    check_int("num_steps", num_steps)
-    loop = init_loop(reranking_init(data), num_steps, data.valid.dtype)
-    return run_loop(step_fn, loop, num_steps, relative_change_below(tol))
+    check_int("max_steps", max_steps)
+    loop = init_loop(reranking_init(data), max_steps, data.mask.dtype)
+    return run_loop(step_fn, loop, max_steps, relative_change_below(tol))

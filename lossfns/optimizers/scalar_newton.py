@@ -9,7 +9,7 @@ the fixed count is then only a cap."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ from .minimize import check_int, check_scalar
 
 
 def newton_minimize(derivatives: Callable, shape, dtype, *, num_steps: int = 40,
-                    max_step: float = 10.0, tol: Optional[float] = None, start=None) -> jax.Array:
+                    max_step: float = 10.0, tol: float | None = None, start=None) -> jax.Array:
     """Minimiser `[*shape]` of convex scalar functions, elementwise.
 
     derivatives: `delta [*shape] -> (first [*shape], second [*shape])`;

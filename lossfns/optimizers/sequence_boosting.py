@@ -51,19 +51,28 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, NamedTuple, Optional, Union
-
-import numpy as np
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import checkpoint, losses
+from ..deprecation import renamed_arguments
 from ..lattices import chain
-from .chain_boosting import (ChainBoostingData, ChainStatistics, chain_slot_groups, chain_statistics,
-                             chain_group_weak_learner, chain_weak_learner_row,
-                             chain_weak_learners, log_exp_loss, log_weights,
-                             update_chain_statistics)
+from .chain_boosting import (
+    ChainBoostingData,
+    ChainStatistics,
+    chain_group_weak_learner,
+    chain_slot_groups,
+    chain_statistics,
+    chain_weak_learner_row,
+    chain_weak_learners,
+    log_exp_loss,
+    log_weights,
+    update_chain_statistics,
+)
 from .minimize import LoopState, check_callable, check_int, check_scalar, init_loop, relative_change_below, run_loop
 from .perceptron import SequenceData, check_sequence_data
 from .scalar_newton import newton_minimize
@@ -108,19 +117,19 @@ class BoostingState(NamedTuple):
     bool, the stop rule fired; history: `BoostingHistory`."""
 
     theta: jax.Array
-    statistics: Union[DenseStatistics, ChainStatistics]
+    statistics: DenseStatistics | ChainStatistics
     log_exp_loss: jax.Array
     recent: jax.Array
     converged: jax.Array
     history: BoostingHistory
 
 
-AnyBoostingData = Union[BoostingData, ChainBoostingData]
+AnyBoostingData = BoostingData | ChainBoostingData
 
 
 def _check_data(data) -> None:
     if not isinstance(data, (BoostingData, ChainBoostingData)):
-        raise TypeError("data must be a BoostingData (from boosting_data(potentials_fn, sequences, num_features)) "
+        raise TypeError("data must be a BoostingData (from boosting_data(potentials_fn, data, num_features)) "
                         "or a ChainBoostingData (from chain_boosting_data(ids, labels, lengths, ...)), "
                         f"got {type(data).__name__}")
 
@@ -149,15 +158,17 @@ def num_weak_learners(data: AnyBoostingData) -> int:
 # ---------------------------------------------------------------------------
 
 
-def boosting_data(potentials_fn: Callable, sequences: SequenceData, num_features: int, dtype=jnp.float64
+@renamed_arguments(sequences="data")
+def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int, dtype=jnp.float64
                   ) -> BoostingData:
     """The dense layout: each sequence's range of `u_ik` for every feature,
     by Viterbi on the feature's own potentials (`K` runs per sequence).
 
-    potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta.
+    potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta;
+    data: the `SequenceData`, as in `sequence_boosting` (`sequences=` is its deprecated name).
     """
     check_callable("potentials_fn", potentials_fn)
-    check_sequence_data(sequences)
+    check_sequence_data(data)
     check_int("num_features", num_features)
     basis = jnp.eye(num_features, dtype=dtype)
 
@@ -167,8 +178,8 @@ def boosting_data(potentials_fn: Callable, sequences: SequenceData, num_features
         best = lambda theta: chain.viterbi(potentials_fn(theta, inputs), length)[0]
         return -jax.vmap(best)(-basis) - gold, jax.vmap(best)(basis) - gold
 
-    lowest, highest = jax.vmap(one)(sequences.inputs, sequences.labels, sequences.lengths)
-    return BoostingData(sequences, lowest, highest)
+    lowest, highest = jax.vmap(one)(data.inputs, data.labels, data.lengths)
+    return BoostingData(data, lowest, highest)
 
 
 def _dense_statistics(potentials_fn, data: BoostingData, theta) -> DenseStatistics:
@@ -393,7 +404,7 @@ def _round(data, potentials_fn, state: BoostingState, index, step: str, tol: flo
     return BoostingState(theta, statistics, log_total, state.recent.at[slot].set(log_total), converged, history)
 
 
-def boosting_init(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, max_rounds: int,
+def boosting_init(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_rounds: int,
                   window: int = 100, theta=None, dtype=None) -> BoostingState:
     """The state before the first round, from `theta` (default zeros `[K]`).
 
@@ -416,7 +427,7 @@ def boosting_init(data: AnyBoostingData, potentials_fn: Optional[Callable] = Non
                          jnp.zeros((), bool), history)
 
 
-def sequence_boosting_step_fn(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *,
+def sequence_boosting_step_fn(data: AnyBoostingData, potentials_fn: Callable | None = None, *,
                               step: str = "line_search", tol: float = 0.0, refresh_every: int = 100) -> Callable:
     """The `step_fn` of one boosting round for `minimize.run_loop`; the
     objective recorded is the log exp-loss after the round. Stop the loop
@@ -452,10 +463,11 @@ def sequence_exp_loss(potentials_fn: Callable, theta, data: SequenceData) -> jax
     return jnp.sum(per_sequence(data.inputs, data.labels, data.lengths))
 
 
-def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features: int, *, num_rounds: int,
+@renamed_arguments(num_rounds="max_rounds")
+def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features: int, *, max_rounds: int,
                       step: str = "line_search", tol: float = 0.0, window: int = 10, dtype=jnp.float64):
-    """Boost any linear model from `theta = 0` for up to `num_rounds` rounds
-    (dense layout; jit-able).
+    """Boost any linear model from `theta = 0` for up to `max_rounds` rounds
+    (dense layout; jit-able; `num_rounds=` is the deprecated name of `max_rounds=`, as in `boost`).
 
     potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta.
     Returns `(theta [K], loop)`; `loop.trace` is the log exp-loss after each
@@ -465,12 +477,12 @@ def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features:
     check_callable("potentials_fn", potentials_fn)
     check_sequence_data(data)
     check_int("num_features", num_features)
-    check_int("num_rounds", num_rounds)
+    check_int("max_rounds", max_rounds)
     _check_step(step)
     dense = boosting_data(potentials_fn, data, num_features, dtype)
-    state = boosting_init(dense, potentials_fn, max_rounds=num_rounds, window=window)
+    state = boosting_init(dense, potentials_fn, max_rounds=max_rounds, window=window)
     loop = run_loop(sequence_boosting_step_fn(dense, potentials_fn, step=step, tol=tol),
-                    init_loop(state, num_rounds, dtype), num_rounds, relative_change_below(0.0), boosting_converged)
+                    init_loop(state, max_rounds, dtype), max_rounds, relative_change_below(0.0), boosting_converged)
     return loop.inner.theta, loop
 
 
@@ -517,10 +529,10 @@ class BoostingRun(NamedTuple):
         return self.stopped_by in ("exp-loss converged", "no weak learner lowers the bound", "development plateau")
 
 
-def boost(data: AnyBoostingData, potentials_fn: Optional[Callable] = None, *, max_rounds: int,
+def boost(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_rounds: int,
           step: str = "line_search", tol: float = 1e-4, window: int = 100, refresh_every: int = 100,
-          chunk_rounds: int = 100, evaluate: Optional[Callable] = None, eval_every: int = 100,
-          patience: Optional[int] = None, min_improvement: float = 0.0, until: Optional[int] = None,
+          chunk_rounds: int = 100, evaluate: Callable | None = None, eval_every: int = 100,
+          patience: int | None = None, min_improvement: float = 0.0, until: int | None = None,
           checkpoint_dir=None, progress: bool = False) -> BoostingRun:
     """Run sequence boosting from `theta = 0` until a stop rule fires, from
     Python, in jitted chunks of rounds.

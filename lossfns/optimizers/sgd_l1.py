@@ -15,7 +15,8 @@ with `minimize.minimize_stochastic`.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,7 @@ def sgd_l1(learning_rate, l1: float, l2: float = 0.0, *,
         clipped, applied = cumulative_l1_clip(stepped, total_penalty, state.applied_penalty, penalised)
         return unravel(clipped - theta), SgdL1State(state.count + 1, total_penalty, applied)
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)  # pyright: ignore[reportArgumentType]  # optax's update protocol
 
 
 def calibrate_learning_rate(fun: Callable, params, data, l1: float, *, key, l2: float = 0.0,

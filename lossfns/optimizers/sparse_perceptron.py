@@ -39,7 +39,7 @@ of epochs of conll2000, `dtype=jnp.int64` with `jax_enable_x64` for more.)
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +90,7 @@ class SparsePerceptronState(NamedTuple):
     narrow: jax.Array
 
 
-def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: Optional[int] = None) -> SparseSequenceData:
+def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: int | None = None) -> SparseSequenceData:
     """Pack sentences for `sparse_perceptron_epoch`.
 
     feature_ids: per sentence, per token, a list of observation ids in
@@ -115,15 +115,17 @@ def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: Optiona
     for i, sentence in enumerate(feature_ids):
         for t, token in enumerate(sentence):
             if len(token):
-                ids[row, :len(token)] = integer_values(f"feature_ids[{i}][{t}]", token, "a list of integer ids")
+                values = integer_values(f"feature_ids[{i}][{t}]", token, "a list of integer ids")
+                assert values is not None  # host lists are never traced
+                ids[row, :len(token)] = values
             row += 1
     real = np.arange(ids.shape[1]) < np.array([len(token) for sentence in feature_ids for token in sentence])[:, None]
     bad = real & ((ids[:total] < 0) | (ids[:total] >= num_features))
     if bad.any():
         raise ValueError(f"feature ids must lie in [0, {num_features}), got {ids[:total][bad][0]}")
     flat_labels = np.zeros(total + pad, np.int64)
-    flat_labels[:total] = np.concatenate([integer_values(f"labels[{i}]", y, "a list of integer label ids").reshape(-1)
-                                          for i, y in enumerate(labels)])
+    flat_labels[:total] = np.concatenate([np.asarray(integer_values(f"labels[{i}]", y, "a list of integer label ids"))
+                                          .reshape(-1) for i, y in enumerate(labels)])  # asarray: typed (never None here)
     wide = (flat_labels < 0) | (flat_labels > np.iinfo(np.int32).max)
     if wide.any():
         raise ValueError(f"labels must be label ids in [0, 2**31), got {flat_labels[wide][0]}")
@@ -279,7 +281,7 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
 _CHUNK = 8
 
 
-def _update(state: SparsePerceptronState, ids, gold, predicted, length) -> SparsePerceptronState:
+def _update(state: SparsePerceptronState, ids, gold, predicted, length) -> tuple[SparsePerceptronState, jax.Array]:
     """The perceptron update of one sentence, a scatter of its mistakes only,
     with the lazy-average sums and the transition bounds kept up to date.
 

@@ -13,11 +13,17 @@ from .max import MaxSemiring
 from .real import RealSemiring
 
 Log = LogSemiring()
+"""The log semiring: `log Z`, marginals by differentiation."""
 Max = MaxSemiring()
+"""The max-plus semiring: the Viterbi score."""
 Real = RealSemiring()
+"""The real semiring; for chains and lattices it returns `log Z`, computed exactly as `Log`."""
 Entropy = EntropySemiring()
+"""The entropy semiring: values are `EntropyValue(log_mass, entropy)`."""
 Counting = CountingSemiring()
+"""The counting semiring: the number of paths."""
 KMax = KMaxSemiring
+"""`KMax(k)`: the k best path scores."""
 
 __all__ = [
     "Semiring", "LogDomainSemiring", "logsumexp", "finite_max", "pairwise_sum",

@@ -33,10 +33,9 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ... import semirings
 from ...semirings import Semiring
@@ -47,6 +46,7 @@ from .build import Lattice, PackedLattices
 # (convert(s + c) = convert(s) * convert(c)): each state's scale can be folded
 # into the scores of its out-arcs, so lattices of one pack never share a scale.
 PACKABLE_SEMIRINGS = (semirings.RealSemiring, semirings.LogSemiring, semirings.MaxSemiring, semirings.KMaxSemiring)
+"""The semiring classes the packed (many small lattices, one scan) algorithms take."""
 
 
 def _computes_log_z(semiring) -> bool:

@@ -34,13 +34,15 @@ and move them to the device once (`lattices.tagging`).
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple, Sequence
-
-import numpy as np
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
+import jax.core
+import numpy as np
 
 from ...validation import check_int, integer_values
+
 
 class Lattice(NamedTuple):
     """An acyclic lattice (see the module docstring). All fields are int32
@@ -51,13 +53,14 @@ class Lattice(NamedTuple):
     level_arcs: `[..., N, W, D]`.
     """
 
-    src: jax.Array
-    dst: jax.Array
-    symbol: jax.Array
-    arc_valid: jax.Array
-    final: jax.Array
-    state_slot: jax.Array
-    level_arcs: jax.Array
+    # numpy while built (from_arcs_numpy), device arrays after `to_jax`.
+    src: jax.Array | np.ndarray
+    dst: jax.Array | np.ndarray
+    symbol: jax.Array | np.ndarray
+    arc_valid: jax.Array | np.ndarray
+    final: jax.Array | np.ndarray
+    state_slot: jax.Array | np.ndarray
+    level_arcs: jax.Array | np.ndarray
 
     @property
     def num_states(self) -> int:
@@ -171,6 +174,7 @@ def _integer_ids(name: str, x, expected: str, *, allow_bool: bool = False) -> np
     if allow_bool and value.dtype == bool:
         return value
     value = integer_values(name, value, expected)
+    assert value is not None  # None only for traced arrays, refused above
     if value.dtype.kind == "u" and value.max() > np.iinfo(np.int64).max:
         raise ValueError(f"{name} must be {expected}, got {value.max()} (beyond int64)")
     return value.astype(np.int64)
@@ -206,9 +210,9 @@ def from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
 
 def from_string(symbols: Sequence[int]) -> Lattice:
     """The chain accepting exactly `symbols`: states `0..m`, arc `i` reads `symbols[i]`."""
-    symbols = _integer_ids("symbols", symbols, "a sequence of integer symbol ids").reshape(-1)
-    m = len(symbols)
-    return from_arcs([(i, i + 1, int(s)) for i, s in enumerate(symbols)], final=[m], num_states=m + 1)
+    ids = _integer_ids("symbols", symbols, "a sequence of integer symbol ids").reshape(-1)
+    m = len(ids)
+    return from_arcs([(i, i + 1, int(s)) for i, s in enumerate(ids)], final=[m], num_states=m + 1)
 
 
 def from_strings(strings: Sequence[Sequence[int]], *, deterministic: bool = False) -> Lattice:
@@ -369,13 +373,14 @@ class PackedLattices(NamedTuple):
     states (padded with the sentinel slot). Results are per lattice, `[B]`.
     """
 
-    src: jax.Array
-    dst: jax.Array
-    symbol: jax.Array
-    arc_valid: jax.Array
-    state_slot: jax.Array
+    # numpy while built (`pack`), device arrays after `to_jax`.
+    src: jax.Array | np.ndarray
+    dst: jax.Array | np.ndarray
+    symbol: jax.Array | np.ndarray
+    arc_valid: jax.Array | np.ndarray
+    state_slot: jax.Array | np.ndarray
     level_arcs: tuple
-    final_slots: jax.Array
+    final_slots: jax.Array | np.ndarray
 
     @property
     def num_arcs(self) -> int:
@@ -411,6 +416,7 @@ def _degree_blocks(level, degree, num_levels, max_blocks: int = 3):
                 cells += num_levels * (int(counts.max(initial=0)) * bound + 256)
             if best is None or cells < best[0]:
                 best = (cells, bounds)
+    assert best is not None  # max_blocks >= 1: at least one candidate
     return best[1]
 
 
