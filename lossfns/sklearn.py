@@ -14,47 +14,99 @@ packs the training rows, and a `Tagger` (preset `feature_dicts`) trains
 them (`Tagger.fit_packed`), decodes (`Tagger.decode_packed`) and writes
 the model file (`model_file.to_bytes`: `size_`, pickling).
 
-CRFsuite's settings map onto the Tagger's: `c1`, `c2` through
-`crfsuite_elastic_net` (OWL-QN when `c1 > 0`, else L-BFGS), `delta` and
-`period` are the stop rule, `num_memories` the L-BFGS history,
-`all_possible_states=False` keeps only the (attribute, label) weights seen
-in training (CRFsuite's default), `min_freq` drops attributes seen fewer
-times. Where lossfns differs it says so: `epsilon` (CRFsuite's
-gradient-norm test) is accepted and not applied (the driver's stop rules
-read the objective); transitions always cover every label pair
-(`all_possible_transitions=False` does not fix unseen ones at 0); the
-model also has per-label start weights, which CRFsuite lacks; decoding is
-unconstrained, as CRFsuite's.
+CRFsuite's settings map onto the Tagger's. `algorithm="lbfgs"`: `c1`,
+`c2` through `crfsuite_elastic_net` (OWL-QN when `c1 > 0`, else L-BFGS),
+`delta` and `period` are the stop rule on the objective, `epsilon`
+liblbfgs' test on the gradient norm (`GradientNormBelow`, a driver
+callback reading the optimizer's state), `num_memories` the L-BFGS
+history. `algorithm="l2sgd"` (SGD on `sum -log p + c2 ||w||^2`, one
+sentence per step, CRFsuite's rate `1 / (lambda (t0 + t))` with `eta_0`
+calibrated on `calibration_samples` sentences) runs
+`optimizers.epoch_step_fn` with `optimizers.sgd_l1` (no L1) and
+`optimizers.calibrate_learning_rate`; `algorithm="ap"` (the averaged
+perceptron, stopping when the epoch's mistake rate falls below `epsilon`)
+runs `optimizers.perceptron_epoch_fn`; both through `optimizers.drive`,
+one padded sentence per row (they are per-sentence algorithms). For
+every algorithm, `all_possible_states=False` keeps only the (attribute,
+label) weights seen in training and `all_possible_transitions=False`
+only the label transitions seen (CRFsuite's defaults; the others stay 0),
+`min_freq` drops attributes seen fewer times. Where lossfns differs it
+says so: the model also has per-label start weights, which CRFsuite
+lacks; `linesearch` and `max_linesearch` are accepted and not applied
+(OWL-QN backtracks, L-BFGS uses optax's zoom search); the perceptron
+visits the sentences in corpus order (CRFsuite shuffles), and SGD's
+shuffles are lossfns' own; decoding is unconstrained, as CRFsuite's.
+The compiled training programs depend only on shapes and settings, so
+fits of equal shapes and settings (a refit, the same split again)
+compile once.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, cast
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
 from sklearn.base import BaseEstimator
 
-from . import metrics, model_file
+from . import losses, metrics, model_file
+from .features import FeatureBatch, PackedCorpus, observed_label_pairs, observed_transitions
 from .features.corpus import in_corpus_order
 from .features.dicts import flatten_corpus
-from .models import packed
-from .optimizers import crfsuite_elastic_net
+from .features.index import ragged_rows
+from .models import LinearChainModel, packed
+from .optimizers import (
+    SequenceData,
+    Status,
+    averaged_params,
+    calibrate_learning_rate,
+    crfsuite_elastic_net,
+    drive,
+    elastic_net_penalty,
+    epoch_step_fn,
+    init_loop,
+    perceptron_epoch_fn,
+    perceptron_init,
+    relative_improvement_below,
+    sgd_l1,
+)
+from .optimizers.minimize import check_scalar, float_dtype
+from .optimizers.owlqn import OwlqnState, pseudo_gradient
 from .tagger import Tagger
+from .validation import check_allocation, check_int
 
 __all__ = ["CRF", "TrainingLog"]
 
-#: What CRFsuite's trainers run when a setting is None (its `-p` defaults).
-LBFGS_DEFAULTS = {"c1": 0.0, "c2": 1.0, "num_memories": 6, "epsilon": 1e-5, "period": 10, "delta": 1e-5,
-                  "max_iterations": 1000}
+#: What CRFsuite's trainers run when a setting is None (its `-p` defaults), per algorithm.
+DEFAULTS = {
+    "lbfgs": {"c1": 0.0, "c2": 1.0, "num_memories": 6, "epsilon": 1e-5, "period": 10, "delta": 1e-5,
+              "max_iterations": 1000},
+    "l2sgd": {"c2": 1.0, "max_iterations": 1000, "period": 10, "delta": 1e-6, "calibration_eta": 0.1,
+              "calibration_rate": 2.0, "calibration_samples": 1000, "calibration_candidates": 10,
+              "calibration_max_trials": 20},
+    "ap": {"max_iterations": 100, "epsilon": 0.0},
+}
 #: CRFsuite's other training algorithms, refused by name.
-UNSUPPORTED_ALGORITHMS = ("l2sgd", "ap", "pa", "arow")
-#: Settings of CRFsuite's other trainers, refused unless None.
-OTHER_TRAINERS_SETTINGS = ("calibration_eta", "calibration_rate", "calibration_samples", "calibration_candidates",
-                           "calibration_max_trials", "pa_type", "c", "error_sensitive", "averaging", "variance",
-                           "gamma", "trainer_cls")
+UNSUPPORTED_ALGORITHMS = ("pa", "arow")
+#: Every setting of CRFsuite's trainers; each algorithm takes those of `DEFAULTS` and refuses the others unless None.
+TRAINER_SETTINGS = ("c1", "c2", "num_memories", "epsilon", "period", "delta", "linesearch", "max_linesearch",
+                    "calibration_eta", "calibration_rate", "calibration_samples", "calibration_candidates",
+                    "calibration_max_trials", "pa_type", "c", "error_sensitive", "averaging", "variance", "gamma",
+                    "trainer_cls")
+#: Accepted by lbfgs and not applied (CRFsuite's line search choice).
+LBFGS_ACCEPTED = ("linesearch", "max_linesearch")
+#: lbfgs trains on rows of this many positions, longer sentences in a second bucket (`features.pack_rows`): the
+#: scan over a row is sequential, so short rows train faster (CoNLL-2002 Spanish, whose longest sentence has 1238
+#: tokens: 0.13 s per gradient against 0.19 s with every row that wide).
+ROW_WIDTH = 128
 
 
 class TrainingLog(NamedTuple):
@@ -96,27 +148,34 @@ def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
 class CRF(BaseEstimator):
     """sklearn-crfsuite's `CRF` (same constructor, methods and attributes).
 
-    algorithm: "lbfgs" (None: the same); CRFsuite's "l2sgd", "ap", "pa"
+    algorithm: "lbfgs" (None: the same), "l2sgd" or "ap"; CRFsuite's "pa"
       and "arow" are refused.
     c1, c2: L1 and L2 weights as CRFsuite defines them (objective
-      `-sum log p + c1 ||w||_1 + c2 ||w||^2`); defaults 0 and 1.
-    max_iterations: default 1000 (CRFsuite: unbounded; the stop rule ends
-      training first in practice).
+      `-sum log p + c1 ||w||_1 + c2 ||w||^2`); defaults 0 and 1 (l2sgd: c2 only).
+    max_iterations: default 1000 (ap: 100); iterations, or epochs for
+      l2sgd and ap.
     num_memories, period, delta: L-BFGS history and the stop rule
-      (relative improvement below `delta` over `period` iterations).
-    epsilon, linesearch, max_linesearch: accepted, not applied (see the
-      module docstring).
+      (relative improvement below `delta` over `period` iterations; l2sgd
+      too, epochs, default delta 1e-6).
+    epsilon: lbfgs: stop when `||g|| / max(||w||, 1) <= epsilon` (default
+      1e-5); ap: stop when the fraction of sentences with a mistake in an
+      epoch is below it (default 0: never).
+    calibration_eta, calibration_rate, calibration_samples,
+      calibration_candidates, calibration_max_trials: l2sgd's initial
+      learning rate search (defaults 0.1, 2, 1000, 10, 20).
+    linesearch, max_linesearch: accepted, not applied (see the module docstring).
     min_freq: drop attributes occurring fewer than `min_freq` times.
     all_possible_states: weights for every (attribute, label) pair, not
       only those seen in training.
-    all_possible_transitions: accepted; every transition has a weight either way.
+    all_possible_transitions: weights for every label transition, not only
+      those seen in training.
     verbose: print the objective after each iteration.
     model_filename: also write the model file there; an unfitted CRF
       given one predicts with the model it holds.
     keep_tempfiles: accepted (no temporary files are written).
-    The other trainers' settings (`calibration_*`, `pa_type`, `c`,
-    `error_sensitive`, `averaging`, `variance`, `gamma`, `trainer_cls`)
-    must be None.
+    Settings of another algorithm than the one chosen (`pa_type`, `c`,
+    `error_sensitive`, `averaging`, `variance`, `gamma`, `trainer_cls`
+    always) must be None.
 
     Fitted: `classes_` (labels in order of first appearance in `y`),
     `state_features_` {(attribute, label): weight} and
@@ -162,30 +221,46 @@ class CRF(BaseEstimator):
 
     # -- training -----------------------------------------------------------
 
-    def _setting(self, name: str):
-        value = getattr(self, name)
-        return LBFGS_DEFAULTS[name] if value is None else value
-
-    def _tagger(self) -> Tagger:
-        """A Tagger with these settings, or a ValueError naming the bad one."""
+    def _algorithm(self) -> str:
+        """The training algorithm, or a ValueError naming a refused one or a setting it does not take."""
         algorithm = "lbfgs" if self.algorithm is None else self.algorithm
         if algorithm in UNSUPPORTED_ALGORITHMS:
             raise ValueError(f"algorithm={algorithm!r} is not supported by lossfns.sklearn.CRF; use 'lbfgs' "
-                             "(OWL-QN when c1 > 0)")
-        if algorithm != "lbfgs":
-            raise ValueError(f"algorithm must be 'lbfgs' (or None), got {algorithm!r}")
-        for name in OTHER_TRAINERS_SETTINGS:
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} is a setting of CRFsuite's other trainers; with algorithm='lbfgs' "
-                                 f"it must be None, got {getattr(self, name)!r}")
+                             "(OWL-QN when c1 > 0), 'l2sgd' or 'ap'")
+        if algorithm not in DEFAULTS:
+            raise ValueError(f"algorithm must be 'lbfgs' (or None), 'l2sgd' or 'ap', got {algorithm!r}")
+        taken = set(DEFAULTS[algorithm]) | (set(LBFGS_ACCEPTED) if algorithm == "lbfgs" else set())
+        for name in TRAINER_SETTINGS:
+            if name not in taken and getattr(self, name) is not None:
+                raise ValueError(f"{name} is not a setting of algorithm={algorithm!r} (CRFsuite's other trainers "
+                                 f"take it); it must be None, got {getattr(self, name)!r}")
+        return algorithm
+
+    def _setting(self, name: str):
+        value = getattr(self, name)
+        return DEFAULTS[self._algorithm()][name] if value is None else value
+
+    def _tagger(self) -> Tagger:
+        """A Tagger with these settings, or a ValueError naming the bad one."""
+        algorithm = self._algorithm()
         min_freq = 0 if self.min_freq is None else self.min_freq
         if isinstance(min_freq, bool) or not isinstance(min_freq, (int, float)) or not min_freq >= 0:
             raise ValueError(f"min_freq must be a number >= 0, got {min_freq!r}")
-        penalty = crfsuite_elastic_net(self._setting("c1"), self._setting("c2"))
-        return Tagger("feature_dicts", **penalty, max_iterations=self._setting("max_iterations"),
-                      tol=self._setting("delta"), period=self._setting("period"),
-                      memory_size=self._setting("num_memories"), min_count=max(1, math.ceil(min_freq)),
-                      observed_pairs_only=not self.all_possible_states, progress=False, iob_constraints=False)
+        if algorithm == "lbfgs":
+            penalty = crfsuite_elastic_net(self._setting("c1"), self._setting("c2"))
+            check_scalar("epsilon", self._setting("epsilon"), 0)
+            training = dict(**penalty, tol=self._setting("delta"), period=self._setting("period"),
+                            memory_size=self._setting("num_memories"))
+        elif algorithm == "l2sgd":
+            training = dict(l2=crfsuite_elastic_net(0.0, self._setting("c2"))["l2"], tol=self._setting("delta"),
+                            period=self._setting("period"))
+        else:
+            check_scalar("epsilon", self._setting("epsilon"), 0)
+            training = {}
+        return Tagger("feature_dicts", **training, max_iterations=self._setting("max_iterations"),
+                      min_count=max(1, math.ceil(min_freq)), observed_pairs_only=not self.all_possible_states,
+                      observed_transitions_only=not self.all_possible_transitions, progress=False,
+                      iob_constraints=False)
 
     def fit(self, X, y, X_dev=None, y_dev=None) -> CRF:
         """Train on `X` (sentences of token feature dicts) and `y` (label
@@ -201,8 +276,16 @@ class CRF(BaseEstimator):
         labels = tuple(dict.fromkeys(itertools.chain.from_iterable(y)))
         lookup = {label: i for i, label in enumerate(labels)}
         index = corpus.index(tagger.min_count)
-        rows = corpus.pack_rows(index, [[lookup[label] for label in sequence] for sequence in y])
-        tagger.fit_packed(rows, labels, index, callback=self._report if self.verbose else None)
+        ids = [[lookup[label] for label in sequence] for sequence in y]
+        algorithm = self._algorithm()
+        if algorithm == "lbfgs":
+            stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
+            callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose \
+                else None
+            tagger.fit_packed(corpus.pack_rows(index, ids, width=ROW_WIDTH), labels, index, callback=callback)
+        else:
+            _fit_sentences(tagger, algorithm, corpus, index, labels, ids, self._calibration(algorithm),
+                           self._report if self.verbose else None)
         self.tagger_ = tagger
         if self.model_filename is not None:
             tagger.save(self.model_filename)
@@ -210,6 +293,19 @@ class CRF(BaseEstimator):
         self.training_log_ = TrainingLog([{"num": i + 1, "loss": loss} for i, loss in enumerate(tagger.history)],
                                          tagger.status.name, tagger.training_seconds, dev)
         return self
+
+    def _calibration(self, algorithm: str) -> dict:
+        """The l2sgd learning-rate calibration settings, the ap stop rule's `epsilon`."""
+        if algorithm == "ap":
+            return {"epsilon": float(self._setting("epsilon"))}
+        names = ("calibration_eta", "calibration_rate", "calibration_samples", "calibration_candidates",
+                 "calibration_max_trials")
+        settings = {name: self._setting(name) for name in names}
+        check_scalar("calibration_eta", settings["calibration_eta"], 0, low_open=True)
+        check_scalar("calibration_rate", settings["calibration_rate"], 1, low_open=True)
+        for name in names[2:]:
+            check_int(name, settings[name])
+        return settings
 
     @staticmethod
     def _report(report) -> None:
@@ -304,3 +400,174 @@ class CRF(BaseEstimator):
             state = dict(state, tagger_=Tagger.from_saved(model_file.from_bytes(state["tagger_"]),
                                                           iob_constraints=False))
         super().__setstate__(state)
+
+
+# -- CRFsuite's stop rules and its per-sentence trainers ------------------------
+
+
+class GradientNormBelow(NamedTuple):
+    """CRFsuite's (liblbfgs') `epsilon` test for lbfgs: stop when `||g|| /
+    max(||w||, 1) <= epsilon`, `g` the objective's gradient at the current
+    weights `w` (with L1, OWL-QN's pseudo-gradient), read from the
+    optimizer's state (no extra evaluation); `epsilon = 0` never stops."""
+
+    epsilon: float
+    l1: float
+    l2: float
+
+    def __call__(self, params, opt_state) -> bool:
+        return bool(self.epsilon) and float(_gradient_norm_ratio(params, opt_state, self.l1, self.l2)) <= self.epsilon
+
+
+@functools.partial(jax.jit, static_argnames=("l1", "l2"))
+def _gradient_norm_ratio(params, opt_state, l1: float, l2: float) -> jax.Array:
+    theta = ravel_pytree(params)[0]
+    if isinstance(opt_state, OwlqnState):  # its gradient is the loss's, the elastic net apart
+        gradient = pseudo_gradient(theta, ravel_pytree(opt_state.grad)[0] + l2 * theta, l1, jnp.ones_like(theta))
+    else:  # optax.lbfgs: the gradient of the whole smooth objective
+        gradient = ravel_pytree(optax.tree.get(opt_state, "grad"))[0]
+    return jnp.linalg.norm(gradient) / jnp.maximum(jnp.linalg.norm(theta), 1.0)
+
+
+def _after_iteration(verbose: bool, stop: GradientNormBelow, report) -> bool:
+    """The lbfgs driver's callback: print the objective, then CRFsuite's `epsilon` test."""
+    if verbose:
+        CRF._report(report)
+    return stop(*report.inner)
+
+
+class MistakesBelow(NamedTuple):
+    """CRFsuite's averaged-perceptron stop rule, on the trace of mistakes per
+    epoch: the fraction of sentences decoded wrongly in the last epoch is
+    below `epsilon` (CRFsuite: the mean fraction of wrong labels per
+    sentence); `epsilon = 0` never stops, as in CRFsuite."""
+
+    epsilon: float
+    num_sentences: int
+
+    def __call__(self, trace, step):
+        return trace[step - 1] < self.epsilon * self.num_sentences
+
+
+def _sentence_loss(structure, pair_support, loss, params, batch) -> jax.Array:
+    """`loss` of the model of `params` on sentences `batch` (`SequenceData`), summed."""
+    ids, values = batch.inputs
+    model = LinearChainModel.from_weights(params, structure, pair_support)
+    return jnp.sum(loss(model(ids, None, values), batch.labels, batch.lengths))
+
+
+class PerceptronEpochs(NamedTuple):
+    """`drive`'s `make_step` for the averaged perceptron: one epoch over
+    `data = (SequenceData, ChainStructure)` (`optimizers.perceptron_epoch_fn`)."""
+
+    pair_support: tuple | None = None
+
+    def __call__(self, data):
+        sentences, structure = data
+
+        def potentials(params, inputs):
+            ids, values = inputs
+            return LinearChainModel.from_weights(params, structure, self.pair_support)(ids, None, values)
+
+        return perceptron_epoch_fn(potentials, sentences)
+
+
+class SgdEpochs(NamedTuple):
+    """`drive`'s `make_step` for CRFsuite's l2sgd: one shuffled epoch of
+    single-sentence `optimizer` steps over `data = (SequenceData,
+    ChainStructure)` (`optimizers.epoch_step_fn`); the recorded objective is
+    the log-loss over the corpus plus `penalty`."""
+
+    optimizer: optax.GradientTransformation
+    penalty: Callable
+    pair_support: tuple | None = None
+
+    def __call__(self, data):
+        sentences, structure = data
+        fun = functools.partial(_sentence_loss, structure, self.pair_support, losses.sequence_log_loss)
+        return epoch_step_fn(fun, self.optimizer, sentences, batch_size=1, penalty=self.penalty)
+
+
+def _sentence_data(corpus, index, ids: list) -> SequenceData:
+    """The labelled corpus one padded sentence per row: inputs `(ids [S, T, F],
+    values [S, T, F] or None)`, labels `[S, T]` (-1 past each length), lengths `[S]`."""
+    unigram_ids, values = corpus.token_arrays(index)
+    lengths = corpus.sentence_lengths
+    # Every sentence is padded to the longest (one example per row, as the loops index them).
+    check_allocation("the per-sentence training arrays (sentences, longest sentence, features)",
+                     (lengths.size, int(lengths.max(initial=0)), unigram_ids.shape[1]), np.int32,
+                     copies=1 if values is None else 3)
+    positions = ragged_rows(np.arange(int(lengths.sum())), lengths, -1)
+    real = positions[..., None] >= 0
+    sentence_ids = np.where(real, unigram_ids[positions], -1).astype(np.int32)
+    sentence_values = None if values is None else np.where(real, values[positions], 0.0)
+    labels = ragged_rows(np.fromiter(itertools.chain.from_iterable(ids), np.int32), lengths, np.int32(-1))
+    inputs = (jnp.asarray(sentence_ids), None if sentence_values is None else jnp.asarray(sentence_values))
+    return SequenceData(inputs, jnp.asarray(labels), jnp.asarray(lengths.astype(np.int32)))
+
+
+def _initial_model(tagger: Tagger, sentences: SequenceData, num_features: int, num_labels: int) -> LinearChainModel:
+    """A zero model with the tagger's masks (CRFsuite's features seen in training)."""
+    inputs = cast(tuple, sentences.inputs)  # (ids, values), as `_sentence_data` builds it
+    ids, lengths, labels = (np.asarray(x) for x in (inputs[0], sentences.lengths, sentences.labels))
+    batch = FeatureBatch(ids, np.zeros(ids.shape[:2] + (0,), np.int32), lengths, labels)
+    mask = observed_label_pairs([batch], num_features, num_labels) if tagger.observed_pairs_only else None
+    model = LinearChainModel.zeros(num_features, num_labels, emission_mask=mask, dtype=tagger.dtype)
+    if tagger.observed_transitions_only:
+        rows = np.where(labels >= 0, 0, -1)
+        packed_labels = PackedCorpus(ids, ids[..., :0], (rows,), (lengths,), (labels,), ())
+        model = model.with_transition_mask(observed_transitions(packed_labels, num_labels))
+    return model
+
+
+def _fit_sentences(tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict,
+                   callback) -> None:
+    """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"l2sgd"`)
+    on the library's loops (`optimizers.perceptron_epoch_fn`,
+    `optimizers.epoch_step_fn` with `optimizers.sgd_l1`, run by `optimizers.drive`)."""
+    sentences = _sentence_data(corpus, index, ids)
+    model = _initial_model(tagger, sentences, index.num_unigram, len(labels))
+    data, weights = (sentences, model.structure()), model.weights()
+    total = len(ids)
+    if algorithm == "ap":
+        make_step, stop = PerceptronEpochs(model.pair_support), MistakesBelow(settings["epsilon"], total)
+        inner = perceptron_init(weights)
+    else:
+        if not tagger.l2 > 0:
+            raise ValueError(f"c2 must be > 0 for algorithm='l2sgd' (its learning rate is 1 / (c2 t)), got "
+                             f"{tagger.l2 / 2}")
+        rate = _calibrated_rate(tagger.l2, weights, data, settings, model.pair_support)
+        # CRFsuite's eta_t = 1 / (lambda (t0 + t)), lambda = 2 c2 / N, t0 = 1 / (lambda eta_0), for the
+        # per-sentence loss; sgd_l1 steps on N times it (the corpus sum), so its rate is eta_t / N.
+        t0 = total / (tagger.l2 * rate)
+        optimizer = sgd_l1(lambda count: 1.0 / (tagger.l2 * (t0 + count)), 0.0, tagger.l2)
+        make_step = SgdEpochs(optimizer, elastic_net_penalty(0.0, tagger.l2), model.pair_support)
+        stop, inner = relative_improvement_below(tagger.tol, tagger.period), (weights, optimizer.init(weights),
+                                                                               jax.random.PRNGKey(0))
+    loop = init_loop(inner, tagger.max_iterations, float_dtype(weights))
+    result = drive(make_step, loop, data, stop=stop, callback=callback, progress=False)
+    final = result.loop
+    params = averaged_params(final.inner) if algorithm == "ap" else final.inner[0]
+    trace = np.asarray(final.trace)[: int(final.step)]
+    tagger.labels, tagger.index = labels, index
+    tagger.model = model.with_weights(params, model.structure())
+    tagger.history = [float(value) for value in trace if np.isfinite(value)]
+    tagger.status, tagger.training_seconds = Status(int(final.status)), result.compile_seconds + result.run_seconds
+
+
+def _calibrated_rate(l2: float, weights, data, settings: dict, pair_support) -> float:
+    """CRFsuite's l2sgd calibration by `optimizers.calibrate_learning_rate`:
+    the initial rate `eta_0` among `calibration_eta` times powers of
+    `calibration_rate` (up `calibration_candidates`, then down, at most
+    `calibration_max_trials` in all) that does best over one epoch of
+    `calibration_samples` sentences."""
+    sentences, structure = data
+    eta, factor = settings["calibration_eta"], settings["calibration_rate"]
+    up = min(settings["calibration_candidates"], settings["calibration_max_trials"])
+    down = max(settings["calibration_max_trials"] - up, 0)
+    candidates = [eta * factor ** k for k in range(up)] + [eta / factor ** k for k in range(1, down + 1)]
+    fun = functools.partial(_sentence_loss, structure, pair_support, losses.sequence_log_loss)
+    total = len(sentences.lengths)
+    rate = calibrate_learning_rate(fun, weights, sentences, 0.0, key=jax.random.PRNGKey(1), l2=l2,
+                                   sample_size=settings["calibration_samples"], candidates=candidates)
+    return float(rate) * total

@@ -64,6 +64,8 @@ class Tagger:
       min_count, hash_size: the feature index (`features.build_index`).
       observed_pairs_only: give weights only to the (feature, label) pairs and
         (pair feature, previous label, label) triples seen in training, as CRFsuite does.
+      observed_transitions_only: give weights only to the label transitions
+        seen in training (CRFsuite without `possible_transitions`); others stay 0.
       num_buckets: padded length buckets (compiled shapes) for decoding and custom losses.
       dtype: float dtype of the weights (float64 needs `jax_enable_x64`).
       progress: show a tqdm bar while training (default: above 20 iterations).
@@ -90,6 +92,7 @@ class Tagger:
     min_count: int = 1
     hash_size: int | None = None
     observed_pairs_only: bool = True
+    observed_transitions_only: bool = False
     num_buckets: int = 6
     dtype: DTypeLike = jnp.float32
     progress: bool | None = None
@@ -158,6 +161,8 @@ class Tagger:
         K, K2, L = index.num_unigram, index.num_pair, len(labels)
         self.model = (LinearChainModel.observed(features.padded_buckets(packed_corpus), K, L, K2, dtype=self.dtype)
                       if self.observed_pairs_only else LinearChainModel.zeros(K, L, K2, dtype=self.dtype))
+        if self.observed_transitions_only:
+            self.model = self.model.with_transition_mask(features.observed_transitions(packed_corpus, len(labels)))
         structure = self.model.structure()
         if shards is None:
             data = TrainingData(features.corpus_arrays(packed_corpus, self.index.num_unigram), structure)

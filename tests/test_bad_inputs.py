@@ -619,6 +619,12 @@ CASES = [
      lambda _: EstimatorCRF().fit([[{"w": "a"}]], [["O"], ["O"]]), ValueError, ["y", "1 sentences", "2 label"]),
     ("sklearn-other-trainer-setting", "a setting of CRFsuite's passive-aggressive trainer with lbfgs",
      lambda _: EstimatorCRF(pa_type=1).fit([[{"w": "a"}]], [["O"]]), ValueError, ["pa_type", "None"]),
+    ("sklearn-l2sgd-c2", "l2sgd without an L2 weight (its learning rate is 1 / (c2 t))",
+     lambda _: EstimatorCRF(algorithm="l2sgd", c2=0.0).fit([[{"w": "a"}]], [["O"]]), ValueError,
+     ["c2", "l2sgd", "> 0"]),
+    ("sklearn-setting-of-another-algorithm", "an l2sgd setting given to the averaged perceptron",
+     lambda _: EstimatorCRF(algorithm="ap", calibration_eta=0.1).fit([[{"w": "a"}]], [["O"]]), ValueError,
+     ["calibration_eta", "algorithm='ap'", "None"]),
     ("sklearn-unfitted", "predict before fit",
      lambda _: EstimatorCRF().predict([[{"w": "a"}]]), ValueError, ["not fitted", "fit()"]),
     # --- label and id arrays checked before any cast ---

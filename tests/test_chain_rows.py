@@ -206,8 +206,20 @@ def test_pack_rows_places_every_sentence_once_contiguously():
             np.testing.assert_array_equal(row_labels[r, a:b], labels[sentence])
     assert sorted(seen) == [i for i, n in enumerate(sentence_lengths) if n > 0]
     assert sorted(packed.members[0].tolist()) == sorted(seen)
-    with pytest.raises(ValueError, match="width must be >= the longest sentence"):
-        pack_rows(encoded, labels, width=8)
+    # Narrower rows: the sentences longer than `width` go into a second bucket, as wide as the longest.
+    narrow = pack_rows(encoded, labels, width=8)
+    assert [p.shape[1] for p in narrow.positions] == [8, 16]
+    for positions, row_lengths, row_labels, members, starts in zip(narrow.positions, narrow.lengths, narrow.labels,
+                                                                     narrow.members, narrow.starts):
+        assert np.all(row_lengths <= positions.shape[1]) and starts.sum() == members.size
+        np.testing.assert_array_equal(np.sort(packed.unigram_ids[positions[starts], 0]), np.sort(members))
+        assert all((sentence_lengths[i] > 8) == (positions.shape[1] == 16) for i in members.tolist())
+        tokens = positions[positions >= 0]
+        np.testing.assert_array_equal(row_labels[positions >= 0],
+                                      [labels[int(i)][int(t)] for i, t in narrow.unigram_ids[tokens]])
+    assert sorted(np.concatenate(narrow.members).tolist()) == sorted(seen)
+    with pytest.raises(ValueError, match="width must be a positive int"):
+        pack_rows(encoded, labels, width=0)
 
 
 # Unigram features, and label-pair-observation features (per-position potentials).

@@ -104,6 +104,20 @@ def test_values_of_one_are_the_binary_path_and_float32_stays_float32():
     assert _model(table32).unary(pad_batch([INDEX.encode(SENTENCES[0])]).unigram_ids, values32).dtype == jnp.float32
 
 
+def test_zero_values_are_left_out_of_the_design():
+    """A value 0 (a False flag) adds nothing: the design is the binary one of
+    the other entries (so they keep the binary path), the product the same."""
+    ids = np.array([[0, 1, 2], [2, 0, -1]])
+    flagged = design_from_ids(ids, 3, np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 5.0]]))
+    binary = design_from_ids(np.array([[0, -1, 2], [-1, 0, -1]]), 3)
+    assert flagged.row_values is None
+    for got, expected in zip(flagged, binary):
+        np.testing.assert_array_equal(got, expected)
+    valued = design_from_ids(ids, 3, np.array([[2.0, 0.0, 1.0], [0.0, 1.0, 5.0]]))
+    np.testing.assert_array_equal(valued.row_ids, binary.row_ids)
+    np.testing.assert_allclose(design_matmul(valued, TABLE), [2 * TABLE[0] + TABLE[2], TABLE[0]])
+
+
 def test_design_values_checked():
     with pytest.raises(ValueError, match=r"values must have the shape of ids \(1, 2\), got \(1, 3\)"):
         design_from_ids(np.array([[0, 1]]), 3, np.ones((1, 3)))

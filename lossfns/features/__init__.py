@@ -32,6 +32,7 @@ from .index import (
                      PackedCorpus,
                      observed_label_pairs,
                      observed_label_triples,
+                     observed_transitions,
                      pack,
                      pack_rows,
                      pack_token_rows,
@@ -46,7 +47,8 @@ __all__ = ["corpus", "design", "dicts", "presets", "templates", "CorpusArrays", 
            "label_ids", "pack_shards", "padded_buckets", "SparseDesign", "bucket_design", "design_from_ids", "design_matmul",
            "AttributeCorpus", "flatten_corpus", "item_features",
            "TokenFeatures", "FeatureBatch", "FeatureIndex", "PackedCorpus",
-           "observed_label_pairs", "observed_label_triples", "pack", "pack_rows", "pack_token_rows", "pack_tokens",
+           "observed_label_pairs", "observed_label_triples", "observed_transitions", "pack", "pack_rows",
+           "pack_token_rows", "pack_tokens",
            "pad_batch", "preset", "parse_templates", "read_templates"]
 
 # Internal since 0.2 (name -> its module); still found here for one release.

@@ -212,6 +212,24 @@ def observed_label_triples(batches: Iterable[FeatureBatch], num_pair_features: i
     return seen
 
 
+def observed_transitions(packed: PackedCorpus, num_labels: int) -> np.ndarray:
+    """`[L, L]` bool: which (previous label, label) pairs follow each other
+    inside a sentence of the labelled packed corpus (never across the
+    sentence boundaries of `pack_rows`' rows): the transition features
+    CRFsuite creates without `possible_transitions`."""
+    if packed.labels is None:
+        raise ValueError("packed must be labelled (packed with labels)")
+    seen = np.zeros((num_labels, num_labels), dtype=bool)
+    starts = packed.starts if packed.starts is not None else (None,) * len(packed.positions)
+    for positions, labels, first in zip(packed.positions, packed.labels, starts):
+        positions, labels = np.asarray(positions), np.asarray(labels)
+        follows = (positions[:, 1:] >= 0) & (positions[:, :-1] >= 0)
+        if first is not None:
+            follows &= ~np.asarray(first)[:, 1:]
+        seen[labels[:, :-1][follows], labels[:, 1:][follows]] = True
+    return seen
+
+
 class PackedCorpus(NamedTuple):
     """A corpus as one stack of real tokens plus padded length buckets that
     point into it, so feature gathers never touch padding and only a few
@@ -323,14 +341,61 @@ def pack_tokens(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, label
 def pack_rows(encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: int | None = None,
               multiple: int = 8) -> PackedCorpus:
     """Pack labelled encoded sentences back to back into rows of `width`
-    positions (default: the longest sentence, rounded up to `multiple`):
-    one bucket, `starts` marking each sentence's first position, for the
-    row losses (`losses.row_sequence_log_loss`). Rows are filled greedily,
-    each from the longest sentence left, then the longest that still fit,
-    so padding is only at row ends. Sentences of length 0 are left out
-    (they add nothing to a log-loss)."""
+    positions (default: the longest sentence, rounded up to `multiple`),
+    `starts` marking each sentence's first position, for the row losses
+    (`losses.row_sequence_log_loss`). Rows are filled greedily, each from
+    the longest sentence left, then the longest that still fit, so padding
+    is only at row ends. Sentences longer than `width` go into a second
+    bucket of rows as wide as the longest (rounded up to `multiple`): the
+    scan over a row takes its positions one after another, so narrow rows
+    for most sentences and a few wide ones for the outliers train faster
+    than every row as wide as the longest sentence.
+    Sentences of length 0 are left out (they add nothing to a log-loss)."""
     sentence_lengths, stack = _token_stack(encoded)
     return pack_token_rows(stack.unigram_ids[0], sentence_lengths, labels, width, multiple, **_stacked(stack))
+
+
+def _greedy_rows(pool: list, width: int) -> list:
+    """`pool`'s sentences `[(length, index)]` (sorted) in rows of at most
+    `width` positions: each row from the longest left, then the longest that still fit."""
+    rows = []
+    while pool:
+        length, i = pool.pop()
+        row, free = [i], width - length
+        while pool:
+            k = bisect.bisect_right(pool, (free, np.iinfo(np.int64).max)) - 1
+            if k < 0:
+                break
+            length, i = pool.pop(k)
+            row.append(i)
+            free -= length
+        rows.append(row)
+    return rows
+
+
+def _row_bucket(rows: list, width: int, sentence_lengths: np.ndarray, offsets: np.ndarray, labels: np.ndarray):
+    """`(positions, row lengths, row labels, members, starts)` of `rows`
+    (lists of sentence indices) `width` positions wide, as `pack_token_rows`
+    returns them, filled vectorised; `labels` `[N]` label ids of the token stack."""
+    members = np.fromiter(itertools.chain.from_iterable(rows), np.int64)
+    member_lengths = sentence_lengths[members]
+    sizes = np.fromiter(map(len, rows), np.int64, len(rows))
+    row_of = np.repeat(np.arange(len(rows)), sizes)
+    # Each sentence's first column: its offset in the concatenation minus its row's.
+    begins = np.cumsum(member_lengths) - member_lengths
+    column = begins - np.repeat(begins[np.cumsum(sizes) - sizes], sizes)
+    token_step = np.arange(int(member_lengths.sum())) - np.repeat(begins, member_lengths)
+    token_rows = np.repeat(row_of, member_lengths)
+    token_columns = np.repeat(column, member_lengths) + token_step
+    tokens = np.repeat(offsets[members], member_lengths) + token_step
+    positions = np.full((len(rows), width), PADDING_ID, dtype=np.int32)
+    row_labels = np.full((len(rows), width), -1, dtype=np.int32)
+    starts = np.zeros((len(rows), width), dtype=bool)
+    positions[token_rows, token_columns] = tokens
+    row_labels[token_rows, token_columns] = labels[tokens]
+    starts[row_of, column] = True
+    row_lengths = np.bincount(row_of, weights=member_lengths, minlength=len(rows)).astype(np.int32)
+    return positions, row_lengths, row_labels, members, starts
 
 
 def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]],
@@ -340,37 +405,17 @@ def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, l
     unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values = _check_stack(
         unigram_ids, sentence_lengths, pair_ids, unigram_values)
     _check_label_lengths(labels, sentence_lengths)
-    longest = max(sentence_lengths, default=0)
+    wide = max(multiple * -(-max(sentence_lengths, default=0) // multiple), multiple)
     if width is None:
-        width = max(multiple * -(-longest // multiple), multiple)
-    if width < longest:
-        raise ValueError(f"width must be >= the longest sentence ({longest}), got {width}")
+        width = wide
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
+        raise ValueError(f"width must be a positive int, got {width!r}")
     pool = sorted((length, i) for i, length in enumerate(sentence_lengths) if length > 0)
-    rows = []
-    while pool:
-        length, i = pool.pop()
-        row, free = [i], width - length
-        while pool:
-            k = bisect.bisect_right(pool, (free, len(sentence_lengths))) - 1
-            if k < 0:
-                break
-            length, i = pool.pop(k)
-            row.append(i)
-            free -= length
-        rows.append(row)
-    positions = np.full((len(rows), width), PADDING_ID, dtype=np.int32)
-    row_labels = np.full((len(rows), width), -1, dtype=np.int32)
-    starts = np.zeros((len(rows), width), dtype=bool)
-    row_lengths = np.zeros(len(rows), dtype=np.int32)
-    for r, row in enumerate(rows):
-        used = 0
-        for i in row:
-            length = sentence_lengths[i]
-            positions[r, used: used + length] = offsets[i] + np.arange(length)
-            row_labels[r, used: used + length] = labels[i]
-            starts[r, used] = True
-            used += length
-        row_lengths[r] = used
-    members = np.asarray([i for row in rows for i in row], dtype=np.int64)
-    return PackedCorpus(unigram_ids, pair_ids, (positions,), (row_lengths,), (row_labels,), (members,), (starts,),
-                        unigram_values)
+    split = bisect.bisect_right(pool, (width, np.iinfo(np.int64).max))
+    groups = [(width, pool[:split])] + ([(wide, pool[split:])] if split < len(pool) else [])
+    stack_labels = np.fromiter(itertools.chain.from_iterable(labels), np.int32, int(offsets[-1]))
+    lengths = np.asarray(sentence_lengths, np.int64)
+    buckets = [_row_bucket(_greedy_rows(group, bucket_width), bucket_width, lengths, offsets, stack_labels)
+               for bucket_width, group in groups]
+    positions, row_lengths, row_labels, members, starts = (tuple(parts) for parts in zip(*buckets))
+    return PackedCorpus(unigram_ids, pair_ids, positions, row_lengths, row_labels, members, starts, unigram_values)

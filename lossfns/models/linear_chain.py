@@ -121,12 +121,13 @@ class ChainWeights(NamedTuple):
 class ChainStructure(NamedTuple):
     """What `LinearChainModel.with_weights` needs besides the weights:
     emission_pairs: `(rows [P], columns [P])` int32 of the emission
-    weights that exist, or None (all); emission_mask `[K, L]` and pair_mask
-    `[K2, L, L]` bool, or None."""
+    weights that exist, or None (all); emission_mask `[K, L]`, pair_mask
+    `[K2, L, L]` and transition_mask `[L, L]` bool, or None."""
 
     emission_pairs: tuple | None
     emission_mask: jax.Array | None
     pair_mask: jax.Array | None
+    transition_mask: jax.Array | None = None
 
 
 class LinearChainModel(eqx.Module):
@@ -139,7 +140,8 @@ class LinearChainModel(eqx.Module):
     only on its label pairs, as CRFsuite's seen transitions); pair_support: the label
     pairs `(previous, next)` that any pair weight may use when they are few
     enough for the sparse form, else None (derived from `pair_mask` by
-    `with_pair_mask`; static).
+    `with_pair_mask`; static); transition_mask: `[L, L]` bool or None (True:
+    the transition weight exists; CRFsuite's transitions seen in training).
     """
 
     emission: jax.Array
@@ -149,6 +151,7 @@ class LinearChainModel(eqx.Module):
     emission_mask: jax.Array | None = None
     pair_mask: jax.Array | None = None
     pair_support: tuple | None = eqx.field(default=None, static=True)
+    transition_mask: jax.Array | None = None
 
     def with_pair_mask(self, pair_mask, *, max_sparse_fraction: float | None = None) -> LinearChainModel:
         """The model with the pair weights outside `pair_mask [K2, L, L]` fixed
@@ -165,6 +168,16 @@ class LinearChainModel(eqx.Module):
         sparse = 0 < previous.size <= max_sparse_fraction * L * L
         support = (tuple(previous.tolist()), tuple(following.tolist())) if sparse else None
         return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support)
+
+    def with_transition_mask(self, transition_mask) -> LinearChainModel:
+        """The model with the transition weights outside `transition_mask
+        [L, L]` (bool) fixed at 0 (CRFsuite without `possible_transitions`
+        creates transition features only for the label pairs seen in training)."""
+        L = self.num_labels
+        mask = jnp.asarray(np.asarray(transition_mask, dtype=bool))
+        if mask.shape != (L, L):
+            raise ValueError(f"transition_mask must have shape [L, L] = {(L, L)}, got shape {mask.shape}")
+        return dataclasses.replace(self, transitions=jnp.where(mask, self.transitions, 0.0), transition_mask=mask)
 
     @staticmethod
     def zeros(num_features: int, num_labels: int, num_pair_features: int = 0, *, emission_mask=None,
@@ -332,20 +345,31 @@ class LinearChainModel(eqx.Module):
         pairs = None
         if self.emission_mask is not None:
             pairs = tuple(np.asarray(i, np.int32) for i in np.nonzero(np.asarray(self.emission_mask)))
-        return ChainStructure(pairs, self.emission_mask, self.pair_mask)
+        return ChainStructure(pairs, self.emission_mask, self.pair_mask, self.transition_mask)
 
     def with_weights(self, weights: ChainWeights, structure: ChainStructure) -> LinearChainModel:
         """This model with `weights` (from `weights()`, or an optimizer) and
         `structure` (from `structure()`); jit-able in both: every array of the
         result comes from them, none from `self` (only shapes and the static
         sparse support do)."""
-        emission = weights.emission
+        return LinearChainModel.from_weights(weights, structure, self.pair_support)
+
+    @staticmethod
+    def from_weights(weights: ChainWeights, structure: ChainStructure,
+                     pair_support: tuple | None = None) -> LinearChainModel:
+        """The model of `weights` and `structure` (`weights()`, `structure()`)
+        with the static sparse `pair_support` (`with_pair_mask`): nothing
+        else is needed, so a training objective is a function of shapes and
+        settings only, equal across models of equal shapes (compiled once)."""
+        emission, transitions = weights.emission, weights.transitions
         if structure.emission_pairs is not None:
             rows, columns = structure.emission_pairs
-            emission = jnp.zeros(self.emission.shape, emission.dtype).at[rows, columns].set(emission)
-        return dataclasses.replace(self, emission=emission, transitions=weights.transitions, start=weights.start,
-                                   pair_emission=weights.pair_emission, emission_mask=structure.emission_mask,
-                                   pair_mask=structure.pair_mask)
+            emission = jnp.zeros(structure.emission_mask.shape, emission.dtype).at[rows, columns].set(emission)
+        if structure.transition_mask is not None:
+            # A transition that does not exist reads 0, so its gradient is 0.
+            transitions = jnp.where(structure.transition_mask, transitions, 0.0)
+        return LinearChainModel(emission, transitions, weights.start, weights.pair_emission, structure.emission_mask,
+                                structure.pair_mask, pair_support, structure.transition_mask)
 
     def trainable(self):
         """`(params, static)`: the floating-point weights and the rest (the mask),
@@ -367,7 +391,7 @@ class LinearChainModel(eqx.Module):
     def num_parameters(self) -> int:
         """Number of weights that can be non-zero (masked weights excluded)."""
         masked = sum(0 if mask is None else int(np.count_nonzero(~np.asarray(mask)))
-                     for mask in (self.emission_mask, self.pair_mask))
+                     for mask in (self.emission_mask, self.pair_mask, self.transition_mask))
         params, _ = self.trainable()
         return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params)) - masked
 

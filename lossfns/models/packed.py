@@ -68,14 +68,26 @@ class TrainingData(NamedTuple):
     structure: ChainStructure
 
 
-def weights_objective(model: LinearChainModel, loss: Callable | None = None) -> Callable:
-    """`(ChainWeights, TrainingData) -> []`: `corpus_loss` of `model` with
-    those weights (`model.with_weights`); the optimisation variables are
-    `model.weights()`. Nothing of `model` but its shapes enters the result."""
-    def objective(weights: ChainWeights, data: TrainingData) -> jax.Array:
-        return corpus_loss(model.with_weights(weights, data.structure), data.arrays, loss)
+class WeightsObjective(NamedTuple):
+    """`(ChainWeights, TrainingData) -> []`: `corpus_loss` of the model of
+    those weights and the data's structure (`LinearChainModel.from_weights`).
+    A value (equal settings give equal objectives), so the training driver's
+    compiled programs are shared by every fit of equal shapes: a
+    `GridSearchCV` compiles once per shape, not once per fit."""
 
-    return objective
+    pair_support: tuple | None = None
+    loss: Callable | None = None
+
+    def __call__(self, weights: ChainWeights, data: TrainingData) -> jax.Array:
+        model = LinearChainModel.from_weights(weights, data.structure, self.pair_support)
+        return corpus_loss(model, data.arrays, self.loss)
+
+
+def weights_objective(model: LinearChainModel, loss: Callable | None = None) -> WeightsObjective:
+    """The `WeightsObjective` of `model`'s kind (its static sparse support)
+    and `loss`; the optimisation variables are `model.weights()`. Nothing
+    of `model` but its static support enters the result."""
+    return WeightsObjective(model.pair_support, loss)
 
 
 def _constrained(model, arrays, moves: AllowedTransitions | None) -> tuple:

@@ -254,7 +254,8 @@ def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, un
             if bar is not None:
                 bar.update(step - before)
                 bar.set_postfix(objective=float(loop.value))
-            if callback is not None and callback(Report(step, float(loop.value), np.asarray(loop.trace[:step]),
+            # The trace is sliced on the host: a device slice per step length compiles a program each.
+            if callback is not None and callback(Report(step, float(loop.value), np.asarray(loop.trace)[:step],
                                                         loop.inner)):
                 done = jnp.ones((), bool)
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))

@@ -11,6 +11,7 @@ CRFsuite's penalty weights.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -65,13 +66,36 @@ def elastic_net_training(l1: float, l2: float, optimizer: optax.GradientTransfor
     `optax.lbfgs`), `memory_size` pairs of history for the defaults."""
     check_elastic_net(l1, l2, optimizer, regularizer)
     check_int("memory_size", memory_size)
+    l1, l2 = float(l1), float(l2)
     if optimizer is None and l1 > 0:
-        return ElasticNetTraining(owlqn(l1, l2, memory_size=memory_size), regularizer, elastic_net_penalty(l1, l2))
-    if not l2:
-        return ElasticNetTraining(optimizer or optax.lbfgs(memory_size=memory_size), regularizer, None)
+        return ElasticNetTraining(_owlqn(l1, l2, memory_size), regularizer, _elastic_net_penalty(l1, l2))
+    optimizer = optimizer or _lbfgs(memory_size)
+    return ElasticNetTraining(optimizer, L2Regularizer(l2, regularizer) if l2 else regularizer, None)
 
-    def smooth(params):
-        total = 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params))
-        return total if regularizer is None else total + regularizer(params)
 
-    return ElasticNetTraining(optimizer or optax.lbfgs(memory_size=memory_size), smooth, None)
+# One object per setting: the driver re-uses compiled programs for equal
+# optimizers and objectives, and optax's transformations compare by identity.
+@functools.lru_cache(maxsize=32)
+def _owlqn(l1: float, l2: float, memory_size: int) -> optax.GradientTransformationExtraArgs:
+    return owlqn(l1, l2, memory_size=memory_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _elastic_net_penalty(l1: float, l2: float) -> Callable:
+    return elastic_net_penalty(l1, l2)
+
+
+@functools.lru_cache(maxsize=32)
+def _lbfgs(memory_size: int) -> optax.GradientTransformation:
+    return optax.lbfgs(memory_size=memory_size)
+
+
+class L2Regularizer(NamedTuple):
+    """`params -> l2 / 2 ||params||^2 (+ regularizer(params))`, a value."""
+
+    l2: float
+    regularizer: Callable | None = None
+
+    def __call__(self, params) -> jax.Array:
+        total = jnp.asarray(0.5 * self.l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params)))
+        return total if self.regularizer is None else total + self.regularizer(params)
