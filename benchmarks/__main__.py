@@ -31,8 +31,13 @@ import platform
 import subprocess
 import sys
 
-PEERS = {"torch": "torch==2.13.0", "torch_struct": "torch-struct==0.5", "torchcrf": "pytorch-crf==0.7.2",
-         "pycrfsuite": "python-crfsuite", "sklearn_crfsuite": "sklearn-crfsuite"}
+PEERS = {
+    "torch": "torch==2.13.0",
+    "torch_struct": "torch-struct==0.5",
+    "torchcrf": "pytorch-crf==0.7.2",
+    "pycrfsuite": "python-crfsuite",
+    "sklearn_crfsuite": "sklearn-crfsuite",
+}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -48,7 +53,9 @@ def ensure_peers(install: bool, log=print):
             available[module] = False
         if install:
             log(f"installing {requirement} ...")
-            done = subprocess.run([sys.executable, "-m", "pip", "install", requirement], capture_output=True, check=False, text=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "install", requirement], capture_output=True, check=False, text=True
+            )
             if done.returncode == 0:
                 importlib.invalidate_caches()
                 try:
@@ -73,7 +80,7 @@ def describe_machine():
         pass
     try:
         with open("/proc/meminfo") as info:
-            memory_gib = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) / 1024 ** 2
+            memory_gib = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) / 1024**2
     except (OSError, StopIteration):
         memory_gib = None
     versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
@@ -82,72 +89,119 @@ def describe_machine():
             versions[module] = getattr(importlib.import_module(module), "__version__", "installed")
         except ImportError:
             versions[module] = None
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "memory_gib": memory_gib,
-            "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-            "jax_devices": [str(d) for d in jax.devices()], "platform": platform.platform(), "versions": versions,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "float": "float32 (numpy reference: float64)"}
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "jax_devices": [str(d) for d in jax.devices()],
+        "platform": platform.platform(),
+        "versions": versions,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "float": "float32 (numpy reference: float64)",
+    }
 
 
 def markdown(report) -> str:
     machine = report["machine"]
-    lines = [f"# lossfns benchmarks ({report['date']})", "",
-             f"Machine: {machine['cpu']}, {machine['logical_cores']} logical cores, "
-             f"{machine['memory_gib']:.0f} GiB, devices {machine['jax_devices']}; load average at start "
-             f"{machine['load_average_at_start']}; versions {machine['versions']}. "
-             "Medians of interleaved repeats in one process; ratios from the same run.", ""]
+    lines = [
+        f"# lossfns benchmarks ({report['date']})",
+        "",
+        f"Machine: {machine['cpu']}, {machine['logical_cores']} logical cores, "
+        f"{machine['memory_gib']:.0f} GiB, devices {machine['jax_devices']}; load average at start "
+        f"{machine['load_average_at_start']}; versions {machine['versions']}. "
+        "Medians of interleaved repeats in one process; ratios from the same run.",
+        "",
+    ]
     if "note" in report:
         lines += [report["note"], ""]
     if "chain" in report:
-        lines += ["## Chain: log-partition plus marginals (float32)", "",
-                  "| (B, T, L) | variant | median ms | min ms | tokens/s (median) | compile s |",
-                  "|---|---|---:|---:|---:|---:|"]
+        lines += [
+            "## Chain: log-partition plus marginals (float32)",
+            "",
+            "| (B, T, L) | variant | median ms | min ms | tokens/s (median) | compile s |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
         for r in report["chain"]["records"]:
             if "median_s" in r:
                 compile_s = f"{r['compile_s']:.2f}" if r["compile_s"] is not None else "-"
-                lines.append(f"| {tuple(r['shape'])} | {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['min_s'] * 1e3:.2f} | "
-                             f"{r['tokens_per_s']:,.0f} | {compile_s} |")
+                lines.append(
+                    f"| {tuple(r['shape'])} | {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['min_s'] * 1e3:.2f} | "
+                    f"{r['tokens_per_s']:,.0f} | {compile_s} |"
+                )
             else:
                 lines.append(f"| {tuple(r['shape'])} | {r['variant']} | skipped: {r['skipped']} | | | |")
-        lines += ["", "Speed-up of the fastest lossfns variant of each form:", "",
-                  "| (B, T, L) | form | fastest lossfns variant | vs torch-struct (median; min) "
-                  "| vs numpy float64 (median; min) | numpy over the products-only floor (median; min) |",
-                  "|---|---|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "Speed-up of the fastest lossfns variant of each form:",
+            "",
+            "| (B, T, L) | form | fastest lossfns variant | vs torch-struct (median; min) "
+            "| vs numpy float64 (median; min) | numpy over the products-only floor (median; min) |",
+            "|---|---|---|---:|---:|---:|",
+        ]
         ratio = lambda r, key: f"{r[key]:.1f}x; {r[key + '_min']:.1f}x" if key in r else "n/a"
         for r in report["chain"]["ratios"]:
             torch_ratio, numpy_ratio = ratio(r, "vs_torch_struct"), ratio(r, "vs_numpy")
-            lines.append(f"| {tuple(r['shape'])} | {r['form']} | {r['fastest_lossfns']} | {torch_ratio} | {numpy_ratio} "
-                         f"| {ratio(r, 'floor_vs_numpy')} |")
-        lines += ["", "The last column bounds what any XLA forward-backward of the factored form could gain on "
-                  "numpy at that shape: numpy's whole forward-backward over the time of the matrix products alone.", ""]
+            lines.append(
+                f"| {tuple(r['shape'])} | {r['form']} | {r['fastest_lossfns']} | {torch_ratio} | {numpy_ratio} "
+                f"| {ratio(r, 'floor_vs_numpy')} |"
+            )
+        lines += [
+            "",
+            "The last column bounds what any XLA forward-backward of the factored form could gain on "
+            "numpy at that shape: numpy's whole forward-backward over the time of the matrix products alone.",
+            "",
+        ]
         lines.append("")
     if "crf" in report:
         names = [n for n in report["crf"][0]["variants"] if n != "pytorch-crf"] if report["crf"] else []
-        lines += ["## CRF negative log-likelihood plus gradient vs pytorch-crf (float32, factored)", "",
-                  "| (B, T, L) | " + " | ".join(f"{n} ms" for n in names) + " | pytorch-crf ms | "
-                  + " | ".join(f"{n} vs pytorch-crf (median; min)" for n in names) + " |",
-                  "|---|" + "---:|" * (2 * len(names) + 1)]
+        lines += [
+            "## CRF negative log-likelihood plus gradient vs pytorch-crf (float32, factored)",
+            "",
+            "| (B, T, L) | "
+            + " | ".join(f"{n} ms" for n in names)
+            + " | pytorch-crf ms | "
+            + " | ".join(f"{n} vs pytorch-crf (median; min)" for n in names)
+            + " |",
+            "|---|" + "---:|" * (2 * len(names) + 1),
+        ]
         for r in report["crf"]:
             v = r["variants"]
             peer = f"{v['pytorch-crf']['median_s'] * 1e3:.2f}" if "pytorch-crf" in v else "n/a"
-            speedups = [f"{r['vs_pytorch_crf'][n]['median']:.1f}x; {r['vs_pytorch_crf'][n]['min']:.1f}x"
-                        if "vs_pytorch_crf" in r else "n/a" for n in names]
-            lines.append(f"| {tuple(r['shape'])} | " + " | ".join(f"{v[n]['median_s'] * 1e3:.2f}" for n in names)
-                         + f" | {peer} | " + " | ".join(speedups) + " |")
+            speedups = [
+                f"{r['vs_pytorch_crf'][n]['median']:.1f}x; {r['vs_pytorch_crf'][n]['min']:.1f}x"
+                if "vs_pytorch_crf" in r
+                else "n/a"
+                for n in names
+            ]
+            lines.append(
+                f"| {tuple(r['shape'])} | "
+                + " | ".join(f"{v[n]['median_s'] * 1e3:.2f}" for n in names)
+                + f" | {peer} | "
+                + " | ".join(speedups)
+                + " |"
+            )
         lines += ["", "First calls (compilation included) are in the JSON (`first_call_s`).", ""]
     if "nn" in report:
         from benchmarks import nn_crf_benchmark
 
         lines += nn_crf_benchmark.markdown(report["nn"])
     if "sparse" in report:
-        lines += ["## Sparse forward-backward (Lavergne 4.1) vs dense, log Z plus gradients (float32)", "",
-                  "| (B, T, L) | zero label-pair weights | sparse ms | dense ms (from weights) | dense ms (given matrices) "
-                  "| speed-up | log Z rel. error | marginals max error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Sparse forward-backward (Lavergne 4.1) vs dense, log Z plus gradients (float32)",
+            "",
+            "| (B, T, L) | zero label-pair weights | sparse ms | dense ms (from weights) | dense ms (given matrices) "
+            "| speed-up | log Z rel. error | marginals max error |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in report["sparse"]:
             m = r["median_s"]
-            lines.append(f"| {tuple(r['shape'])} | {r['zero_fraction']:.0%} | {m['sparse'] * 1e3:.1f} | "
-                         f"{m['dense (from the sparse weights)'] * 1e3:.1f} | {m['dense (given [B, T, L, L])'] * 1e3:.1f} | "
-                         f"{r['speedup_vs_dense_from_weights']:.1f}x / {r['speedup_vs_dense_given']:.1f}x | "
-                         f"{r['log_z_relative_error']:.1e} | {r['marginal_max_abs_error']:.1e} |")
+            lines.append(
+                f"| {tuple(r['shape'])} | {r['zero_fraction']:.0%} | {m['sparse'] * 1e3:.1f} | "
+                f"{m['dense (from the sparse weights)'] * 1e3:.1f} | {m['dense (given [B, T, L, L])'] * 1e3:.1f} | "
+                f"{r['speedup_vs_dense_from_weights']:.1f}x / {r['speedup_vs_dense_given']:.1f}x | "
+                f"{r['log_z_relative_error']:.1e} | {r['marginal_max_abs_error']:.1e} |"
+            )
         lines.append("")
     if "training" in report:
         for task, result in report["training"].items():
@@ -161,14 +215,21 @@ def markdown(report) -> str:
         result = report["perceptron"]
         if "ratios" in result:
             crf, ours = result["crfsuite"], result["lossfns"]
-            lines += ["| | epoch s (median) | compile s | test token accuracy |", "|---|---:|---:|---|",
-                      f"| CRFsuite ap | {crf['median_epoch_seconds']:.2f} (train() wall "
-                      f"{crf['median_train_wall_seconds']:.2f}) | - | "
-                      + ", ".join(f"{e} ep: {a:.4f}" for e, a in crf["test_token_accuracy"].items()) + " |",
-                      f"| lossfns sparse_perceptron_epoch | {ours['median_epoch_seconds']:.3f} | "
-                      f"{ours['compile_seconds']:.1f} | "
-                      + ", ".join(f"{e} ep: {a:.4f}" for e, a in ours["test_token_accuracy"].items()) + " |", "",
-                      f"CRFsuite epoch / lossfns epoch: {result['ratios']['crfsuite_epoch_over_lossfns_epoch']:.1f}x", ""]
+            lines += [
+                "| | epoch s (median) | compile s | test token accuracy |",
+                "|---|---:|---:|---|",
+                f"| CRFsuite ap | {crf['median_epoch_seconds']:.2f} (train() wall "
+                f"{crf['median_train_wall_seconds']:.2f}) | - | "
+                + ", ".join(f"{e} ep: {a:.4f}" for e, a in crf["test_token_accuracy"].items())
+                + " |",
+                f"| lossfns sparse_perceptron_epoch | {ours['median_epoch_seconds']:.3f} | "
+                f"{ours['compile_seconds']:.1f} | "
+                + ", ".join(f"{e} ep: {a:.4f}" for e, a in ours["test_token_accuracy"].items())
+                + " |",
+                "",
+                f"CRFsuite epoch / lossfns epoch: {result['ratios']['crfsuite_epoch_over_lossfns_epoch']:.1f}x",
+                "",
+            ]
         lines += ["```", json.dumps(result, indent=2), "```", ""]
     return "\n".join(lines)
 
@@ -184,7 +245,9 @@ def write(report, stem):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn"), action="append")
+    parser.add_argument(
+        "--only", choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn"), action="append"
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
@@ -200,8 +263,11 @@ def main(argv=None):
     ensure_peers(not args.no_install)
     from benchmarks import chain_benchmark
 
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": describe_machine(), "command": " ".join(["python -m benchmarks"] + (argv or sys.argv[1:]))}
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": describe_machine(),
+        "command": " ".join(["python -m benchmarks"] + (argv or sys.argv[1:])),
+    }
     repeats = 3 if args.quick else args.repeats
     stem = os.path.join(RESULTS, f"benchmarks-{args.tag}{'-quick' if args.quick else ''}")
     if "chain" in parts:
@@ -216,10 +282,12 @@ def main(argv=None):
         records = chain_benchmark.benchmark_chain(shapes, repeats, args.budget, on_shape=save_partial)
         report["chain"] = {"records": records, "ratios": chain_benchmark.chain_ratios(records)}
         for row in report["chain"]["ratios"]:
-            print(f"{tuple(row['shape'])!s:>18} {row['form']:<13} {row['fastest_lossfns']:<36} "
-                  f"vs torch-struct {row.get('vs_torch_struct', float('nan')):7.1f}x "
-                  f"(min {row.get('vs_torch_struct_min', float('nan')):7.1f}x)   "
-                  f"vs numpy {row.get('vs_numpy', float('nan')):7.1f}x (min {row.get('vs_numpy_min', float('nan')):7.1f}x)")
+            print(
+                f"{tuple(row['shape'])!s:>18} {row['form']:<13} {row['fastest_lossfns']:<36} "
+                f"vs torch-struct {row.get('vs_torch_struct', float('nan')):7.1f}x "
+                f"(min {row.get('vs_torch_struct_min', float('nan')):7.1f}x)   "
+                f"vs numpy {row.get('vs_numpy', float('nan')):7.1f}x (min {row.get('vs_numpy_min', float('nan')):7.1f}x)"
+            )
     if "crf" in parts:
         shapes = ((4, 10, 5), (2, 200, 9)) if args.quick else chain_benchmark.CRF_SHAPES
         report["crf"] = chain_benchmark.benchmark_crf_loss(shapes, repeats, args.budget)
@@ -242,15 +310,17 @@ def main(argv=None):
         else:
             report["training"] = {}
             for task in args.training_tasks.split(","):
-                report["training"][task] = training_benchmark.run(quick=args.quick, iterations=args.iterations,
-                                                                  task=task)
+                report["training"][task] = training_benchmark.run(
+                    quick=args.quick, iterations=args.iterations, task=task
+                )
                 write(report, stem)
 
     if "perceptron" in parts:
         from benchmarks import perceptron_benchmark
 
         report["perceptron"] = perceptron_benchmark.run(
-            quick=args.quick, epochs=[int(e) for e in args.epochs.split(",")], repeats=min(repeats, 3))
+            quick=args.quick, epochs=[int(e) for e in args.epochs.split(",")], repeats=min(repeats, 3)
+        )
 
     if "sklearn" in parts:
         from benchmarks import sklearn_benchmark

@@ -30,15 +30,28 @@ def measure(task: str, set_name: str, rounds: int) -> dict:
     encoded = tagging.encode_task(data, (set_name,), 6)
     buckets = encoded.train[set_name]
     start = time.perf_counter()
-    pieces = sequence_pieces([np.asarray(b.ids) for b in buckets], [np.asarray(b.labels) for b in buckets],
-                             [np.asarray(b.lengths) for b in buckets], PIECE_LENGTH)
+    pieces = sequence_pieces(
+        [np.asarray(b.ids) for b in buckets],
+        [np.asarray(b.labels) for b in buckets],
+        [np.asarray(b.lengths) for b in buckets],
+        PIECE_LENGTH,
+    )
     sparse = chain_boosting_data(*pieces, encoded.num_features, len(data.labels))
     build = time.perf_counter() - start
     run = boost(sparse, max_rounds=rounds, tol=0.0, chunk_rounds=rounds)
     done = int(run.loop.step)
-    return {"task": task, "features": set_name, "sentences": len(data.train), "pieces": len(pieces[2]),
-            "labels": len(data.labels), "weak_learners": sparse.num_weak_learners, "build_seconds": build,
-            "setup_seconds": run.setup_seconds, "rounds": done, "rounds_per_second": done / run.seconds}
+    return {
+        "task": task,
+        "features": set_name,
+        "sentences": len(data.train),
+        "pieces": len(pieces[2]),
+        "labels": len(data.labels),
+        "weak_learners": sparse.num_weak_learners,
+        "build_seconds": build,
+        "setup_seconds": run.setup_seconds,
+        "rounds": done,
+        "rounds_per_second": done / run.seconds,
+    }
 
 
 def main() -> None:
@@ -47,17 +60,22 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(f"{t}:{s}" for t, s in CASES))
     parser.add_argument("--out", default=None)
     arguments = parser.parse_args()
-    lines = [f"Sequence boosting rounds per second ({platform.machine()}, {platform.processor() or 'cpu'}; "
-             f"{arguments.rounds} rounds; pieces of {PIECE_LENGTH} tokens)", "",
-             "| task | features | sentences | pieces | labels | weak learners | build (s) | to first round (s) "
-             "| rounds/s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Sequence boosting rounds per second ({platform.machine()}, {platform.processor() or 'cpu'}; "
+        f"{arguments.rounds} rounds; pieces of {PIECE_LENGTH} tokens)",
+        "",
+        "| task | features | sentences | pieces | labels | weak learners | build (s) | to first round (s) | rounds/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
     for case in arguments.cases.split(","):
         task, set_name = case.split(":")
         r = measure(task, set_name, arguments.rounds)
-        line = (f"| {r['task']} | {r['features']} | {r['sentences']} | {r['pieces']} | {r['labels']} | "
-                f"{r['weak_learners']} | {r['build_seconds']:.1f} | {r['setup_seconds']:.1f} | "
-                f"{r['rounds_per_second']:.1f} |")
+        line = (
+            f"| {r['task']} | {r['features']} | {r['sentences']} | {r['pieces']} | {r['labels']} | "
+            f"{r['weak_learners']} | {r['build_seconds']:.1f} | {r['setup_seconds']:.1f} | "
+            f"{r['rounds_per_second']:.1f} |"
+        )
         print(line, flush=True)
         lines.append(line)
     if arguments.out:

@@ -47,8 +47,8 @@ from lossfns.lattices import chain, sparse_chain
 SHAPES = ((32, 40, 9), (32, 40, 45), (8, 40, 333), (256, 25, 45), (1, 10_000, 9))
 SEMIRINGS = {"log": semirings.Log}
 # Skip a variant whose largest intermediate would exceed this (shared machine).
-MEMORY_LIMIT_BYTES = 2 * 1024 ** 3
-TORCH_STRUCT_WORK_LIMIT = 32 * 40 * 45 ** 3
+MEMORY_LIMIT_BYTES = 2 * 1024**3
+TORCH_STRUCT_WORK_LIMIT = 32 * 40 * 45**3
 
 
 class Problem(NamedTuple):
@@ -149,15 +149,17 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
         B, T, _L = problem.unary.shape
         lengths = jnp.full((B,), T, jnp.int32)
         if form == "factored":
-            inputs = chain.FactoredPotentials(jnp.asarray(problem.unary), jnp.asarray(problem.transitions),
-                                              jnp.asarray(problem.start))
+            inputs = chain.FactoredPotentials(
+                jnp.asarray(problem.unary), jnp.asarray(problem.transitions), jnp.asarray(problem.start)
+            )
         else:
             inputs = jnp.asarray(problem.per_position)
 
         @jax.jit
         def value_and_marginals(potentials):
-            total = lambda p: jnp.sum(chain.log_partition(p, lengths, semiring=SEMIRINGS[semiring],
-                                                          algorithm=algorithm))
+            total = lambda p: jnp.sum(
+                chain.log_partition(p, lengths, semiring=SEMIRINGS[semiring], algorithm=algorithm)
+            )
             return jax.value_and_grad(total)(potentials)
 
         def run():
@@ -171,13 +173,13 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
         itemsize = 4
         if algorithm == "parallel":
             # the generic log-semiring matmul materialises [.., L, L, L] per product
-            needed = B * max(T // 2, 1) * L ** 3 * itemsize * 3
+            needed = B * max(T // 2, 1) * L**3 * itemsize * 3
         elif form == "per-position":
             needed = B * T * L * L * itemsize * 4
         else:
             needed = B * T * L * L * itemsize
         if needed > MEMORY_LIMIT_BYTES:
-            return f"needs about {needed / 1024 ** 3:.1f} GiB"
+            return f"needs about {needed / 1024**3:.1f} GiB"
         return None
 
     return Variant(f"lossfns {form} {semiring} {algorithm}", "lossfns", form, build, fits)
@@ -211,12 +213,14 @@ def _torch_struct_variant() -> Variant | None:
 
     def fits(shape):
         B, T, L = shape
-        needed = B * max(T // 2, 1) * L ** 3 * 4
+        needed = B * max(T // 2, 1) * L**3 * 4
         if needed > 2 * MEMORY_LIMIT_BYTES:
-            return f"out of memory: its [B, T/2, L, L, L] log-semiring product needs about {needed / 1024 ** 3:.1f} GiB"
-        if B * T * L ** 3 > TORCH_STRUCT_WORK_LIMIT:
-            return ("not run for time: its work B T L^3 exceeds that of (32, 40, 45), where one call took "
-                    "about 30 s on the loaded 2-core machine")
+            return f"out of memory: its [B, T/2, L, L, L] log-semiring product needs about {needed / 1024**3:.1f} GiB"
+        if B * T * L**3 > TORCH_STRUCT_WORK_LIMIT:
+            return (
+                "not run for time: its work B T L^3 exceeds that of (32, 40, 45), where one call took "
+                "about 30 s on the loaded 2-core machine"
+            )
         if T < 2:
             return "needs T >= 2"
         return None
@@ -233,7 +237,7 @@ def _numpy_variant(form: str) -> Variant:
     def fits(shape):
         B, T, L = shape
         needed = B * T * L * L * 8 * 3 if form == "per-position" else B * T * L * 8 * 4
-        return f"needs about {needed / 1024 ** 3:.1f} GiB" if needed > MEMORY_LIMIT_BYTES else None
+        return f"needs about {needed / 1024**3:.1f} GiB" if needed > MEMORY_LIMIT_BYTES else None
 
     return Variant(f"numpy float64 {form}", "numpy", form, build, fits)
 
@@ -250,7 +254,7 @@ def _products_floor_variant() -> Variant:
                 return new / jnp.max(new), new
 
             _, steps = jax.lax.scan(step, jnp.ones((B, L), jnp.float32), None, length=2 * (T - 1))
-            forward, backward = steps[:T - 1].reshape(-1, L), steps[T - 1:].reshape(-1, L)
+            forward, backward = steps[: T - 1].reshape(-1, L), steps[T - 1 :].reshape(-1, L)
             return jnp.sum(forward.T @ backward)
 
         return lambda: jax.block_until_ready(products(transitions))
@@ -264,8 +268,11 @@ FLOOR = "floor: XLA matrix products only"
 def variants():
     # The parallel scan (log semiring, exact) is 4-9x slower than the
     # sequential one on CPU (NUMERICS.md 7); it stands for the accelerator path.
-    out = [_lossfns_variant(form, "log", algorithm)
-           for form in ("factored", "per-position") for algorithm in ("sequential", "parallel")]
+    out = [
+        _lossfns_variant(form, "log", algorithm)
+        for form in ("factored", "per-position")
+        for algorithm in ("sequential", "parallel")
+    ]
     torch_struct = _torch_struct_variant()
     if torch_struct is not None:
         out.append(torch_struct)
@@ -342,17 +349,35 @@ def benchmark_chain(shapes=SHAPES, repeats: int = 7, budget_s: float = 60.0, log
         by_name = {v.name: v for v in all_variants}
         for name, (first, times) in timings.items():
             median = statistics.median(times)
-            records.append({"shape": list(shape), "variant": name, "peer": by_name[name].peer,
-                            "form": by_name[name].form, "median_s": median, "min_s": min(times),
-                            "repeats": len(times),
-                            "first_call_s": first, "compile_s": max(first - median, 0.0) if by_name[name].peer == "lossfns" else None,
-                            "tokens_per_s": B * T / median})
-            log(f"{shape!s:>18} {name:<36} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+            records.append(
+                {
+                    "shape": list(shape),
+                    "variant": name,
+                    "peer": by_name[name].peer,
+                    "form": by_name[name].form,
+                    "median_s": median,
+                    "min_s": min(times),
+                    "repeats": len(times),
+                    "first_call_s": first,
+                    "compile_s": max(first - median, 0.0) if by_name[name].peer == "lossfns" else None,
+                    "tokens_per_s": B * T / median,
+                }
+            )
+            log(
+                f"{shape!s:>18} {name:<36} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
                 f"{B * T / median:12.0f} tok/s  "
-                f"compile {max(first - median, 0.0):6.2f} s")
+                f"compile {max(first - median, 0.0):6.2f} s"
+            )
         for name, reason in skipped.items():
-            records.append({"shape": list(shape), "variant": name, "peer": by_name[name].peer,
-                            "form": by_name[name].form, "skipped": reason})
+            records.append(
+                {
+                    "shape": list(shape),
+                    "variant": name,
+                    "peer": by_name[name].peer,
+                    "form": by_name[name].form,
+                    "skipped": reason,
+                }
+            )
             log(f"{shape!s:>18} {name:<36} skipped: {reason}")
         if on_shape is not None:
             on_shape(records)
@@ -372,9 +397,14 @@ def chain_ratios(records):
                 continue
             best = min(ours, key=lambda r: r["median_s"])
             best_min = min(ours, key=lambda r: r["min_s"])
-            row = {"shape": list(shape), "form": form, "fastest_lossfns": best["variant"],
-                   "median_s": best["median_s"], "fastest_lossfns_by_min": best_min["variant"],
-                   "min_s": best_min["min_s"]}
+            row = {
+                "shape": list(shape),
+                "form": form,
+                "fastest_lossfns": best["variant"],
+                "median_s": best["median_s"],
+                "fastest_lossfns_by_min": best_min["variant"],
+                "min_s": best_min["min_s"],
+            }
             for key, peer in (("torch_struct", "torch-struct per-position log"), ("numpy", f"numpy float64 {form}")):
                 if peer in peers:
                     row[f"vs_{key}"] = peers[peer]["median_s"] / best["median_s"]
@@ -405,9 +435,11 @@ def _lossfns_crf_loss(semiring, mapped: bool = False):
     batch, `log Z - score`, with its gradient in unary, transitions and start;
     with `mapped`, the default call on one sentence under `jax.vmap` over
     the batch (the "one instance plus vmap" idiom)."""
+
     def build(problem: Problem, tags):
-        potentials = chain.FactoredPotentials(jnp.asarray(problem.unary), jnp.asarray(problem.transitions),
-                                              jnp.asarray(problem.start))
+        potentials = chain.FactoredPotentials(
+            jnp.asarray(problem.unary), jnp.asarray(problem.transitions), jnp.asarray(problem.start)
+        )
         tags = jnp.asarray(tags)
         if semiring is None:  # the default call
             log_partition = chain.log_partition
@@ -416,8 +448,9 @@ def _lossfns_crf_loss(semiring, mapped: bool = False):
 
         def loss(p):
             if mapped:
-                one = lambda unary, y: (chain.log_partition(p._replace(unary=unary))
-                                        - chain.score(p._replace(unary=unary), y))
+                one = lambda unary, y: (
+                    chain.log_partition(p._replace(unary=unary)) - chain.score(p._replace(unary=unary), y)
+                )
                 return jnp.sum(jax.vmap(one)(p.unary, tags))
             return jnp.sum(log_partition(p) - chain.score(p, tags))
 
@@ -470,9 +503,12 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
     factored), its explicit `Log` and `Real` semirings, the default call
     under a user's `jax.vmap`, and pytorch-crf, side by side; the losses
     must agree to 1e-4 (relative)."""
-    builders = {"lossfns default": _lossfns_crf_loss(None), "lossfns semiring=Log": _lossfns_crf_loss(semirings.Log),
-                "lossfns semiring=Real": _lossfns_crf_loss(semirings.Real),
-                "lossfns vmap(default)": _lossfns_crf_loss(None, mapped=True)}
+    builders = {
+        "lossfns default": _lossfns_crf_loss(None),
+        "lossfns semiring=Log": _lossfns_crf_loss(semirings.Log),
+        "lossfns semiring=Real": _lossfns_crf_loss(semirings.Real),
+        "lossfns vmap(default)": _lossfns_crf_loss(None, mapped=True),
+    }
     pytorch_crf = _pytorch_crf_loss()
     if pytorch_crf is not None:
         builders["pytorch-crf"] = pytorch_crf
@@ -491,17 +527,29 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
         for name, (_, times) in timings.items():
             first_s = first[name]  # the very first call: tracing and compilation included
             median = statistics.median(times)
-            record["variants"][name] = {"median_s": median, "min_s": min(times), "repeats": len(times),
-                                        "first_call_s": first_s}
-            log(f"crf loss {shape!s:>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
-                f"first call {first_s:6.2f} s")
+            record["variants"][name] = {
+                "median_s": median,
+                "min_s": min(times),
+                "repeats": len(times),
+                "first_call_s": first_s,
+            }
+            log(
+                f"crf loss {shape!s:>16} {name:<24} {median * 1e3:10.2f} ms (min {min(times) * 1e3:9.2f})  "
+                f"first call {first_s:6.2f} s"
+            )
         if "pytorch-crf" in record["variants"]:
             peer = record["variants"]["pytorch-crf"]
-            record["vs_pytorch_crf"] = {name: {"median": peer["median_s"] / v["median_s"],
-                                               "min": peer["min_s"] / v["min_s"]}
-                                        for name, v in record["variants"].items() if name != "pytorch-crf"}
-            log(f"crf loss {shape!s:>16} speed-up over pytorch-crf: " + ", ".join(
-                f"{name} {r['median']:.1f}x (min {r['min']:.1f}x)" for name, r in record["vs_pytorch_crf"].items()))
+            record["vs_pytorch_crf"] = {
+                name: {"median": peer["median_s"] / v["median_s"], "min": peer["min_s"] / v["min_s"]}
+                for name, v in record["variants"].items()
+                if name != "pytorch-crf"
+            }
+            log(
+                f"crf loss {shape!s:>16} speed-up over pytorch-crf: "
+                + ", ".join(
+                    f"{name} {r['median']:.1f}x (min {r['min']:.1f}x)" for name, r in record["vs_pytorch_crf"].items()
+                )
+            )
         records.append(record)
     return records
 
@@ -511,8 +559,7 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
 # ---------------------------------------------------------------------------
 
 
-def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7, budget_s: float = 60.0,
-                     log=print):
+def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7, budget_s: float = 60.0, log=print):
     """log Z plus gradients: sparse (O(L + K) per step) against the dense
     per-position chain (real semiring, O(L^2) per step), in float32."""
     B, T, L = shape
@@ -524,7 +571,10 @@ def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7
         potentials = sparse_chain.SparsePotentials(
             2.0 * jax.random.normal(keys[1], (B, T, L), jnp.float32),
             jax.random.normal(keys[2], (B, T, K), jnp.float32),
-            jnp.asarray(previous), jnp.asarray(following), jax.random.normal(keys[3], (L,), jnp.float32))
+            jnp.asarray(previous),
+            jnp.asarray(following),
+            jax.random.normal(keys[3], (L,), jnp.float32),
+        )
         lengths = jnp.full((B,), T, jnp.int32)
         fields = (potentials.unary, potentials.pair_weights, potentials.start)
 
@@ -532,29 +582,45 @@ def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7
             return potentials._replace(unary=f[0], pair_weights=f[1], start=f[2])
 
         sparse_fn = jax.jit(jax.value_and_grad(lambda f: jnp.sum(chain.log_partition(with_fields(f), lengths))))
-        dense_fn = jax.jit(jax.value_and_grad(lambda f: jnp.sum(chain.log_partition(
-            sparse_chain.to_dense(with_fields(f)), lengths, semiring=semirings.Real))))
+        dense_fn = jax.jit(
+            jax.value_and_grad(
+                lambda f: jnp.sum(
+                    chain.log_partition(sparse_chain.to_dense(with_fields(f)), lengths, semiring=semirings.Real)
+                )
+            )
+        )
         dense_matrices = sparse_chain.to_dense(potentials)
-        dense_given_fn = jax.jit(jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(
-            p, lengths, semiring=semirings.Real))))
-        runs = {"sparse": lambda: jax.block_until_ready(sparse_fn(fields)),
-                "dense (from the sparse weights)": lambda: jax.block_until_ready(dense_fn(fields)),
-                "dense (given [B, T, L, L])": lambda: jax.block_until_ready(dense_given_fn(dense_matrices))}
+        dense_given_fn = jax.jit(
+            jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(p, lengths, semiring=semirings.Real)))
+        )
+        runs = {
+            "sparse": lambda: jax.block_until_ready(sparse_fn(fields)),
+            "dense (from the sparse weights)": lambda: jax.block_until_ready(dense_fn(fields)),
+            "dense (given [B, T, L, L])": lambda: jax.block_until_ready(dense_given_fn(dense_matrices)),
+        }
         first, results = first_calls(runs)
         (sparse_z, sparse_grads), (dense_z, dense_grads) = results["sparse"], results["dense (from the sparse weights)"]
         log_z_error = float(jnp.abs(sparse_z - dense_z) / jnp.abs(dense_z))
         marginal_error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(sparse_grads, dense_grads))
         timings = {name: (first[name], times) for name, (_, times) in time_interleaved(runs, repeats, budget_s).items()}
         medians = {name: statistics.median(times) for name, (_, times) in timings.items()}
-        record = {"shape": list(shape), "zero_fraction": 1.0 - K / L ** 2, "nonzero_pairs": K,
-                  "log_z_relative_error": log_z_error, "marginal_max_abs_error": marginal_error,
-                  "median_s": medians, "compile_s": {n: max(f - medians[n], 0.0) for n, (f, _) in timings.items()},
-                  "speedup_vs_dense_from_weights": medians["dense (from the sparse weights)"] / medians["sparse"],
-                  "speedup_vs_dense_given": medians["dense (given [B, T, L, L])"] / medians["sparse"]}
+        record = {
+            "shape": list(shape),
+            "zero_fraction": 1.0 - K / L**2,
+            "nonzero_pairs": K,
+            "log_z_relative_error": log_z_error,
+            "marginal_max_abs_error": marginal_error,
+            "median_s": medians,
+            "compile_s": {n: max(f - medians[n], 0.0) for n, (f, _) in timings.items()},
+            "speedup_vs_dense_from_weights": medians["dense (from the sparse weights)"] / medians["sparse"],
+            "speedup_vs_dense_given": medians["dense (given [B, T, L, L])"] / medians["sparse"],
+        }
         records.append(record)
-        log(f"sparse {shape} zeros {record['zero_fraction']:.0%} (K = {K}): sparse {medians['sparse'] * 1e3:.1f} ms, "
+        log(
+            f"sparse {shape} zeros {record['zero_fraction']:.0%} (K = {K}): sparse {medians['sparse'] * 1e3:.1f} ms, "
             f"dense {medians['dense (from the sparse weights)'] * 1e3:.1f} ms "
             f"(given matrices {medians['dense (given [B, T, L, L])'] * 1e3:.1f} ms): "
             f"{record['speedup_vs_dense_from_weights']:.1f}x / {record['speedup_vs_dense_given']:.1f}x; "
-            f"log Z rel. error {log_z_error:.1e}, marginals max error {marginal_error:.1e}")
+            f"log Z rel. error {log_z_error:.1e}, marginals max error {marginal_error:.1e}"
+        )
     return records

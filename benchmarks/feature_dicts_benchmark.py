@@ -47,19 +47,41 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 def word2features(sent, i):
     """The sklearn-crfsuite tutorial's features (docs/CoNLL2002.ipynb), as it writes them."""
     word, postag = sent[i][0], sent[i][1]
-    features = {"bias": 1.0, "word.lower()": word.lower(), "word[-3:]": word[-3:], "word[-2:]": word[-2:],
-                "word.isupper()": word.isupper(), "word.istitle()": word.istitle(), "word.isdigit()": word.isdigit(),
-                "postag": postag, "postag[:2]": postag[:2]}
+    features = {
+        "bias": 1.0,
+        "word.lower()": word.lower(),
+        "word[-3:]": word[-3:],
+        "word[-2:]": word[-2:],
+        "word.isupper()": word.isupper(),
+        "word.istitle()": word.istitle(),
+        "word.isdigit()": word.isdigit(),
+        "postag": postag,
+        "postag[:2]": postag[:2],
+    }
     if i > 0:
         word1, postag1 = sent[i - 1][0], sent[i - 1][1]
-        features.update({"-1:word.lower()": word1.lower(), "-1:word.istitle()": word1.istitle(),
-                         "-1:word.isupper()": word1.isupper(), "-1:postag": postag1, "-1:postag[:2]": postag1[:2]})
+        features.update(
+            {
+                "-1:word.lower()": word1.lower(),
+                "-1:word.istitle()": word1.istitle(),
+                "-1:word.isupper()": word1.isupper(),
+                "-1:postag": postag1,
+                "-1:postag[:2]": postag1[:2],
+            }
+        )
     else:
         features["BOS"] = True
     if i < len(sent) - 1:
         word1, postag1 = sent[i + 1][0], sent[i + 1][1]
-        features.update({"+1:word.lower()": word1.lower(), "+1:word.istitle()": word1.istitle(),
-                         "+1:word.isupper()": word1.isupper(), "+1:postag": postag1, "+1:postag[:2]": postag1[:2]})
+        features.update(
+            {
+                "+1:word.lower()": word1.lower(),
+                "+1:word.istitle()": word1.istitle(),
+                "+1:word.isupper()": word1.isupper(),
+                "+1:postag": postag1,
+                "+1:postag[:2]": postag1[:2],
+            }
+        )
     else:
         features["EOS"] = True
     return features
@@ -83,8 +105,10 @@ def run(repeats: int = 3, log=print) -> dict:
     y = [list(s.labels) for s in train]
     labels = {label: i for i, label in enumerate(sorted({label for s in y for label in s}))}
     occurrences = sum(len(token) for sentence in X for token in sentence)
-    log(f"esp.train: {len(X)} sentences, {sum(map(len, X))} tokens, {occurrences} feature dict entries; "
-        f"word2features {seconds:.2f} s (user code, not counted)")
+    log(
+        f"esp.train: {len(X)} sentences, {sum(map(len, X))} tokens, {occurrences} feature dict entries; "
+        f"word2features {seconds:.2f} s (user code, not counted)"
+    )
 
     def item_sequences():
         return [pycrfsuite.ItemSequence(xseq) for xseq in X]
@@ -105,10 +129,12 @@ def run(repeats: int = 3, log=print) -> dict:
         index = FeatureIndex.build(features)
         return index, pack_rows([index.encode(f) for f in features], _label_ids(y, labels))
 
-    variants = {"python-crfsuite ItemSequence": item_sequences,
-                "python-crfsuite Trainer.append (sklearn-crfsuite fit's preprocessing)": trainer_append,
-                "lossfns flatten_corpus + index + pack_rows": lossfns_vectorised,
-                "lossfns per sentence: item_features + FeatureIndex.build + encode + pack_rows": lossfns_per_sentence}
+    variants = {
+        "python-crfsuite ItemSequence": item_sequences,
+        "python-crfsuite Trainer.append (sklearn-crfsuite fit's preprocessing)": trainer_append,
+        "lossfns flatten_corpus + index + pack_rows": lossfns_vectorised,
+        "lossfns per sentence: item_features + FeatureIndex.build + encode + pack_rows": lossfns_per_sentence,
+    }
     times = {name: [] for name in variants}
     design_times = []
     for repeat in range(repeats):
@@ -125,13 +151,19 @@ def run(repeats: int = 3, log=print) -> dict:
     ours = medians["lossfns flatten_corpus + index + pack_rows"]
     result = {
         "task": "CoNLL-2002 esp.train, sklearn-crfsuite tutorial features",
-        "sentences": len(X), "tokens": sum(map(len, X)), "feature_dict_entries": occurrences,
+        "sentences": len(X),
+        "tokens": sum(map(len, X)),
+        "feature_dict_entries": occurrences,
         "attributes": len(lossfns_vectorised()[0].unigram),
-        "median_seconds": medians, "all_seconds": times,
+        "median_seconds": medians,
+        "all_seconds": times,
         "bucket_design_median_seconds": statistics.median(design_times),
         "ratios": {name: medians[name] / ours for name in medians},
-        "repeats": repeats, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "cpus": os.cpu_count(), "python": platform.python_version(), "pycrfsuite": importlib.metadata.version("python-crfsuite"),
+        "repeats": repeats,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "pycrfsuite": importlib.metadata.version("python-crfsuite"),
         "date": datetime.date.today().isoformat(),
     }
     log("")
@@ -160,10 +192,12 @@ def main(argv=None) -> None:
         with open(stem + ".json", "w") as handle:
             json.dump(result, handle, indent=1)
         with open(stem + ".md", "w") as handle:
-            handle.write(f"# Feature dicts to training arrays ({result['date']}, {result['machine']}, "
-                         f"{result['cpus']} CPUs)\n\n"
-                         "`NLTK_DATA=../shared/nltk_data python -m benchmarks.feature_dicts_benchmark "
-                         f"--repeats {args.repeats} --tag {args.tag}`\n\n" + "\n".join(lines) + "\n")
+            handle.write(
+                f"# Feature dicts to training arrays ({result['date']}, {result['machine']}, "
+                f"{result['cpus']} CPUs)\n\n"
+                "`NLTK_DATA=../shared/nltk_data python -m benchmarks.feature_dicts_benchmark "
+                f"--repeats {args.repeats} --tag {args.tag}`\n\n" + "\n".join(lines) + "\n"
+            )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,11 @@ def layered_lattice(rng, num_states, in_degree, width):
 
 
 def random_lattice(rng, num_states, in_degree):
-    arcs = [(int(rng.integers(0, state)), state, int(rng.integers(0, 1000)))
-            for state in range(1, num_states) for _ in range(in_degree)]
+    arcs = [
+        (int(rng.integers(0, state)), state, int(rng.integers(0, 1000)))
+        for state in range(1, num_states)
+        for _ in range(in_degree)
+    ]
     return dag.from_arcs(arcs, final=[num_states - 1], num_states=num_states)
 
 
@@ -69,23 +72,28 @@ def main():
             lattices = [random_lattice(rng, args.states, args.in_degree) for _ in range(args.batch)]
         batch = dag.stack(lattices)
         N, W, D = batch.level_arcs.shape[1:]
-        print(f"\n{shape}: {batch.num_states} states, {batch.num_arcs} arcs per lattice (padded); "
-              f"{N} levels x {W} states x {D} in-arcs")
+        print(
+            f"\n{shape}: {batch.num_states} states, {batch.num_arcs} arcs per lattice (padded); "
+            f"{N} levels x {W} states x {D} in-arcs"
+        )
         for dtype in (jnp.float32, jnp.float64) if args.float64 else (jnp.float32,):
             if dtype == jnp.float64:
                 jax.config.update("jax_enable_x64", True)
             scores = jnp.asarray(rng.normal(size=(args.batch, batch.num_arcs)), dtype)
             for semiring in (semirings.Log, semirings.Real):
-                value_and_grad = jax.jit(jax.value_and_grad(
-                    lambda s, b: jnp.sum(dag.log_partition(b, s, semiring=semiring))))
+                value_and_grad = jax.jit(
+                    jax.value_and_grad(lambda s, b: jnp.sum(dag.log_partition(b, s, semiring=semiring)))
+                )
                 start = time.perf_counter()
                 jax.block_until_ready(value_and_grad(scores, batch))
                 compile_seconds = time.perf_counter() - start
                 forward = jax.jit(lambda s, b: dag.log_partition(b, s, semiring=semiring))
                 seconds = median_seconds(value_and_grad, scores, batch, repeats=args.repeats)
                 forward_seconds = median_seconds(forward, scores, batch, repeats=args.repeats)
-                print(f"  {jnp.dtype(dtype).name:8s} {semiring.name:5s} log Z + grad {seconds * 1e3:8.2f} ms "
-                      f"(log Z alone {forward_seconds * 1e3:7.2f} ms; first call incl. compile {compile_seconds:5.2f} s)")
+                print(
+                    f"  {jnp.dtype(dtype).name:8s} {semiring.name:5s} log Z + grad {seconds * 1e3:8.2f} ms "
+                    f"(log Z alone {forward_seconds * 1e3:7.2f} ms; first call incl. compile {compile_seconds:5.2f} s)"
+                )
 
 
 if __name__ == "__main__":

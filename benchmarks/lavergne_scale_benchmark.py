@@ -43,7 +43,7 @@ RATE = 1e-5  # per-example rate; timing only (the experiment calibrates it)
 
 
 def _peak_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def _timed(fn, *args):
@@ -76,8 +76,10 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
     model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
     penalty = optimizers.elastic_net_penalty(lavergne2010.L1, lavergne2010.L2)
     objective = lambda m, d: lavergne2010.batch_loss(m, d) + penalty(m)
-    log(f"conll2000 POS: {N} sentences, {encoded.num_unigram} observation tests, {L} labels, "
-        f"{model.emission.size + L * L + L} weights; indexing {index_seconds:.1f} s")
+    log(
+        f"conll2000 POS: {N} sentences, {encoded.num_unigram} observation tests, {L} labels, "
+        f"{model.emission.size + L * L + L} weights; indexing {index_seconds:.1f} s"
+    )
     full_objective, objective_compile = _compiled(objective, model, stacked)
     _, objective_seconds = _timed(full_objective, model, stacked)
     records = []
@@ -87,35 +89,52 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
         lazy = optimizers.lazy_sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
         max_rows = optimizers.max_rows_per_batch(stacked, batch_size)
         lazy_epoch = lambda inner, d: optimizers.lazy_epoch_step_fn(
-            lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows)(inner, jnp.int32(0))
+            lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows
+        )(inner, jnp.int32(0))
         inner = (model, lazy.init(model), key)
         compiled, row["lazy_compile_s"] = _compiled(lazy_epoch, inner, stacked)
         (_, value), seconds = _timed(compiled, inner, stacked)
         row["lazy_epoch_s"] = seconds - objective_seconds
         row["lazy_objective"] = float(value)
-        log(f"  batch {batch_size}: lazy epoch {row['lazy_epoch_s']:.1f} s (+ {objective_seconds:.1f} s objective; "
-            f"compile {row['lazy_compile_s']:.1f} s), rows per step <= {max_rows}")
+        log(
+            f"  batch {batch_size}: lazy epoch {row['lazy_epoch_s']:.1f} s (+ {objective_seconds:.1f} s objective; "
+            f"compile {row['lazy_compile_s']:.1f} s), rows per step <= {max_rows}"
+        )
         subset = _subset(stacked, max(batch_size, min(dense_sentences, N)))
         part = int(subset.lengths.shape[0])
         dense = optimizers.sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
         dense_epoch = lambda inner, d: optimizers.epoch_step_fn(
-            lavergne2010.batch_loss, dense, d, batch_size=batch_size)(inner, jnp.int32(0))
+            lavergne2010.batch_loss, dense, d, batch_size=batch_size
+        )(inner, jnp.int32(0))
         inner = (model, dense.init(model), key)
         compiled, row["dense_compile_s"] = _compiled(dense_epoch, inner, subset)
         _, seconds = _timed(compiled, inner, subset)
         part_objective, _ = _compiled(lavergne2010.batch_loss, model, subset)
         _, subset_objective = _timed(part_objective, model, subset)
         per_step = (seconds - subset_objective) / (part // batch_size)
-        row.update(dense_sentences=part, dense_step_s=per_step, dense_epoch_s=per_step * (N // batch_size),
-                   lazy_step_s=row["lazy_epoch_s"] / (N // batch_size))
+        row.update(
+            dense_sentences=part,
+            dense_step_s=per_step,
+            dense_epoch_s=per_step * (N // batch_size),
+            lazy_step_s=row["lazy_epoch_s"] / (N // batch_size),
+        )
         row["speedup"] = row["dense_epoch_s"] / row["lazy_epoch_s"]
-        log(f"  batch {batch_size}: dense {1e3 * per_step:.1f} ms per step on {part} sentences -> epoch "
+        log(
+            f"  batch {batch_size}: dense {1e3 * per_step:.1f} ms per step on {part} sentences -> epoch "
             f"{row['dense_epoch_s']:.0f} s (extrapolated); lazy {1e3 * row['lazy_step_s']:.2f} ms per step: "
-            f"{row['speedup']:.1f}x")
+            f"{row['speedup']:.1f}x"
+        )
         records.append(row)
-    return {"sentences": N, "observation_tests": encoded.num_unigram, "labels": L, "index_s": index_seconds,
-            "objective_s": objective_seconds, "objective_compile_s": objective_compile, "records": records,
-            "peak_gib": _peak_gib()}
+    return {
+        "sentences": N,
+        "observation_tests": encoded.num_unigram,
+        "labels": L,
+        "index_s": index_seconds,
+        "objective_s": objective_seconds,
+        "objective_compile_s": objective_compile,
+        "records": records,
+        "peak_gib": _peak_gib(),
+    }
 
 
 def bcd_part(sentences=None, log=print) -> dict:
@@ -125,31 +144,54 @@ def bcd_part(sentences=None, log=print) -> dict:
     start = time.perf_counter()
     plan = optimizers.bcd_data(lavergne2010.packed_training_set(encoded), model)
     plan_seconds = time.perf_counter() - start
-    cells = {kind: int(np.sum(np.asarray(getattr(plan, kind).length)))
-             for kind in ("forward", "backward", "windows", "sentences")}
+    cells = {
+        kind: int(np.sum(np.asarray(getattr(plan, kind).length)))
+        for kind in ("forward", "backward", "windows", "sentences")
+    }
     log(f"BCD plan {plan_seconds:.1f} s: {plan.num_rounds} rounds, cells per sweep {cells}")
     sweep = lambda m, d: optimizers.bcd_sweep_fn(d, lavergne2010.L1, lavergne2010.L2)(m, jnp.int32(0))
     compiled, compile_seconds = _compiled(sweep, model, plan)
     (model, value), sweep_seconds = _timed(compiled, model, plan)
-    log(f"one sweep {sweep_seconds:.1f} s (compile {compile_seconds:.1f} s), objective {float(value):.1f}, "
-        f"{int(model.num_nonzero())} non-zero weights")
+    log(
+        f"one sweep {sweep_seconds:.1f} s (compile {compile_seconds:.1f} s), objective {float(value):.1f}, "
+        f"{int(model.num_nonzero())} non-zero weights"
+    )
     cost = lavergne2010.bcd_cost(encoded, L)
-    return {"sentences": len(data.train), "observation_tests": encoded.num_unigram, "labels": L,
-            "index_s": index_seconds, "plan_s": plan_seconds, "rounds": plan.num_rounds, "cells": cells,
-            "counted": cost, "compile_s": compile_seconds, "sweep_s": sweep_seconds, "objective": float(value),
-            "peak_gib": _peak_gib()}
+    return {
+        "sentences": len(data.train),
+        "observation_tests": encoded.num_unigram,
+        "labels": L,
+        "index_s": index_seconds,
+        "plan_s": plan_seconds,
+        "rounds": plan.num_rounds,
+        "cells": cells,
+        "counted": cost,
+        "compile_s": compile_seconds,
+        "sweep_s": sweep_seconds,
+        "objective": float(value),
+        "peak_gib": _peak_gib(),
+    }
 
 
 def startup_part(iterations: int, log=print) -> dict:
     sentences = [lavergne2010.joint_labels(s) for s in corpora.conll2000("train.txt", task="chunk")]
     start = time.perf_counter()
-    tagger = Tagger("lavergne_pos", l1=lavergne2010.L1, l2=lavergne2010.L2, max_iterations=iterations,
-                    progress=False).fit(sentences)
+    tagger = Tagger(
+        "lavergne_pos", l1=lavergne2010.L1, l2=lavergne2010.L2, max_iterations=iterations, progress=False
+    ).fit(sentences)
     seconds = time.perf_counter() - start
-    log(f"Tagger at {len(tagger.labels)} labels: {seconds:.1f} s to the end of iteration {iterations} "
-        f"(training {tagger.training_seconds:.1f} s of it), peak {_peak_gib():.2f} GiB")
-    return {"sentences": len(sentences), "labels": len(tagger.labels), "iterations": iterations,
-            "seconds": seconds, "training_s": tagger.training_seconds, "peak_gib": _peak_gib()}
+    log(
+        f"Tagger at {len(tagger.labels)} labels: {seconds:.1f} s to the end of iteration {iterations} "
+        f"(training {tagger.training_seconds:.1f} s of it), peak {_peak_gib():.2f} GiB"
+    )
+    return {
+        "sentences": len(sentences),
+        "labels": len(tagger.labels),
+        "iterations": iterations,
+        "seconds": seconds,
+        "training_s": tagger.training_seconds,
+        "peak_gib": _peak_gib(),
+    }
 
 
 def main() -> None:
@@ -167,8 +209,7 @@ def main() -> None:
         result = bcd_part(args.sentences)
     else:
         result = startup_part(args.iterations)
-    result.update(machine=args.machine, platform=platform.platform(), jax=jax.__version__,
-                  cpus=os.cpu_count())
+    result.update(machine=args.machine, platform=platform.platform(), jax=jax.__version__, cpus=os.cpu_count())
     name = f"lavergne-scale-{args.part}-{args.machine}" + (f"-{args.sentences}" if args.sentences else "")
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path, "w") as handle:

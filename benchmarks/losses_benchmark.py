@@ -31,17 +31,16 @@ MARGINAL_LOSSES = {
     "pointwise_exp_loss": losses.pointwise_exp_loss,
     "expected_hamming_loss": losses.expected_hamming_loss,
 }
-VITERBI_LOSSES = {
-    "perceptron_loss": losses.perceptron_loss,
-    "structured_hinge_loss": losses.structured_hinge_loss,
-}
+VITERBI_LOSSES = {"perceptron_loss": losses.perceptron_loss, "structured_hinge_loss": losses.structured_hinge_loss}
 
 
 def problem(batch, T, L, form, seed=0):
     rng = np.random.default_rng(seed)
-    potentials = FactoredPotentials(jnp.asarray(rng.normal(size=(batch, T, L)), jnp.float32),
-                                    jnp.asarray(0.5 * rng.normal(size=(L, L)), jnp.float32),
-                                    jnp.asarray(rng.normal(size=(L,)), jnp.float32))
+    potentials = FactoredPotentials(
+        jnp.asarray(rng.normal(size=(batch, T, L)), jnp.float32),
+        jnp.asarray(0.5 * rng.normal(size=(L, L)), jnp.float32),
+        jnp.asarray(rng.normal(size=(L,)), jnp.float32),
+    )
     if form == "dense":
         potentials = materialize(potentials)
     lengths = jnp.asarray(rng.integers(T // 2, T + 1, size=batch), jnp.int32)
@@ -64,10 +63,18 @@ def time_loss(loss, potentials, labels, lengths, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--semiring", choices=["log", "real"], default="log",
-                        help="semiring of the log-partition behind the marginal-based losses")
-    parser.add_argument("--form", choices=["factored", "dense"], default="factored",
-                        help="FactoredPotentials (unary + shared transitions) or [B, T, L, L] potentials")
+    parser.add_argument(
+        "--semiring",
+        choices=["log", "real"],
+        default="log",
+        help="semiring of the log-partition behind the marginal-based losses",
+    )
+    parser.add_argument(
+        "--form",
+        choices=["factored", "dense"],
+        default="factored",
+        help="FactoredPotentials (unary + shared transitions) or [B, T, L, L] potentials",
+    )
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     semiring = semirings.Log if args.semiring == "log" else semirings.Real

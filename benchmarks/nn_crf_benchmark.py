@@ -145,33 +145,45 @@ def benchmark(shapes=SHAPES, repeats: int = 9, budget_s: float = 60.0, log=print
                 name = f"{library} {task}"
                 if name in timings:
                     times = timings[name][1]
-                    record[library] = {"median_s": statistics.median(times), "min_s": min(times),
-                                       "repeats": len(times), "first_call_s": first[name]}
+                    record[library] = {
+                        "median_s": statistics.median(times),
+                        "min_s": min(times),
+                        "repeats": len(times),
+                        "first_call_s": first[name],
+                    }
             if "pytorch-crf" in record:
                 record["speedup_median"] = record["pytorch-crf"]["median_s"] / record["lossfns"]["median_s"]
                 record["speedup_min"] = record["pytorch-crf"]["min_s"] / record["lossfns"]["min_s"]
             records.append(record)
             ours = record["lossfns"]
             peer = record.get("pytorch-crf", {"median_s": float("nan")})
-            log(f"nn.CRF {task:<6} {tuple(shape)!s:>16}  lossfns {ours['median_s'] * 1e3:8.2f} ms "
+            log(
+                f"nn.CRF {task:<6} {tuple(shape)!s:>16}  lossfns {ours['median_s'] * 1e3:8.2f} ms "
                 f"(min {ours['min_s'] * 1e3:7.2f}, first call {ours['first_call_s']:5.2f} s)  pytorch-crf "
                 f"{peer['median_s'] * 1e3:8.2f} ms  speed-up {record.get('speedup_median', float('nan')):6.1f}x "
-                f"(min {record.get('speedup_min', float('nan')):6.1f}x)")
+                f"(min {record.get('speedup_min', float('nan')):6.1f}x)"
+            )
     return records
 
 
 def markdown(records) -> list:
     """The markdown lines of the results (a section of `python -m benchmarks`' report)."""
-    lines = ["## nn.CRF vs pytorch-crf (float32, random prefix masks)", "",
-             "| (B, T, L) | task | lossfns ms (median; min) | pytorch-crf ms (median; min) | speed-up (median; min) "
-             "| lossfns first call s |", "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "## nn.CRF vs pytorch-crf (float32, random prefix masks)",
+        "",
+        "| (B, T, L) | task | lossfns ms (median; min) | pytorch-crf ms (median; min) | speed-up (median; min) "
+        "| lossfns first call s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in records:
         ours, peer = r["lossfns"], r.get("pytorch-crf")
         peer_cell = f"{peer['median_s'] * 1e3:.2f}; {peer['min_s'] * 1e3:.2f}" if peer else "n/a"
         speedup = f"{r['speedup_median']:.1f}x; {r['speedup_min']:.1f}x" if peer else "n/a"
         task = "loss + gradient" if r["task"] == "train" else "decode"
-        lines.append(f"| {tuple(r['shape'])} | {task} | {ours['median_s'] * 1e3:.2f}; {ours['min_s'] * 1e3:.2f} | "
-                     f"{peer_cell} | {speedup} | {ours['first_call_s']:.2f} |")
+        lines.append(
+            f"| {tuple(r['shape'])} | {task} | {ours['median_s'] * 1e3:.2f}; {ours['min_s'] * 1e3:.2f} | "
+            f"{peer_cell} | {speedup} | {ours['first_call_s']:.2f} |"
+        )
     return lines + [""]
 
 
@@ -184,9 +196,12 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of repeats per shape at most")
     parser.add_argument("--tag", default="cpu", help="suffix of the result files, e.g. the machine")
     args = parser.parse_args(argv)
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": describe_machine(), "command": "python -m benchmarks.nn_crf_benchmark " + " ".join(
-                  argv if argv is not None else __import__("sys").argv[1:])}
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": describe_machine(),
+        "command": "python -m benchmarks.nn_crf_benchmark "
+        + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+    }
     report["nn"] = benchmark(QUICK_SHAPES if args.quick else SHAPES, 3 if args.quick else args.repeats, args.budget)
     stem = os.path.join(RESULTS, f"nn-crf-{args.tag}{'-quick' if args.quick else ''}")
     write(report, stem)

@@ -49,8 +49,10 @@ FEATURES = "lavergne_pos"
 
 def joint_labels(sentence: corpora.Sentence) -> corpora.Sentence:
     """Tokens `(word,)`, labels `POS|chunk` (as `experiments.lavergne2010.joint_labels`)."""
-    return corpora.Sentence(tuple((row[0],) for row in sentence.tokens),
-                            tuple(f"{row[1]}|{label}" for row, label in zip(sentence.tokens, sentence.labels)))
+    return corpora.Sentence(
+        tuple((row[0],) for row in sentence.tokens),
+        tuple(f"{row[1]}|{label}" for row, label in zip(sentence.tokens, sentence.labels)),
+    )
 
 
 def _crfsuite_trainer(features, train):
@@ -93,7 +95,7 @@ def _padded_ids(encoded, num_features, length, width):
     out = np.full((len(encoded), length, width), num_features, np.int32)
     for b, sentence in enumerate(encoded):
         for t, token in enumerate(sentence):
-            out[b, t, :len(token)] = token
+            out[b, t, : len(token)] = token
     return out
 
 
@@ -105,19 +107,24 @@ def make_decoder(test_ids, num_features, batch: int = 64):
     width = max(len(token) for s in test_ids for token in s)
     count = -(-len(test_ids) // batch) * batch
     ids = np.full((count, length, width), num_features, np.int32)
-    ids[:len(test_ids)] = _padded_ids(test_ids, num_features, length, width)
+    ids[: len(test_ids)] = _padded_ids(test_ids, num_features, length, width)
     padded_lengths = np.zeros(count, np.int32)
-    padded_lengths[:len(test_ids)] = lengths
+    padded_lengths[: len(test_ids)] = lengths
 
     @jax.jit
     def decode_batch(emission, transitions, ids, lengths):
         return chain.viterbi(chain.FactoredPotentials(sparse_scores(emission, ids), transitions), lengths)[1]
 
     def decode(emission, transitions):
-        out = [np.asarray(decode_batch(emission, transitions, jnp.asarray(ids[i:i + batch]),
-                                       jnp.asarray(padded_lengths[i:i + batch])))
-               for i in range(0, count, batch)]
-        return np.concatenate(out)[:len(test_ids)]
+        out = [
+            np.asarray(
+                decode_batch(
+                    emission, transitions, jnp.asarray(ids[i : i + batch]), jnp.asarray(padded_lengths[i : i + batch])
+                )
+            )
+            for i in range(0, count, batch)
+        ]
+        return np.concatenate(out)[: len(test_ids)]
 
     return decode
 
@@ -147,20 +154,20 @@ def run(quick: bool = False, epochs=(1, 5), repeats: int = 3, log=print):
     index = FeatureIndex.build(train_extracted)
     train_ids = [index.encode(f)[0] for f in train_extracted]
     test_ids = [index.encode(f)[0] for f in test_extracted]
-    data = sparse_sequence_data(train_ids, [[lookup[label] for label in s.labels] for s in train],
-                                index.num_unigram)
+    data = sparse_sequence_data(train_ids, [[lookup[label] for label in s.labels] for s in train], index.num_unigram)
     max_length = int(max(len(s.labels) for s in train))
     tokens = int(sum(len(s.labels) for s in train))
     featurise_seconds = time.perf_counter() - start
     num_features, num_labels = index.num_unigram, len(labels)
-    log(f"perceptron benchmark: {len(train)} sentences, {tokens} tokens, {num_labels} labels "
+    log(
+        f"perceptron benchmark: {len(train)} sentences, {tokens} tokens, {num_labels} labels "
         f"({len({l for s in train for l in s.labels})} in train), {num_features} {FEATURES} features; "
-        f"epochs {epochs}, {repeats} repeats")
+        f"epochs {epochs}, {repeats} repeats"
+    )
 
     epoch = jax.jit(sparse_perceptron_epoch, static_argnames=("max_length",), donate_argnums=0)
     start = time.perf_counter()
-    compiled = epoch.lower(sparse_perceptron_init(num_features, num_labels), data,
-                           max_length=max_length).compile()
+    compiled = epoch.lower(sparse_perceptron_init(num_features, num_labels), data, max_length=max_length).compile()
     compile_seconds = time.perf_counter() - start
     log(f"  lossfns compile {compile_seconds:.1f} s")
 
@@ -192,8 +199,9 @@ def run(quick: bool = False, epochs=(1, 5), repeats: int = 3, log=print):
         if e in epochs:
             emission, transitions = sparse_averaged_params(state)
             predicted = decode(emission, transitions)
-            lossfns_accuracy[e] = _token_accuracy(gold, [[labels[i] for i in row[:len(s.labels)]]
-                                                         for row, s in zip(predicted, test)])
+            lossfns_accuracy[e] = _token_accuracy(
+                gold, [[labels[i] for i in row[: len(s.labels)]] for row, s in zip(predicted, test)]
+            )
             del emission, transitions
     del state
     crfsuite_accuracy, crfsuite_epoch_seconds = {}, None
@@ -203,32 +211,53 @@ def run(quick: bool = False, epochs=(1, 5), repeats: int = 3, log=print):
         if e == max(epochs):
             crfsuite_epoch_seconds = per_epoch
     for e in epochs:
-        log(f"  after {e} epoch(s): test token accuracy crfsuite {crfsuite_accuracy[e]:.4f}, "
-            f"lossfns {lossfns_accuracy[e]:.4f}")
+        log(
+            f"  after {e} epoch(s): test token accuracy crfsuite {crfsuite_accuracy[e]:.4f}, "
+            f"lossfns {lossfns_accuracy[e]:.4f}"
+        )
 
     crfsuite_median, crfsuite_wall_median = statistics.median(crfsuite_epoch), statistics.median(crfsuite_wall)
     lossfns_median = statistics.median(lossfns_epoch)
-    ratios = {"crfsuite_epoch_over_lossfns_epoch": crfsuite_median / lossfns_median,
-              "crfsuite_train_wall_over_lossfns_epoch": crfsuite_wall_median / lossfns_median,
-              "crfsuite_epoch_over_lossfns_epoch_plus_compile": crfsuite_median / (lossfns_median + compile_seconds)}
-    log(f"  epoch 1 medians: crfsuite {crfsuite_median:.2f} s, lossfns {lossfns_median:.3f} s "
-        f"(+ compile {compile_seconds:.1f} s once): {ratios['crfsuite_epoch_over_lossfns_epoch']:.1f}x faster")
-    return {"task": "conll2000 train.txt -> test.txt, joint POS|chunk labels, averaged perceptron",
-            "features": FEATURES, "sentences": len(train), "tokens": tokens, "labels": num_labels,
-            "labels_in_train": len({label for s in train for label in s.labels}), "num_features": num_features,
-            "feature_occurrences": int(sum(len(t) for s in train_ids for t in s)), "repeats": repeats,
-            "featurise_seconds": featurise_seconds,
-            "crfsuite": {"epoch_seconds": crfsuite_epoch, "median_epoch_seconds": crfsuite_median,
-                         "train_wall_seconds_one_epoch": crfsuite_wall, "median_train_wall_seconds": crfsuite_wall_median,
-                         "epoch_seconds_in_accuracy_run": crfsuite_epoch_seconds,
-                         "test_token_accuracy": crfsuite_accuracy,
-                         "note": "epoch_seconds: CRFsuite's own log (clock(), processor time, single thread); "
-                                 "train wall adds its feature generation and model writing"},
-            "lossfns": {"compile_seconds": compile_seconds, "epoch_seconds": lossfns_epoch,
-                        "median_epoch_seconds": lossfns_median, "mistaken_sentences_epoch_1": mistakes,
-                        "epoch_seconds_in_accuracy_run": lossfns_epoch_seconds,
-                        "mistaken_sentences_per_epoch": lossfns_mistakes,
-                        "decoder_counts_per_epoch (dense int16, dense int32)": decoder_counts,
-                        "test_token_accuracy": lossfns_accuracy,
-                        "note": "wall time of one jitted epoch (block_until_ready), from zero weights"},
-            "ratios": ratios}
+    ratios = {
+        "crfsuite_epoch_over_lossfns_epoch": crfsuite_median / lossfns_median,
+        "crfsuite_train_wall_over_lossfns_epoch": crfsuite_wall_median / lossfns_median,
+        "crfsuite_epoch_over_lossfns_epoch_plus_compile": crfsuite_median / (lossfns_median + compile_seconds),
+    }
+    log(
+        f"  epoch 1 medians: crfsuite {crfsuite_median:.2f} s, lossfns {lossfns_median:.3f} s "
+        f"(+ compile {compile_seconds:.1f} s once): {ratios['crfsuite_epoch_over_lossfns_epoch']:.1f}x faster"
+    )
+    return {
+        "task": "conll2000 train.txt -> test.txt, joint POS|chunk labels, averaged perceptron",
+        "features": FEATURES,
+        "sentences": len(train),
+        "tokens": tokens,
+        "labels": num_labels,
+        "labels_in_train": len({label for s in train for label in s.labels}),
+        "num_features": num_features,
+        "feature_occurrences": int(sum(len(t) for s in train_ids for t in s)),
+        "repeats": repeats,
+        "featurise_seconds": featurise_seconds,
+        "crfsuite": {
+            "epoch_seconds": crfsuite_epoch,
+            "median_epoch_seconds": crfsuite_median,
+            "train_wall_seconds_one_epoch": crfsuite_wall,
+            "median_train_wall_seconds": crfsuite_wall_median,
+            "epoch_seconds_in_accuracy_run": crfsuite_epoch_seconds,
+            "test_token_accuracy": crfsuite_accuracy,
+            "note": "epoch_seconds: CRFsuite's own log (clock(), processor time, single thread); "
+            "train wall adds its feature generation and model writing",
+        },
+        "lossfns": {
+            "compile_seconds": compile_seconds,
+            "epoch_seconds": lossfns_epoch,
+            "median_epoch_seconds": lossfns_median,
+            "mistaken_sentences_epoch_1": mistakes,
+            "epoch_seconds_in_accuracy_run": lossfns_epoch_seconds,
+            "mistaken_sentences_per_epoch": lossfns_mistakes,
+            "decoder_counts_per_epoch (dense int16, dense int32)": decoder_counts,
+            "test_token_accuracy": lossfns_accuracy,
+            "note": "wall time of one jitted epoch (block_until_ready), from zero weights",
+        },
+        "ratios": ratios,
+    }

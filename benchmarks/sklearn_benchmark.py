@@ -70,49 +70,83 @@ def run(quick: bool = False, log=print) -> dict:
             fit_seconds, crf = _timed(lambda: estimator(**settings, model_filename=path).fit(X_train, y_train))
             predict_seconds, predicted = _timed(lambda: crf.predict(X_test))
             scores = metrics.entity_scores(y_test, predicted)
-            marginals[name] = np.array([[token[label] for label in sorted(crf.classes_)]
-                                        for sentence in crf.predict_marginals(X_test[:500]) for token in sentence])
+            marginals[name] = np.array(
+                [
+                    [token[label] for label in sorted(crf.classes_)]
+                    for sentence in crf.predict_marginals(X_test[:500])
+                    for token in sentence
+                ]
+            )
             open_file = Tagger.load if name == "lossfns" else lambda p: pycrfsuite.Tagger().open(p)
             load_seconds, first_seconds = _load_and_tag(open_file, estimator, path, X_test[0])
             extra = {"iterations": len(crf.training_log_.iterations)}
             if name == "lossfns":
                 extra["training_seconds_compile_and_iterations"] = crf.training_log_.seconds
-            result[name] = {"fit_seconds": fit_seconds, "predict_seconds": predict_seconds,
-                            "f1": scores.f1, "precision": scores.precision, "recall": scores.recall,
-                            "token_accuracy": metrics.token_accuracy(y_test, predicted),
-                            "model_file_bytes": os.path.getsize(path), "size_": crf.size_,
-                            "load_seconds": load_seconds, "load_and_tag_one_seconds": first_seconds, **extra}
-            log(f"{name}: fit {fit_seconds:.1f} s, predict {predict_seconds:.1f} s, F1 {scores.f1:.4f}, "
-                f"model {os.path.getsize(path) / 1e6:.2f} MB, load {load_seconds:.3f} s")
+            result[name] = {
+                "fit_seconds": fit_seconds,
+                "predict_seconds": predict_seconds,
+                "f1": scores.f1,
+                "precision": scores.precision,
+                "recall": scores.recall,
+                "token_accuracy": metrics.token_accuracy(y_test, predicted),
+                "model_file_bytes": os.path.getsize(path),
+                "size_": crf.size_,
+                "load_seconds": load_seconds,
+                "load_and_tag_one_seconds": first_seconds,
+                **extra,
+            }
+            log(
+                f"{name}: fit {fit_seconds:.1f} s, predict {predict_seconds:.1f} s, F1 {scores.f1:.4f}, "
+                f"model {os.path.getsize(path) / 1e6:.2f} MB, load {load_seconds:.3f} s"
+            )
     difference = np.abs(marginals["lossfns"] - marginals["sklearn-crfsuite"])
     ours, theirs = result["lossfns"], result["sklearn-crfsuite"]
-    result["marginals_abs_difference"] = {"mean": float(difference.mean()), "p99": float(np.quantile(difference, 0.99)),
-                                          "max": float(difference.max()), "tokens": int(difference.shape[0])}
-    result["ratios"] = {"fit_time_sklearn_crfsuite_over_lossfns": theirs["fit_seconds"] / ours["fit_seconds"],
-                        "f1_lossfns_minus_sklearn_crfsuite": ours["f1"] - theirs["f1"],
-                        "model_bytes_lossfns_over_crfsuite": ours["model_file_bytes"] / theirs["model_file_bytes"]}
-    log(f"fit time sklearn-crfsuite / lossfns: {result['ratios']['fit_time_sklearn_crfsuite_over_lossfns']:.2f}x; "
+    result["marginals_abs_difference"] = {
+        "mean": float(difference.mean()),
+        "p99": float(np.quantile(difference, 0.99)),
+        "max": float(difference.max()),
+        "tokens": int(difference.shape[0]),
+    }
+    result["ratios"] = {
+        "fit_time_sklearn_crfsuite_over_lossfns": theirs["fit_seconds"] / ours["fit_seconds"],
+        "f1_lossfns_minus_sklearn_crfsuite": ours["f1"] - theirs["f1"],
+        "model_bytes_lossfns_over_crfsuite": ours["model_file_bytes"] / theirs["model_file_bytes"],
+    }
+    log(
+        f"fit time sklearn-crfsuite / lossfns: {result['ratios']['fit_time_sklearn_crfsuite_over_lossfns']:.2f}x; "
         f"F1 difference {result['ratios']['f1_lossfns_minus_sklearn_crfsuite']:+.4f}; model bytes ratio "
         f"{result['ratios']['model_bytes_lossfns_over_crfsuite']:.2f}; marginals |diff| mean "
-        f"{result['marginals_abs_difference']['mean']:.4f}, max {result['marginals_abs_difference']['max']:.3f}")
+        f"{result['marginals_abs_difference']['mean']:.4f}, max {result['marginals_abs_difference']['max']:.3f}"
+    )
     return result
 
 
 def markdown(result: dict) -> list:
     """Markdown lines of `run`'s result."""
     ours, theirs, ratios = result["lossfns"], result["sklearn-crfsuite"], result["ratios"]
-    lines = ["## sklearn-crfsuite's tutorial: sklearn_crfsuite.CRF vs lossfns.sklearn.CRF", "",
-             f"Settings {result['settings']}.", "",
-             "| | fit s (features included) | predict s | entity F1 | token accuracy | model file bytes | load s "
-             "| load + tag one sentence s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## sklearn-crfsuite's tutorial: sklearn_crfsuite.CRF vs lossfns.sklearn.CRF",
+        "",
+        f"Settings {result['settings']}.",
+        "",
+        "| | fit s (features included) | predict s | entity F1 | token accuracy | model file bytes | load s "
+        "| load + tag one sentence s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, row in (("sklearn-crfsuite", theirs), ("lossfns", ours)):
-        lines.append(f"| {name} | {row['fit_seconds']:.1f} | {row['predict_seconds']:.2f} | {row['f1']:.4f} | "
-                     f"{row['token_accuracy']:.4f} | {row['model_file_bytes']:,} | {row['load_seconds']:.3f} | "
-                     f"{row['load_and_tag_one_seconds']:.3f} |")
+        lines.append(
+            f"| {name} | {row['fit_seconds']:.1f} | {row['predict_seconds']:.2f} | {row['f1']:.4f} | "
+            f"{row['token_accuracy']:.4f} | {row['model_file_bytes']:,} | {row['load_seconds']:.3f} | "
+            f"{row['load_and_tag_one_seconds']:.3f} |"
+        )
     m = result["marginals_abs_difference"]
-    lines += ["", f"Fit time sklearn-crfsuite / lossfns: {ratios['fit_time_sklearn_crfsuite_over_lossfns']:.2f}x "
-              f"(lossfns compile + iterations {ours['training_seconds_compile_and_iterations']:.1f} s); "
-              f"F1 difference {ratios['f1_lossfns_minus_sklearn_crfsuite']:+.4f}; model bytes lossfns / CRFsuite "
-              f"{ratios['model_bytes_lossfns_over_crfsuite']:.2f}; marginals |difference| over "
-              f"{m['tokens']} tokens: mean {m['mean']:.4f}, p99 {m['p99']:.4f}, max {m['max']:.3f}.", ""]
+    lines += [
+        "",
+        f"Fit time sklearn-crfsuite / lossfns: {ratios['fit_time_sklearn_crfsuite_over_lossfns']:.2f}x "
+        f"(lossfns compile + iterations {ours['training_seconds_compile_and_iterations']:.1f} s); "
+        f"F1 difference {ratios['f1_lossfns_minus_sklearn_crfsuite']:+.4f}; model bytes lossfns / CRFsuite "
+        f"{ratios['model_bytes_lossfns_over_crfsuite']:.2f}; marginals |difference| over "
+        f"{m['tokens']} tokens: mean {m['mean']:.4f}, p99 {m['p99']:.4f}, max {m['max']:.3f}.",
+        "",
+    ]
     return lines

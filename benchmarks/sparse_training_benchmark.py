@@ -44,16 +44,24 @@ def load(num_sentences: int, task: str):
         if task == "pos":
             sentences = corpora.conll2000("train.txt", task="pos")
         else:
-            sentences = [corpora.Sentence(tuple((token[0],) for token in s.tokens),
-                                          tuple(f"{token[1]}|{label}" for token, label in zip(s.tokens, s.labels)))
-                         for s in corpora.conll2000("train.txt", task="chunk")]
+            sentences = [
+                corpora.Sentence(
+                    tuple((token[0],) for token in s.tokens),
+                    tuple(f"{token[1]}|{label}" for token, label in zip(s.tokens, s.labels)),
+                )
+                for s in corpora.conll2000("train.txt", task="chunk")
+            ]
         source = f"conll2000 train.txt ({task})"
     except FileNotFoundError:
         rng = np.random.default_rng(0)
         tags = [f"T{i}" for i in range(12)]
-        sentences = [corpora.Sentence(tuple((f"w{int(w)}",) for w in rng.integers(0, 300, size=n)),
-                                      tuple(tags[int(t)] for t in rng.integers(0, 12, size=n)))
-                     for n in rng.integers(5, 25, size=num_sentences)]
+        sentences = [
+            corpora.Sentence(
+                tuple((f"w{int(w)}",) for w in rng.integers(0, 300, size=n)),
+                tuple(tags[int(t)] for t in rng.integers(0, 12, size=n)),
+            )
+            for n in rng.integers(5, 25, size=num_sentences)
+        ]
         source = "synthetic"
     return sentences[:num_sentences], source
 
@@ -77,20 +85,36 @@ def train(model: LinearChainModel, batches, l1: float, max_steps: int, tol: floa
     def loss(weights, data):
         batches, structure = data
         m = model.with_weights(weights, structure)
-        return sum(jnp.sum(losses.sequence_log_loss(m(b.unigram_ids, b.pair_ids), b.labels, b.lengths))
-                   for b in batches)
+        return sum(
+            jnp.sum(losses.sequence_log_loss(m(b.unigram_ids, b.pair_ids), b.labels, b.lengths)) for b in batches
+        )
 
     began = time.perf_counter()
     jax.block_until_ready(jax.jit(jax.value_and_grad(loss))(model.weights(), device))
     first_objective = time.perf_counter() - began
-    result = optimizers.train(loss, model.weights(), optimizers.owlqn(l1=l1), device, max_steps=max_steps,
-                              stop=optimizers.relative_change_below(tol), chunk_steps=max_steps, progress=False)
+    result = optimizers.train(
+        loss,
+        model.weights(),
+        optimizers.owlqn(l1=l1),
+        device,
+        max_steps=max_steps,
+        stop=optimizers.relative_change_below(tol),
+        chunk_steps=max_steps,
+        progress=False,
+    )
     steps = int(result.num_steps)
-    return {"seconds_to_first_objective": first_objective, "seconds_compile_run": result.compile_seconds,
-            "seconds_run": result.run_seconds, "steps": steps, "seconds_per_step": result.run_seconds / max(steps, 1),
-            "final_objective": float(result.trace[steps - 1]), "status": str(result.status),
-            "pair_weights_zero_fraction": float(np.mean(np.asarray(result.params.pair_emission)[
-                np.asarray(model.pair_mask)] == 0))}
+    return {
+        "seconds_to_first_objective": first_objective,
+        "seconds_compile_run": result.compile_seconds,
+        "seconds_run": result.run_seconds,
+        "steps": steps,
+        "seconds_per_step": result.run_seconds / max(steps, 1),
+        "final_objective": float(result.trace[steps - 1]),
+        "status": str(result.status),
+        "pair_weights_zero_fraction": float(
+            np.mean(np.asarray(result.params.pair_emission)[np.asarray(model.pair_mask)] == 0)
+        ),
+    }
 
 
 def main(argv=None):
@@ -111,19 +135,30 @@ def main(argv=None):
     sparse_model = base.with_pair_mask(mask)
     dense_model = base.with_pair_mask(mask, max_sparse_fraction=0.0)
     support = len(sparse_model.pair_support[0]) if sparse_model.pair_support else None
-    report = {"source": source, "sentences": len(sentences), "tokens": int(sum(len(s.labels) for s in sentences)),
-              "labels": len(labels), "unigram_features": index.num_unigram, "pair_features": index.num_pair,
-              "seen_triples": int(mask.sum()), "support_label_pairs": support,
-              "support_fraction_of_label_pairs": None if support is None else support / len(labels) ** 2,
-              "indexing_seconds": indexing, "l1": args.l1, "tol": args.tol, "max_steps": args.max_steps,
-              "machine": {"cores": os.cpu_count(), "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}}
+    report = {
+        "source": source,
+        "sentences": len(sentences),
+        "tokens": int(sum(len(s.labels) for s in sentences)),
+        "labels": len(labels),
+        "unigram_features": index.num_unigram,
+        "pair_features": index.num_pair,
+        "seen_triples": int(mask.sum()),
+        "support_label_pairs": support,
+        "support_fraction_of_label_pairs": None if support is None else support / len(labels) ** 2,
+        "indexing_seconds": indexing,
+        "l1": args.l1,
+        "tol": args.tol,
+        "max_steps": args.max_steps,
+        "machine": {"cores": os.cpu_count(), "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]},
+    }
     for name, model in (("sparse", sparse_model), ("dense", dense_model)):
         report[name] = train(model, batches, args.l1, args.max_steps, args.tol)
         print(name, json.dumps(report[name]))
     report["dense_over_sparse_run_time"] = report["dense"]["seconds_run"] / report["sparse"]["seconds_run"]
     report["dense_over_sparse_per_step"] = report["dense"]["seconds_per_step"] / report["sparse"]["seconds_per_step"]
-    report["final_objective_relative_difference"] = abs(report["sparse"]["final_objective"] - report["dense"][
-        "final_objective"]) / abs(report["dense"]["final_objective"])
+    report["final_objective_relative_difference"] = abs(
+        report["sparse"]["final_objective"] - report["dense"]["final_objective"]
+    ) / abs(report["dense"]["final_objective"])
     print(json.dumps({k: v for k, v in report.items() if k not in ("sparse", "dense")}, indent=2))
     os.makedirs(RESULTS, exist_ok=True)
     stem = os.path.join(RESULTS, f"sparse-training-{args.task}-{args.tag}")

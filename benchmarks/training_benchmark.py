@@ -63,12 +63,16 @@ def _crfsuite(train, test, extractor, c1, c2, iterations):
     # CRFsuite times its iterations with clock(): processor time, not wall time.
     per_iteration = [float(it["time"]) for it in log]
     trials = [int(it.get("linesearch_trials", 1)) for it in log]
-    return {"train_seconds": seconds, "extraction_and_loading_seconds": loading_seconds, "iterations": len(log),
-            "wall_seconds_per_iteration": (seconds - loading_seconds) / max(len(log), 1),
-            "median_iteration_seconds": statistics.median(per_iteration),
-            "median_seconds_per_gradient": statistics.median(t / max(n, 1) for t, n in zip(per_iteration, trials)),
-            "test_f1": metrics.entity_scores(gold, predicted).f1,
-            "test_token_accuracy": metrics.token_accuracy(gold, predicted)}
+    return {
+        "train_seconds": seconds,
+        "extraction_and_loading_seconds": loading_seconds,
+        "iterations": len(log),
+        "wall_seconds_per_iteration": (seconds - loading_seconds) / max(len(log), 1),
+        "median_iteration_seconds": statistics.median(per_iteration),
+        "median_seconds_per_gradient": statistics.median(t / max(n, 1) for t, n in zip(per_iteration, trials)),
+        "test_f1": metrics.entity_scores(gold, predicted).f1,
+        "test_token_accuracy": metrics.token_accuracy(gold, predicted),
+    }
 
 
 def _one_gradient(tagger, train, c1, c2, repeats):
@@ -80,8 +84,11 @@ def _one_gradient(tagger, train, c1, c2, repeats):
 
     def full(params, data):
         leaves = jax.tree_util.tree_leaves(params)
-        return (objective(params, data) + penalty["l1"] * sum(jnp.sum(jnp.abs(x)) for x in leaves)
-                + 0.5 * penalty["l2"] * sum(jnp.sum(jnp.square(x)) for x in leaves))
+        return (
+            objective(params, data)
+            + penalty["l1"] * sum(jnp.sum(jnp.abs(x)) for x in leaves)
+            + 0.5 * penalty["l2"] * sum(jnp.sum(jnp.square(x)) for x in leaves)
+        )
 
     value_and_grad = jax.jit(jax.value_and_grad(full))
     start = time.perf_counter()
@@ -96,12 +103,16 @@ def _one_gradient(tagger, train, c1, c2, repeats):
     median = statistics.median(times)
     # Processor time (all threads) is comparable with CRFsuite's clock()-timed
     # iterations and less sensitive than wall time to other processes.
-    return {"median_seconds": median, "median_processor_seconds": statistics.median(processor),
-            "compile_seconds": max(first - median, 0.0), "repeats": repeats,
-            "tokens": int(sum(len(s.tokens) for s in train))}
+    return {
+        "median_seconds": median,
+        "median_processor_seconds": statistics.median(processor),
+        "compile_seconds": max(first - median, 0.0),
+        "repeats": repeats,
+        "tokens": int(sum(len(s.tokens) for s in train)),
+    }
 
 
-def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: int = 7):
+def emission_gradient(train, extractor, num_features: int = 2**20, repeats: int = 7):
     """The emission-weight gradient at K = `num_features` hashed features
     against the chain forward-backward it follows (issue 5: not slower).
 
@@ -113,8 +124,9 @@ def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: in
     labels = sorted({label for s in train for label in s.labels})
     lookup = {label: i for i, label in enumerate(labels)}
     index = FeatureIndex.hashed_index(num_features, 0)
-    packed = pack([index.encode(extractor(s.tokens)) for s in train],
-                  [[lookup[label] for label in s.labels] for s in train], 6)
+    packed = pack(
+        [index.encode(extractor(s.tokens)) for s in train], [[lookup[label] for label in s.labels] for s in train], 6
+    )
     design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, num_features))
     shapes = [p.shape for p in packed.positions]
     rng = np.random.default_rng(0)
@@ -123,35 +135,51 @@ def emission_gradient(train, extractor, num_features: int = 2 ** 20, repeats: in
     bucket_labels, bucket_lengths = tuple(map(jnp.asarray, packed.labels)), tuple(map(jnp.asarray, packed.lengths))
 
     def chain_loss(rows):
-        return sum(jnp.sum(sequence_log_loss(FactoredPotentials(unary, transitions), y, n, semiring=semirings.Real))
-                   for unary, y, n in zip(bucket_slices(rows, shapes), bucket_labels, bucket_lengths))
+        return sum(
+            jnp.sum(sequence_log_loss(FactoredPotentials(unary, transitions), y, n, semiring=semirings.Real))
+            for unary, y, n in zip(bucket_slices(rows, shapes), bucket_labels, bucket_lengths)
+        )
 
     rows = jax.jit(design_matmul)(design, weights)
     forward_backward = jax.jit(jax.value_and_grad(chain_loss))
     cotangent = forward_backward(rows)[1]
-    weight_gradient = jax.jit(lambda design, cotangent: jax.vjp(lambda w: design_matmul(design, w), weights)[1](cotangent)[0])
+    weight_gradient = jax.jit(
+        lambda design, cotangent: jax.vjp(lambda w: design_matmul(design, w), weights)[1](cotangent)[0]
+    )
     token_ids = jnp.asarray(packed.unigram_ids)
     token_cotangent = jnp.asarray(rng.standard_normal((token_ids.shape[0], len(labels))), jnp.float32)
     # The gather path: the model's emission scores of the token rows (a sum of gathered rows, scatter-add gradient).
     model = LinearChainModel.zeros(num_features, len(labels))
     gathered = lambda w: dataclasses.replace(model, emission=w).unary(token_ids)
     scatter = jax.jit(lambda w, c: jax.vjp(gathered, w)[1](c)[0])
-    out = {"num_features": num_features, "labels": len(labels), "tokens": int(token_ids.shape[0]),
-           "nonzeros": int(design.indices.shape[0]), "repeats": repeats,
-           "forward_backward_seconds": median_seconds(forward_backward, rows, repeats=repeats),
-           "weight_gradient_seconds": median_seconds(weight_gradient, design, cotangent, repeats=repeats),
-           "scatter_add_weight_gradient_seconds": median_seconds(scatter, weights, token_cotangent, repeats=repeats)}
+    out = {
+        "num_features": num_features,
+        "labels": len(labels),
+        "tokens": int(token_ids.shape[0]),
+        "nonzeros": int(design.indices.shape[0]),
+        "repeats": repeats,
+        "forward_backward_seconds": median_seconds(forward_backward, rows, repeats=repeats),
+        "weight_gradient_seconds": median_seconds(weight_gradient, design, cotangent, repeats=repeats),
+        "scatter_add_weight_gradient_seconds": median_seconds(scatter, weights, token_cotangent, repeats=repeats),
+    }
     out["weight_gradient_over_forward_backward"] = out["weight_gradient_seconds"] / out["forward_backward_seconds"]
     return out
 
 
 # name: (description, feature preset, corpus loader of (train, test), test score)
 TASKS = {
-    "ner": ("CoNLL-2002 Spanish NER (esp.train -> esp.testb), crfsuite_ner features", "crfsuite_ner",
-            lambda: (corpora.conll2002("esp.train"), corpora.conll2002("esp.testb")), "f1"),
-    "pos": ("conll2000 WSJ POS (train.txt -> test.txt), lavergne_pos features", "lavergne_pos",
-            lambda: (corpora.conll2000("train.txt", task="pos"), corpora.conll2000("test.txt", task="pos")),
-            "token_accuracy"),
+    "ner": (
+        "CoNLL-2002 Spanish NER (esp.train -> esp.testb), crfsuite_ner features",
+        "crfsuite_ner",
+        lambda: (corpora.conll2002("esp.train"), corpora.conll2002("esp.testb")),
+        "f1",
+    ),
+    "pos": (
+        "conll2000 WSJ POS (train.txt -> test.txt), lavergne_pos features",
+        "lavergne_pos",
+        lambda: (corpora.conll2000("train.txt", task="pos"), corpora.conll2000("test.txt", task="pos")),
+        "token_accuracy",
+    ),
 }
 
 
@@ -172,42 +200,62 @@ def run(quick: bool = False, iterations: int = 100, c1: float = 0.1, c2: float =
     extractor = preset(preset_name)
     gradient_at_scale = None
     if task == "ner":
-        gradient_at_scale = emission_gradient(train, extractor, 2 ** 14 if quick else 2 ** 20, 3 if quick else 7)
-        log(f"  K = {gradient_at_scale['num_features']:,} hashed features: weight gradient "
+        gradient_at_scale = emission_gradient(train, extractor, 2**14 if quick else 2**20, 3 if quick else 7)
+        log(
+            f"  K = {gradient_at_scale['num_features']:,} hashed features: weight gradient "
             f"{gradient_at_scale['weight_gradient_seconds'] * 1e3:.1f} ms, forward-backward "
             f"{gradient_at_scale['forward_backward_seconds'] * 1e3:.1f} ms (ratio "
             f"{gradient_at_scale['weight_gradient_over_forward_backward']:.2f}); scatter-add path "
-            f"{gradient_at_scale['scatter_add_weight_gradient_seconds'] * 1e3:.1f} ms")
+            f"{gradient_at_scale['scatter_add_weight_gradient_seconds'] * 1e3:.1f} ms"
+        )
     log(f"training benchmark, {description}: {len(train)} sentences, c1 = {c1}, c2 = {c2}, {iterations} iterations")
 
     crfsuite = _crfsuite(train, test, extractor, c1, c2, iterations)
-    log(f"  crfsuite: {crfsuite['train_seconds']:.1f} s for {crfsuite['iterations']} iterations "
-        f"({crfsuite['median_iteration_seconds']:.3f} s per iteration), {score} {crfsuite['test_' + score]:.4f}")
+    log(
+        f"  crfsuite: {crfsuite['train_seconds']:.1f} s for {crfsuite['iterations']} iterations "
+        f"({crfsuite['median_iteration_seconds']:.3f} s per iteration), {score} {crfsuite['test_' + score]:.4f}"
+    )
 
     start = time.perf_counter()
     tagger = Tagger(extractor, **crfsuite_elastic_net(c1, c2), max_iterations=iterations, progress=False)
     tagger.fit(train)
     lossfns_seconds = time.perf_counter() - start
     evaluation = tagger.evaluate(test)
-    lossfns = {"train_seconds_including_indexing_and_compile": lossfns_seconds,
-               "optimisation_loop_seconds": tagger.training_seconds, "iterations": len(tagger.history),
-               "test_f1": evaluation["f1"], "test_token_accuracy": evaluation["token_accuracy"]}
+    lossfns = {
+        "train_seconds_including_indexing_and_compile": lossfns_seconds,
+        "optimisation_loop_seconds": tagger.training_seconds,
+        "iterations": len(tagger.history),
+        "test_f1": evaluation["f1"],
+        "test_token_accuracy": evaluation["token_accuracy"],
+    }
     lossfns["gradient"] = _one_gradient(tagger, train, c1, c2, repeats=3 if quick else 7)
-    log(f"  lossfns: {lossfns_seconds:.1f} s for {lossfns['iterations']} iterations (loop "
+    log(
+        f"  lossfns: {lossfns_seconds:.1f} s for {lossfns['iterations']} iterations (loop "
         f"{tagger.training_seconds:.1f} s), {score} {lossfns['test_' + score]:.4f}; one gradient "
-        f"{lossfns['gradient']['median_seconds']:.3f} s (compile {lossfns['gradient']['compile_seconds']:.1f} s)")
+        f"{lossfns['gradient']['median_seconds']:.3f} s (compile {lossfns['gradient']['compile_seconds']:.1f} s)"
+    )
 
-    ratios = {"gradient_processor_time_over_crfsuite_iteration": lossfns["gradient"]["median_processor_seconds"]
-              / crfsuite["median_iteration_seconds"],
-              "gradient_wall_over_crfsuite_wall_per_iteration": lossfns["gradient"]["median_seconds"]
-              / crfsuite["wall_seconds_per_iteration"],
-              "gradient_over_crfsuite_iteration": lossfns["gradient"]["median_seconds"]
-              / crfsuite["median_iteration_seconds"],
-              "gradient_over_crfsuite_gradient": lossfns["gradient"]["median_seconds"]
-              / crfsuite["median_seconds_per_gradient"],
-              "training_time_lossfns_over_crfsuite": lossfns_seconds / crfsuite["train_seconds"],
-              f"{score}_lossfns_minus_crfsuite": lossfns["test_" + score] - crfsuite["test_" + score]}
+    ratios = {
+        "gradient_processor_time_over_crfsuite_iteration": lossfns["gradient"]["median_processor_seconds"]
+        / crfsuite["median_iteration_seconds"],
+        "gradient_wall_over_crfsuite_wall_per_iteration": lossfns["gradient"]["median_seconds"]
+        / crfsuite["wall_seconds_per_iteration"],
+        "gradient_over_crfsuite_iteration": lossfns["gradient"]["median_seconds"]
+        / crfsuite["median_iteration_seconds"],
+        "gradient_over_crfsuite_gradient": lossfns["gradient"]["median_seconds"]
+        / crfsuite["median_seconds_per_gradient"],
+        "training_time_lossfns_over_crfsuite": lossfns_seconds / crfsuite["train_seconds"],
+        f"{score}_lossfns_minus_crfsuite": lossfns["test_" + score] - crfsuite["test_" + score],
+    }
     log("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
-    return {"task": description, "sentences": len(train), "c1": c1, "c2": c2,
-            "max_iterations": iterations, "crfsuite": crfsuite, "lossfns": lossfns, "ratios": ratios,
-            "emission_gradient_at_scale": gradient_at_scale}
+    return {
+        "task": description,
+        "sentences": len(train),
+        "c1": c1,
+        "c2": c2,
+        "max_iterations": iterations,
+        "crfsuite": crfsuite,
+        "lossfns": lossfns,
+        "ratios": ratios,
+        "emission_gradient_at_scale": gradient_at_scale,
+    }

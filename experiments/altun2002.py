@@ -55,13 +55,19 @@ from .altun2003 import L2_WEIGHT, PAPER_NER_F1, boosting_pieces
 from .harness import RunDirectory, converged_cell, markdown_table, trace_convergence, verdict
 
 # MATH.md section 7 (Altun et al. 2003, Table 2): NER entity F1 for S1, S2, S3.
-PAPER_F1 = {"sequential log": PAPER_NER_F1["sequential log"], "sequential exp": PAPER_NER_F1["sequential exp"],
-            "boosting": PAPER_NER_F1["boosting"]}
+PAPER_F1 = {
+    "sequential log": PAPER_NER_F1["sequential log"],
+    "sequential exp": PAPER_NER_F1["sequential exp"],
+    "boosting": PAPER_NER_F1["boosting"],
+}
 # Altun et al. 2002, Table 1: test error (%) on the Spanish NER corpus. The
 # table's text is garbled in papers/; read column by column (log, exp,
 # boost) with rows S1, S2, S3 (the sequence-level losses, "H").
-PAPER_TOKEN_ERROR = {"sequential log": (6.60, 6.72, 6.15), "sequential exp": (6.95, 7.03, 5.84),
-                     "boosting": (8.05, 6.93, 6.77)}
+PAPER_TOKEN_ERROR = {
+    "sequential log": (6.60, 6.72, 6.15),
+    "sequential exp": (6.95, 7.03, 5.84),
+    "boosting": (8.05, 6.93, 6.77),
+}
 PAPER_FEATURE_FRACTION = 0.10  # "boosting uses only about 10% of the features"
 # The conclusion test: boosting within this many F1 points of the sequential
 # log-loss on the richest set (the paper's own gap: 73.62 - 71.07 = 2.55)
@@ -69,10 +75,28 @@ PAPER_FEATURE_FRACTION = 0.10  # "boosting uses only about 10% of the features"
 COMPETITIVE_GAP = 3.0
 SMALL_FRACTION = 0.15
 
-FULL = dict(num_train=1000, num_test=None, feature_sets=("S1", "S2", "S3"), num_buckets=4, max_steps=300,
-            piece_length=8, rounds=2000, tol=0.0, eval_every=100)
-QUICK = dict(num_train=100, num_test=150, feature_sets=("S1", "S2", "S3"), num_buckets=1, max_steps=12,
-             piece_length=8, rounds=150, tol=0.0, eval_every=50)
+FULL = dict(
+    num_train=1000,
+    num_test=None,
+    feature_sets=("S1", "S2", "S3"),
+    num_buckets=4,
+    max_steps=300,
+    piece_length=8,
+    rounds=2000,
+    tol=0.0,
+    eval_every=100,
+)
+QUICK = dict(
+    num_train=100,
+    num_test=150,
+    feature_sets=("S1", "S2", "S3"),
+    num_buckets=1,
+    max_steps=12,
+    piece_length=8,
+    rounds=150,
+    tol=0.0,
+    eval_every=50,
+)
 SEED = 0
 TOLERANCE = 1e-6  # L-BFGS stops when the objective changes by less than this (relative) in one step
 LBFGS_STOP = optimizers.relative_change_below(TOLERANCE)
@@ -98,34 +122,57 @@ def _num_weak_learners(encoded, set_name: str, num_labels: int) -> int:
     return observed * num_labels + num_labels * num_labels + num_labels
 
 
-def _lbfgs_unit(run: RunDirectory, name: str, data, encoded, set_name: str, row: str, pieces_bucket,
-                config: dict, progress: bool) -> dict:
+def _lbfgs_unit(
+    run: RunDirectory, name: str, data, encoded, set_name: str, row: str, pieces_bucket, config: dict, progress: bool
+) -> dict:
     def compute():
         params = tagging.init_params(encoded.num_features, len(data.labels))
         buckets = [pieces_bucket] if row.endswith("(pieces)") else encoded.train[set_name]
         weights = [np.ones(bucket.lengths.shape[0]) for bucket in buckets]
         loss = row.replace(" (pieces)", "")
-        result = tagging.train(params, buckets, weights, loss, l2_weight=L2_WEIGHT, max_steps=config["max_steps"],
-                               stop=LBFGS_STOP, checkpoint_dir=os.path.join(run.root, "checkpoints", name),
-                               progress=progress)
+        result = tagging.train(
+            params,
+            buckets,
+            weights,
+            loss,
+            l2_weight=L2_WEIGHT,
+            max_steps=config["max_steps"],
+            stop=LBFGS_STOP,
+            checkpoint_dir=os.path.join(run.root, "checkpoints", name),
+            progress=progress,
+        )
         f1, token_error = _test_scores(result.params, encoded, set_name, data)
         used = result.params.num_nonzero()
         total = _num_weak_learners(encoded, set_name, len(data.labels))
-        print(f"  {name}: F1 {f1:.2f}, token error {token_error:.2f} ({result.num_steps} steps, "
-              f"{result.train_seconds:.0f} s)", flush=True)
-        return {"features": set_name, "method": row, "f1": f1, "token_error": token_error,
-                "features_used": used, "num_weak_learners": total, "feature_fraction": used / total,
-                "train_seconds": result.train_seconds, "compile_seconds": result.compile_seconds,
-                "steps": result.num_steps, "objective_trace": [float(v) for v in result.trace]}
+        print(
+            f"  {name}: F1 {f1:.2f}, token error {token_error:.2f} ({result.num_steps} steps, "
+            f"{result.train_seconds:.0f} s)",
+            flush=True,
+        )
+        return {
+            "features": set_name,
+            "method": row,
+            "f1": f1,
+            "token_error": token_error,
+            "features_used": used,
+            "num_weak_learners": total,
+            "feature_fraction": used / total,
+            "train_seconds": result.train_seconds,
+            "compile_seconds": result.compile_seconds,
+            "steps": result.num_steps,
+            "objective_trace": [float(v) for v in result.trace],
+        }
 
     return run.unit(name, compute)
 
 
-def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, pieces, config: dict,
-                   progress: bool) -> dict:
+def _boosting_unit(
+    run: RunDirectory, name: str, data, encoded, set_name: str, pieces, config: dict, progress: bool
+) -> dict:
     """Boost for up to `config["rounds"]` rounds (stopping earlier only on
     `config["tol"]`), scoring the test set every `eval_every` rounds;
     resumable from the library's checkpoints after each chunk."""
+
     def compute():
         L = len(data.labels)
         sparse = chain_boosting_data(*pieces, encoded.num_features, L)
@@ -146,29 +193,50 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, p
             checkpoint.write_atomically(curve_path, json.dumps(curve).encode())
             return f1
 
-        result = boost(sparse, max_rounds=config["rounds"], tol=config["tol"], evaluate=evaluate,
-                       eval_every=config["eval_every"], chunk_rounds=config["eval_every"], checkpoint_dir=directory,
-                       progress=progress)
+        result = boost(
+            sparse,
+            max_rounds=config["rounds"],
+            tol=config["tol"],
+            evaluate=evaluate,
+            eval_every=config["eval_every"],
+            chunk_rounds=config["eval_every"],
+            checkpoint_dir=directory,
+            progress=progress,
+        )
         rounds = int(result.loop.step)
         history = result.loop.inner.history
         used = int(np.count_nonzero(np.asarray(result.theta)))
         f1, token_error = curve[rounds][:2]
-        print(f"  {name}: F1 {f1:.2f}, token error {token_error:.2f}, {used} of {total} weak learners "
-              f"({100 * used / total:.1f}%) after {rounds} rounds ({result.stopped_by}; {result.seconds:.0f} s)",
-              flush=True)
+        print(
+            f"  {name}: F1 {f1:.2f}, token error {token_error:.2f}, {used} of {total} weak learners "
+            f"({100 * used / total:.1f}%) after {rounds} rounds ({result.stopped_by}; {result.seconds:.0f} s)",
+            flush=True,
+        )
         points = sorted(curve)
-        row = {"features": set_name, "method": "boosting", "f1": float(f1), "token_error": float(token_error),
-               "features_used": used, "num_weak_learners": total, "feature_fraction": used / total,
-               "train_seconds": result.seconds, "rounds": rounds, "stopped_by": result.stopped_by,
-               "converged": result.converged,
-               "distinct_rounds_features": len(np.unique(np.asarray(history.feature[:rounds]))),
-               "curve": {"round": points, "f1": [curve[r][0] for r in points],
-                         "token_error": [curve[r][1] for r in points],
-                         "features_used": [curve[r][2] for r in points],
-                         "feature_fraction": [curve[r][3] for r in points]},
-               "log_exp_loss": [float(v) for v in result.loop.trace[:rounds]],
-               "bound": [float(v) for v in history.bound[:rounds]],
-               "chosen_features": [int(v) for v in history.feature[:rounds]]}
+        row = {
+            "features": set_name,
+            "method": "boosting",
+            "f1": float(f1),
+            "token_error": float(token_error),
+            "features_used": used,
+            "num_weak_learners": total,
+            "feature_fraction": used / total,
+            "train_seconds": result.seconds,
+            "rounds": rounds,
+            "stopped_by": result.stopped_by,
+            "converged": result.converged,
+            "distinct_rounds_features": len(np.unique(np.asarray(history.feature[:rounds]))),
+            "curve": {
+                "round": points,
+                "f1": [curve[r][0] for r in points],
+                "token_error": [curve[r][1] for r in points],
+                "features_used": [curve[r][2] for r in points],
+                "feature_fraction": [curve[r][3] for r in points],
+            },
+            "log_exp_loss": [float(v) for v in result.loop.trace[:rounds]],
+            "bound": [float(v) for v in history.bound[:rounds]],
+            "chosen_features": [int(v) for v in history.feature[:rounds]],
+        }
         shutil.rmtree(directory, ignore_errors=True)
         return row
 
@@ -182,8 +250,11 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, p
 
 def _run_sets(run: RunDirectory, config: dict, progress: bool) -> dict:
     data = tagging.load_task("ner", config["num_train"], config["num_test"], SEED)
-    print(f"[altun2002] {data.source}: {len(data.train)} train / {len(data.test)} test sentences, "
-          f"{len(data.labels)} labels", flush=True)
+    print(
+        f"[altun2002] {data.source}: {len(data.train)} train / {len(data.test)} test sentences, "
+        f"{len(data.labels)} labels",
+        flush=True,
+    )
     encoded = tagging.encode_task(data, config["feature_sets"], config["num_buckets"])
     L = len(data.labels)
     pieces = {s: boosting_pieces(encoded.train[s], config["piece_length"]) for s in config["feature_sets"]}
@@ -194,14 +265,22 @@ def _run_sets(run: RunDirectory, config: dict, progress: bool) -> dict:
         for row in LBFGS_ROWS:
             name = f"{set_name}-{row}".replace(" ", "_").replace("(", "").replace(")", "")
             rows.append(_lbfgs_unit(run, name, data, encoded, set_name, row, pieces_bucket, config, progress))
-        rows.append(_boosting_unit(run, f"{set_name}-boosting", data, encoded, set_name, pieces[set_name], config,
-                                   progress))
+        rows.append(
+            _boosting_unit(run, f"{set_name}-boosting", data, encoded, set_name, pieces[set_name], config, progress)
+        )
     rows = [row for row in rows if row is not None]  # None: unfinished (--report-only)
     piece_lengths = next(iter(pieces.values()))[2]
-    return {"source": data.source, "synthetic": data.source.startswith("synthetic"),
-            "num_train": len(data.train), "num_test": len(data.test), "num_labels": L,
-            "num_pieces": len(piece_lengths), "piece_lengths": np.bincount(piece_lengths).tolist(),
-            "num_features_K": encoded.num_features, "rows": rows}
+    return {
+        "source": data.source,
+        "synthetic": data.source.startswith("synthetic"),
+        "num_train": len(data.train),
+        "num_test": len(data.test),
+        "num_labels": L,
+        "num_pieces": len(piece_lengths),
+        "piece_lengths": np.bincount(piece_lengths).tolist(),
+        "num_features_K": encoded.num_features,
+        "rows": rows,
+    }
 
 
 def _row(rows, set_name, method):
@@ -226,22 +305,35 @@ def _check_conclusion(result: dict, feature_sets) -> dict:
     competitive = complete and gaps[richest] <= COMPETITIVE_GAP
     sparse = fraction is not None and fraction <= SMALL_FRACTION
     narrowing = len(gaps) > 1 and gaps.get(richest, np.inf) < gaps.get(feature_sets[0], -np.inf)
-    return {"f1_gap_log_minus_boosting": gaps, "boosting_feature_fraction_richest": fraction,
-            "competitive_on_richest": competitive, "small_fraction": sparse, "gap_narrows_with_features": narrowing,
-            "complete": complete, "holds": competitive and sparse}
+    return {
+        "f1_gap_log_minus_boosting": gaps,
+        "boosting_feature_fraction_richest": fraction,
+        "competitive_on_richest": competitive,
+        "small_fraction": sparse,
+        "gap_narrows_with_features": narrowing,
+        "complete": complete,
+        "holds": competitive and sparse,
+    }
 
 
 def row_convergence(row: dict, config: dict) -> dict:
     """Whether a row met its criterion (`harness.trace_convergence`), read
     from what its unit stored; boosting with `tol = 0` has none: its cap."""
     if row["method"] in LBFGS_ROWS:
-        return trace_convergence(row["objective_trace"], LBFGS_STOP, config["max_steps"],
-                                 f"relative change < {TOLERANCE:g}")
-    return {"met": bool(row["converged"]), "step": row["rounds"] if row["converged"] else None,
-            "cap": config["rounds"], "criterion": f"log exp-loss change below tol {config['tol']:g}",
-            "last_relative_change": (abs(row["log_exp_loss"][-2] - row["log_exp_loss"][-1])
-                                     / max(abs(row["log_exp_loss"][-1]), 1.0)) if len(row["log_exp_loss"]) > 1
-            else None}
+        return trace_convergence(
+            row["objective_trace"], LBFGS_STOP, config["max_steps"], f"relative change < {TOLERANCE:g}"
+        )
+    return {
+        "met": bool(row["converged"]),
+        "step": row["rounds"] if row["converged"] else None,
+        "cap": config["rounds"],
+        "criterion": f"log exp-loss change below tol {config['tol']:g}",
+        "last_relative_change": (
+            abs(row["log_exp_loss"][-2] - row["log_exp_loss"][-1]) / max(abs(row["log_exp_loss"][-1]), 1.0)
+        )
+        if len(row["log_exp_loss"]) > 1
+        else None,
+    }
 
 
 def _method_label(method: str, rows) -> str:
@@ -263,17 +355,30 @@ def _tables(result: dict, feature_sets) -> str:
     f1_rows, error_rows = [], []
     for m in methods:
         cells = [found[m, s] for s in feature_sets]
-        f1_rows.append([_method_label(m, result["rows"])] + [c["f1"] if c else None for c in cells]
-                       + [paper(PAPER_F1, m, s) for s in feature_sets]
-                       + [f"{c['features_used']} ({100 * c['feature_fraction']:.1f}%)" if c else None for c in cells]
-                       + [converged_cell(c["convergence"]) if c else None for c in cells]
-                       + [c["train_seconds"] if c else None for c in cells])
-        error_rows.append([_method_label(m, result["rows"])] + [c["token_error"] if c else None for c in cells]
-                          + [paper(PAPER_TOKEN_ERROR, m, s) for s in feature_sets])
+        f1_rows.append(
+            [_method_label(m, result["rows"])]
+            + [c["f1"] if c else None for c in cells]
+            + [paper(PAPER_F1, m, s) for s in feature_sets]
+            + [f"{c['features_used']} ({100 * c['feature_fraction']:.1f}%)" if c else None for c in cells]
+            + [converged_cell(c["convergence"]) if c else None for c in cells]
+            + [c["train_seconds"] if c else None for c in cells]
+        )
+        error_rows.append(
+            [_method_label(m, result["rows"])]
+            + [c["token_error"] if c else None for c in cells]
+            + [paper(PAPER_TOKEN_ERROR, m, s) for s in feature_sets]
+        )
     error_header = ["method"] + [f"{s} ours" for s in feature_sets] + [f"{s} paper (2002)" for s in feature_sets]
-    return "\n".join(["### Entity F1 (%) on esp.testb, and weak learners with a non-zero weight", "",
-                      markdown_table(f1_header, f1_rows), "### Token error (%) on esp.testb", "",
-                      markdown_table(error_header, error_rows)])
+    return "\n".join(
+        [
+            "### Entity F1 (%) on esp.testb, and weak learners with a non-zero weight",
+            "",
+            markdown_table(f1_header, f1_rows),
+            "### Token error (%) on esp.testb",
+            "",
+            markdown_table(error_header, error_rows),
+        ]
+    )
 
 
 def _curve_note(result: dict, feature_sets) -> str:
@@ -285,15 +390,22 @@ def _curve_note(result: dict, feature_sets) -> str:
         if boost is not None:
             best = int(np.argmax(boost["curve"]["f1"]))
             peaks.append(f"{set_name} {boost['curve']['f1'][best]:.2f} at round {boost['curve']['round'][best]}")
-        seconds += [f"{row['features']} {_method_label(row['method'], result['rows'])}: {row['train_seconds']:.0f} s"
-                    for row in result["rows"] if row["features"] == set_name]
+        seconds += [
+            f"{row['features']} {_method_label(row['method'], result['rows'])}: {row['train_seconds']:.0f} s"
+            for row in result["rows"]
+            if row["features"] == set_name
+        ]
     lines = []
     if peaks:
-        lines.append(f"Boosting's peak test F1 along its curve (for reference; no model is selected on test): "
-                     f"{'; '.join(peaks)}.\n")
+        lines.append(
+            f"Boosting's peak test F1 along its curve (for reference; no model is selected on test): "
+            f"{'; '.join(peaks)}.\n"
+        )
     if seconds:
-        lines.append(f"Training seconds on the shared 2-core machine (excluding compilation; boosting also "
-                     f"excluding its test scoring): {'; '.join(seconds)}.\n")
+        lines.append(
+            f"Training seconds on the shared 2-core machine (excluding compilation; boosting also "
+            f"excluding its test scoring): {'; '.join(seconds)}.\n"
+        )
     return "\n".join(lines)
 
 
@@ -306,12 +418,13 @@ def _plot_rounds(run: RunDirectory, result: dict, feature_sets) -> str:
         if boost is None:
             continue
         curve = boost["curve"]
-        line, = f1_axis.plot(curve["round"], curve["f1"], label=f"boosting {set_name}")
+        (line,) = f1_axis.plot(curve["round"], curve["f1"], label=f"boosting {set_name}")
         log = _row(result["rows"], set_name, "sequential log")
         if log is not None:
             f1_axis.axhline(log["f1"], color=line.get_color(), linestyle="--", linewidth=0.8)
-        used_axis.plot(curve["round"], [100 * v for v in curve["feature_fraction"]], label=set_name,
-                       color=line.get_color())
+        used_axis.plot(
+            curve["round"], [100 * v for v in curve["feature_fraction"]], label=set_name, color=line.get_color()
+        )
     f1_axis.set_xlabel("boosting round")
     f1_axis.set_ylabel("test entity F1 (%)")
     f1_axis.set_title("dashed: sequential log-loss, L-BFGS")
@@ -340,11 +453,17 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         row["convergence"] = row_convergence(row, config)
     conclusion = _check_conclusion(result, sets)
     # Judged only if the rows the claim reads (log-loss and boosting) converged.
-    judged = verdict(conclusion["holds"], quick=quick, converged=all(
-        row["convergence"]["met"] for row in result["rows"] if row["method"] in ("sequential log", "boosting")))
+    judged = verdict(
+        conclusion["holds"],
+        quick=quick,
+        converged=all(
+            row["convergence"]["met"] for row in result["rows"] if row["method"] in ("sequential log", "boosting")
+        ),
+    )
     histogram = result["piece_lengths"]
     document = [
-        "# Altun, Hofmann & Johnson (2002): sequence boosting vs the exact losses", "",
+        "# Altun, Hofmann & Johnson (2002): sequence boosting vs the exact losses",
+        "",
         f"Mode: {'quick (small slices, few rounds: not comparable to the paper)' if quick else 'full'}. "
         f"Data: {result['source']}; {result['num_train']} training sentences (a fixed random subset, seed {SEED}; "
         f"the paper used all 8,323), {result['num_test']} test sentences, {result['num_labels']} labels. "
@@ -354,20 +473,25 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         f"tokens ({histogram[-1]} of them full length) cut from the same sentences; test scores every "
         f"{config['eval_every']} rounds. 'sequential exp (pieces)' is L-BFGS on the objective boosting minimises, "
         f"same pieces. Features used: weak learners (observation feature x label, label pairs, start labels) with "
-        f"a non-zero weight, of all of the feature set's weak learners.", "",
+        f"a non-zero weight, of all of the feature set's weak learners.",
+        "",
         "Paper columns: F1 from Altun et al. 2003 (Table 2, MATH.md section 7; the boosting row there is this "
-        "algorithm); token error from Altun et al. 2002 Table 1, read from its garbled text (order uncertain).", "",
+        "algorithm); token error from Altun et al. 2002 Table 1, read from its garbled text (order uncertain).",
+        "",
         _tables(result, sets),
         _curve_note(result, sets),
-        f"![test F1 and features used against boosting rounds]"
-        f"({os.path.basename(_plot_rounds(run, result, sets))})", ""]
+        f"![test F1 and features used against boosting rounds]({os.path.basename(_plot_rounds(run, result, sets))})",
+        "",
+    ]
     if conclusion["complete"]:
         gaps = ", ".join(f"{s}: {gap:+.2f}" for s, gap in conclusion["f1_gap_log_minus_boosting"].items())
         fraction = conclusion["boosting_feature_fraction_richest"]
         document += [
-            "## The paper's conclusion", "",
+            "## The paper's conclusion",
+            "",
             "Altun et al.: boosting is worst with the poor set S1 (it needs nearly every weak learner), and with "
-            "richer features it is competitive with the exact losses while using only about 10% of the features.", "",
+            "richer features it is competitive with the exact losses while using only about 10% of the features.",
+            "",
             f"Ours: F1 gap sequential log-loss minus boosting per feature set: {gaps} "
             f"({'narrows' if conclusion['gap_narrows_with_features'] else 'does not narrow'} from the poorest to the "
             f"richest set); boosting uses {100 * fraction:.1f}% of the {sets[-1]} weak learners. "
@@ -375,17 +499,27 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
             f"{'yes' if conclusion['competitive_on_richest'] else 'no'}; small fraction (<= "
             f"{100 * SMALL_FRACTION:g}%): {'yes' if conclusion['small_fraction'] else 'no'}. "
             f"Conclusion: {judged} here (paper: gap {PAPER_F1['sequential log'][-1] - PAPER_F1['boosting'][-1]:.2f} "
-            f"points on S3, about {100 * PAPER_FEATURE_FRACTION:.0f}% of the features).", ""]
+            f"points on S3, about {100 * PAPER_FEATURE_FRACTION:.0f}% of the features).",
+            "",
+        ]
         document.append(
-                f"Note: the fraction is bounded by the number of rounds ({config['rounds']} rounds can touch at most "
-                f"{config['rounds']} weak learners), so a small fraction is partly a consequence of stopping early; "
-            f"the curve shows whether F1 had levelled off.")
+            f"Note: the fraction is bounded by the number of rounds ({config['rounds']} rounds can touch at most "
+            f"{config['rounds']} weak learners), so a small fraction is partly a consequence of stopping early; "
+            f"the curve shows whether F1 had levelled off."
+        )
     else:
         document.append("Conclusion: not checked (rows still missing).")
     run.write_text("results.md", "\n".join(document) + "\n")
-    summary = {"quick": quick, "config": config, "seed": SEED, "l2_weight": L2_WEIGHT, "tolerance": TOLERANCE,
-               "result": result, "conclusion": conclusion,
-               "paper": {"f1": PAPER_F1, "token_error": PAPER_TOKEN_ERROR, "feature_fraction": PAPER_FEATURE_FRACTION}}
+    summary = {
+        "quick": quick,
+        "config": config,
+        "seed": SEED,
+        "l2_weight": L2_WEIGHT,
+        "tolerance": TOLERANCE,
+        "result": result,
+        "conclusion": conclusion,
+        "paper": {"f1": PAPER_F1, "token_error": PAPER_TOKEN_ERROR, "feature_fraction": PAPER_FEATURE_FRACTION},
+    }
     run.write_json("results.json", summary)
     with contextlib.suppress(OSError):  # the checkpoints of finished units are gone; drop their empty folder
         os.rmdir(os.path.join(run.root, "checkpoints"))

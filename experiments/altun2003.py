@@ -55,19 +55,60 @@ FLOORS = {("ner", "S3", "sequential log"): 73.0, ("pos", "S2", "sequential log")
 # improved for `perceptron_patience` epochs; the best epoch's model is kept.
 # Sized for 2 shared CPU cores: the paper's POS data was 40x larger.
 FULL = {
-    "ner": dict(num_train=None, num_test=None, num_dev=None, feature_sets=("S1", "S2", "S3"), num_buckets=6,
-                max_steps=2000, perceptron_epochs=100, perceptron_patience=3, curve_sizes=(300, 1000, 3000),
-                curve_set="S2", curve_losses=LOSSES),
-    "pos": dict(num_train=None, num_test=None, num_dev=None, feature_sets=("S1", "S2"), num_buckets=6,
-                max_steps=2000, perceptron_epochs=100, perceptron_patience=3, curve_sizes=(), curve_set="S2",
-                curve_losses=LOSSES),
+    "ner": dict(
+        num_train=None,
+        num_test=None,
+        num_dev=None,
+        feature_sets=("S1", "S2", "S3"),
+        num_buckets=6,
+        max_steps=2000,
+        perceptron_epochs=100,
+        perceptron_patience=3,
+        curve_sizes=(300, 1000, 3000),
+        curve_set="S2",
+        curve_losses=LOSSES,
+    ),
+    "pos": dict(
+        num_train=None,
+        num_test=None,
+        num_dev=None,
+        feature_sets=("S1", "S2"),
+        num_buckets=6,
+        max_steps=2000,
+        perceptron_epochs=100,
+        perceptron_patience=3,
+        curve_sizes=(),
+        curve_set="S2",
+        curve_losses=LOSSES,
+    ),
 }
 QUICK = {
-    "ner": dict(num_train=120, num_test=120, num_dev=60, feature_sets=("S1", "S2", "S3"), num_buckets=1,
-                max_steps=12, perceptron_epochs=3, perceptron_patience=2, curve_sizes=(), curve_set="S2",
-                curve_losses=LOSSES),
-    "pos": dict(num_train=60, num_test=60, num_dev=60, feature_sets=("S1", "S2"), num_buckets=1, max_steps=12,
-                perceptron_epochs=3, perceptron_patience=2, curve_sizes=(), curve_set="S2", curve_losses=LOSSES),
+    "ner": dict(
+        num_train=120,
+        num_test=120,
+        num_dev=60,
+        feature_sets=("S1", "S2", "S3"),
+        num_buckets=1,
+        max_steps=12,
+        perceptron_epochs=3,
+        perceptron_patience=2,
+        curve_sizes=(),
+        curve_set="S2",
+        curve_losses=LOSSES,
+    ),
+    "pos": dict(
+        num_train=60,
+        num_test=60,
+        num_dev=60,
+        feature_sets=("S1", "S2"),
+        num_buckets=1,
+        max_steps=12,
+        perceptron_epochs=3,
+        perceptron_patience=2,
+        curve_sizes=(),
+        curve_set="S2",
+        curve_losses=LOSSES,
+    ),
 }
 LBFGS_STOP = optimizers.relative_improvement_below(1e-5, 10)
 LBFGS_CRITERION = "objective improved < 1e-5 (relative) over 10 steps"
@@ -77,32 +118,59 @@ LBFGS_CRITERION = "objective improved < 1e-5 (relative) over 10 steps"
 # rounds, or at the round cap, chosen from the rounds per second measured by
 # benchmarks/boosting_rounds.py (NER 6.3 at S1, 1.9 at S3; POS 1.7 at S1 on
 # the shared 2-core machine) so that the five rows fit in about 4.5 hours.
-BOOSTING = {"ner": dict(piece_length=8, max_rounds=10000, tol=1e-3, window=1000, eval_every=1000),
-            "pos": dict(piece_length=8, max_rounds=5000, tol=1e-3, window=1000, eval_every=1000)}
-BOOSTING_QUICK = {"ner": dict(piece_length=8, max_rounds=100, tol=1e-3, window=50, eval_every=50),
-                  "pos": dict(piece_length=8, max_rounds=100, tol=1e-3, window=50, eval_every=50)}
+BOOSTING = {
+    "ner": dict(piece_length=8, max_rounds=10000, tol=1e-3, window=1000, eval_every=1000),
+    "pos": dict(piece_length=8, max_rounds=5000, tol=1e-3, window=1000, eval_every=1000),
+}
+BOOSTING_QUICK = {
+    "ner": dict(piece_length=8, max_rounds=100, tol=1e-3, window=50, eval_every=50),
+    "pos": dict(piece_length=8, max_rounds=100, tol=1e-3, window=50, eval_every=50),
+}
 L2_WEIGHT = 0.1  # Gaussian prior sigma^2 = 10, for every loss and task
 SEED = 0
 
 
-def _train_unit(run: RunDirectory, name: str, data, encoded, set_name: str, loss: str, config: dict,
-                progress: bool) -> dict:
+def _train_unit(
+    run: RunDirectory, name: str, data, encoded, set_name: str, loss: str, config: dict, progress: bool
+) -> dict:
     def compute():
         params = tagging.init_params(encoded.num_features, len(data.labels))
         buckets = encoded.train[set_name]
         weights = [np.ones(bucket.lengths.shape[0]) for bucket in buckets]
-        result = tagging.train(params, buckets, weights, loss, l2_weight=L2_WEIGHT, max_steps=config["max_steps"],
-                               stop=LBFGS_STOP, checkpoint_dir=os.path.join(run.root, "checkpoints", name),
-                               progress=progress)
+        result = tagging.train(
+            params,
+            buckets,
+            weights,
+            loss,
+            l2_weight=L2_WEIGHT,
+            max_steps=config["max_steps"],
+            stop=LBFGS_STOP,
+            checkpoint_dir=os.path.join(run.root, "checkpoints", name),
+            progress=progress,
+        )
         score = tagging.evaluate(result.params, encoded.test[set_name], encoded.test_order, data)
         print(f"  {name}: {score:.2f} ({result.num_steps} steps, {result.train_seconds:.0f} s)", flush=True)
-        return {"task": data.name, "features": set_name, "loss": loss, "metric": data.metric, "score": score,
-                "train_seconds": result.train_seconds, "compile_seconds": result.compile_seconds,
-                "steps": result.num_steps, "nonzero_parameters": result.params.num_nonzero(),
-                "num_train_sentences": len(data.train), "objective_trace": [float(v) for v in result.trace]}
+        return {
+            "task": data.name,
+            "features": set_name,
+            "loss": loss,
+            "metric": data.metric,
+            "score": score,
+            "train_seconds": result.train_seconds,
+            "compile_seconds": result.compile_seconds,
+            "steps": result.num_steps,
+            "nonzero_parameters": result.params.num_nonzero(),
+            "num_train_sentences": len(data.train),
+            "objective_trace": [float(v) for v in result.trace],
+        }
 
-    settings = {"max_steps": config["max_steps"], "stop": repr(LBFGS_STOP), "l2_weight": L2_WEIGHT,
-                "num_train": config["num_train"], "num_test": config["num_test"]}
+    settings = {
+        "max_steps": config["max_steps"],
+        "stop": repr(LBFGS_STOP),
+        "l2_weight": L2_WEIGHT,
+        "num_train": config["num_train"],
+        "num_test": config["num_test"],
+    }
     return run.unit(name, compute, settings)
 
 
@@ -110,73 +178,132 @@ def _perceptron_unit(run: RunDirectory, name: str, data, encoded, set_name: str,
     def compute():
         params = tagging.init_params(encoded.num_features, len(data.labels))
         dev_score = lambda params: tagging.evaluate(params, encoded.dev[set_name], encoded.dev_order, data, "dev")
-        fit = tagging.train_perceptron(params, encoded.train[set_name], max_epochs=config["perceptron_epochs"],
-                                       patience=config["perceptron_patience"], seed=SEED, dev_score=dev_score,
-                                       progress=progress)
+        fit = tagging.train_perceptron(
+            params,
+            encoded.train[set_name],
+            max_epochs=config["perceptron_epochs"],
+            patience=config["perceptron_patience"],
+            seed=SEED,
+            dev_score=dev_score,
+            progress=progress,
+        )
         score = tagging.evaluate(fit.params, encoded.test[set_name], encoded.test_order, data)
-        print(f"  {name}: {score:.2f} (best of {len(fit.mistakes)} epochs: {fit.best_epoch}, {fit.stopped_by}, "
-              f"{fit.seconds:.0f} s)", flush=True)
-        return {"task": data.name, "features": set_name, "loss": "perceptron", "metric": data.metric, "score": score,
-                "train_seconds": fit.seconds, "steps": len(fit.mistakes), "nonzero_parameters": fit.params.num_nonzero(),
-                "num_train_sentences": len(data.train), "mistakes_per_epoch": fit.mistakes,
-                "dev_scores": fit.dev_scores, "best_epoch": fit.best_epoch, "stopped_by": fit.stopped_by,
-                "num_dev_sentences": len(data.dev)}
+        print(
+            f"  {name}: {score:.2f} (best of {len(fit.mistakes)} epochs: {fit.best_epoch}, {fit.stopped_by}, "
+            f"{fit.seconds:.0f} s)",
+            flush=True,
+        )
+        return {
+            "task": data.name,
+            "features": set_name,
+            "loss": "perceptron",
+            "metric": data.metric,
+            "score": score,
+            "train_seconds": fit.seconds,
+            "steps": len(fit.mistakes),
+            "nonzero_parameters": fit.params.num_nonzero(),
+            "num_train_sentences": len(data.train),
+            "mistakes_per_epoch": fit.mistakes,
+            "dev_scores": fit.dev_scores,
+            "best_epoch": fit.best_epoch,
+            "stopped_by": fit.stopped_by,
+            "num_dev_sentences": len(data.dev),
+        }
 
-    settings = {"max_epochs": config["perceptron_epochs"], "patience": config["perceptron_patience"],
-                "shuffle_seed": SEED, "num_train": config["num_train"], "num_dev": config["num_dev"]}
+    settings = {
+        "max_epochs": config["perceptron_epochs"],
+        "patience": config["perceptron_patience"],
+        "shuffle_seed": SEED,
+        "num_train": config["num_train"],
+        "num_dev": config["num_dev"],
+    }
     return run.unit(name, compute, settings)
 
 
 def boosting_pieces(buckets, piece_length: int):
     """`(ids, labels, lengths)` numpy: the sentences of `buckets`
     (`tagging.Bucket`s) cut into pieces (`lossfns.optimizers.sequence_pieces`)."""
-    return sequence_pieces([np.asarray(b.ids) for b in buckets], [np.asarray(b.labels) for b in buckets],
-                           [np.asarray(b.lengths) for b in buckets], piece_length)
+    return sequence_pieces(
+        [np.asarray(b.ids) for b in buckets],
+        [np.asarray(b.labels) for b in buckets],
+        [np.asarray(b.lengths) for b in buckets],
+        piece_length,
+    )
 
 
 def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, config: dict, progress: bool) -> dict:
     """The library's sequence boosting on pieces of the training set until
     its stop rule or cap; test scores every `eval_every` rounds (a curve, no
     selection); resumable from the checkpoints of its chunks."""
+
     def compute():
-        sparse = chain_boosting_data(*boosting_pieces(encoded.train[set_name], config["piece_length"]),
-                                     encoded.num_features, len(data.labels))
+        sparse = chain_boosting_data(
+            *boosting_pieces(encoded.train[set_name], config["piece_length"]), encoded.num_features, len(data.labels)
+        )
         directory = os.path.join(run.root, "checkpoints", name)
-        score = lambda theta, _: tagging.evaluate(chain_boosting_model(theta, sparse), encoded.test[set_name],
-                                                  encoded.test_order, data)
-        result = boost(sparse, max_rounds=config["max_rounds"], tol=config["tol"], window=config["window"],
-                       evaluate=score, eval_every=config["eval_every"], chunk_rounds=config["eval_every"],
-                       checkpoint_dir=directory, progress=progress)
+        score = lambda theta, _: tagging.evaluate(
+            chain_boosting_model(theta, sparse), encoded.test[set_name], encoded.test_order, data
+        )
+        result = boost(
+            sparse,
+            max_rounds=config["max_rounds"],
+            tol=config["tol"],
+            window=config["window"],
+            evaluate=score,
+            eval_every=config["eval_every"],
+            chunk_rounds=config["eval_every"],
+            checkpoint_dir=directory,
+            progress=progress,
+        )
         rounds = int(result.loop.step)
         final = float(result.evaluations[-1, 1])
         print(f"  {name}: {final:.2f} ({rounds} rounds, {result.stopped_by}, {result.seconds:.0f} s)", flush=True)
         shutil.rmtree(directory, ignore_errors=True)
-        return {"task": data.name, "features": set_name, "loss": "boosting", "metric": data.metric, "score": final,
-                "train_seconds": result.seconds, "setup_seconds": result.setup_seconds, "steps": rounds,
-                "rounds_per_second": rounds / max(result.seconds, 1e-9), "stopped_by": result.stopped_by,
-                "converged": result.converged, "nonzero_parameters": int(np.count_nonzero(np.asarray(result.theta))),
-                "num_weak_learners": sparse.num_weak_learners, "num_train_sentences": len(data.train),
-                "num_pieces": int(sparse.lengths.shape[0]), "config": config,
-                "curve": [[int(r), float(v)] for r, v in result.evaluations],
-                "log_exp_loss": [float(v) for v in result.loop.trace[:rounds:max(1, rounds // 200)]]}
+        return {
+            "task": data.name,
+            "features": set_name,
+            "loss": "boosting",
+            "metric": data.metric,
+            "score": final,
+            "train_seconds": result.seconds,
+            "setup_seconds": result.setup_seconds,
+            "steps": rounds,
+            "rounds_per_second": rounds / max(result.seconds, 1e-9),
+            "stopped_by": result.stopped_by,
+            "converged": result.converged,
+            "nonzero_parameters": int(np.count_nonzero(np.asarray(result.theta))),
+            "num_weak_learners": sparse.num_weak_learners,
+            "num_train_sentences": len(data.train),
+            "num_pieces": int(sparse.lengths.shape[0]),
+            "config": config,
+            "curve": [[int(r), float(v)] for r, v in result.evaluations],
+            "log_exp_loss": [float(v) for v in result.loop.trace[: rounds : max(1, rounds // 200)]],
+        }
 
     return run.unit(name, compute)
 
 
-def _run_task(run: RunDirectory, task: str, config: dict, progress: bool,
-              boosting: dict | None = None) -> dict:
+def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosting: dict | None = None) -> dict:
     data = tagging.load_task(task, config["num_train"], config["num_test"], SEED, num_dev=config["num_dev"])
-    print(f"[{task}] {data.source}: {len(data.train)} train / {len(data.test)} test sentences, "
-          f"{len(data.labels)} labels", flush=True)
+    print(
+        f"[{task}] {data.source}: {len(data.train)} train / {len(data.test)} test sentences, {len(data.labels)} labels",
+        flush=True,
+    )
     encoded = tagging.encode_task(data, config["feature_sets"], config["num_buckets"])
-    rows = [_train_unit(run, f"{task}-{set_name}-{loss}".replace(" ", "_"), data, encoded, set_name, loss,
-                        config, progress)
-            for set_name in config["feature_sets"] for loss in LOSSES]
-    rows += [_perceptron_unit(run, f"{task}-{set_name}-perceptron", data, encoded, set_name, config, progress)
-             for set_name in config["feature_sets"]]
+    rows = [
+        _train_unit(run, f"{task}-{set_name}-{loss}".replace(" ", "_"), data, encoded, set_name, loss, config, progress)
+        for set_name in config["feature_sets"]
+        for loss in LOSSES
+    ]
+    rows += [
+        _perceptron_unit(run, f"{task}-{set_name}-perceptron", data, encoded, set_name, config, progress)
+        for set_name in config["feature_sets"]
+    ]
     if boosting is not None:
-        rows += [_boosting_unit(run, f"{task}-{set_name}-boosting", data, encoded, set_name, boosting, progress)
-                 for set_name in config["feature_sets"]]
+        rows += [
+            _boosting_unit(run, f"{task}-{set_name}-boosting", data, encoded, set_name, boosting, progress)
+            for set_name in config["feature_sets"]
+        ]
     rows = [row for row in rows if row is not None]  # None: unfinished (--report-only)
     # Learning curves: each subset is a fresh training set (its own feature
     # index, as in the paper): the first `size` sentences of a fixed shuffle.
@@ -187,13 +314,36 @@ def _run_task(run: RunDirectory, task: str, config: dict, progress: bool,
         chosen = np.sort(np.random.default_rng(SEED).permutation(len(data.train))[:size])
         subset = data._replace(train=[data.train[i] for i in chosen])
         subset_encoded = tagging.encode_task(subset, (curve_set,), config["num_buckets"])
-        curve += [row for row in (_train_unit(run, f"{task}-curve{size}-{loss}".replace(" ", "_"), subset,
-                                              subset_encoded, curve_set, loss, config, progress)
-                                  for loss in config["curve_losses"]) if row is not None]
+        curve += [
+            row
+            for row in (
+                _train_unit(
+                    run,
+                    f"{task}-curve{size}-{loss}".replace(" ", "_"),
+                    subset,
+                    subset_encoded,
+                    curve_set,
+                    loss,
+                    config,
+                    progress,
+                )
+                for loss in config["curve_losses"]
+            )
+            if row is not None
+        ]
     curve += [row for row in rows if row["features"] == curve_set and row["loss"] in config["curve_losses"]]
-    return {"source": data.source, "synthetic": data.source.startswith("synthetic"), "metric": data.metric,
-            "num_train": len(data.train), "num_test": len(data.test), "num_labels": len(data.labels),
-            "num_features_K": encoded.num_features, "rows": rows, "learning_curve": curve, "curve_set": curve_set}
+    return {
+        "source": data.source,
+        "synthetic": data.source.startswith("synthetic"),
+        "metric": data.metric,
+        "num_train": len(data.train),
+        "num_test": len(data.test),
+        "num_labels": len(data.labels),
+        "num_features_K": encoded.num_features,
+        "rows": rows,
+        "learning_curve": curve,
+        "curve_set": curve_set,
+    }
 
 
 def _score(rows, set_name, loss):
@@ -210,20 +360,36 @@ def row_convergence(row: dict, config: dict) -> dict:
         if row.get("stopped_by") == "no mistakes":
             return {"met": True, "criterion": "an epoch without mistakes", "step": row["steps"], "cap": cap}
         scores = row.get("dev_scores", [])
-        return plateau_convergence(range(1, len(scores) + 1), scores, patience, row["steps"] if not scores else cap,
-                                   f"no better development score for {patience} epochs", lower_is_better=False)
+        return plateau_convergence(
+            range(1, len(scores) + 1),
+            scores,
+            patience,
+            row["steps"] if not scores else cap,
+            f"no better development score for {patience} epochs",
+            lower_is_better=False,
+        )
     settings = row["config"]
-    return {"met": row["converged"], "step": row["steps"] if row["converged"] else None, "cap": settings["max_rounds"],
-            "criterion": f"log exp-loss fell < log(1 + {settings['tol']:g}) over {settings['window']} rounds"}
+    return {
+        "met": row["converged"],
+        "step": row["steps"] if row["converged"] else None,
+        "cap": settings["max_rounds"],
+        "criterion": f"log exp-loss fell < log(1 + {settings['tol']:g}) over {settings['window']} rounds",
+    }
 
 
 def _spread_and_gain(scores, feature_sets, losses) -> tuple:
     """`(largest spread across `losses` within a feature set, smallest gain
     of the last feature set over the first for a loss)`; `scores(set, loss)`."""
-    spreads = [max(values) - min(values) for values in
-               ([scores(s, loss) for loss in losses if scores(s, loss) is not None] for s in feature_sets) if values]
-    gains = [scores(feature_sets[-1], loss) - scores(feature_sets[0], loss) for loss in losses
-             if None not in (scores(feature_sets[-1], loss), scores(feature_sets[0], loss))]
+    spreads = [
+        max(values) - min(values)
+        for values in ([scores(s, loss) for loss in losses if scores(s, loss) is not None] for s in feature_sets)
+        if values
+    ]
+    gains = [
+        scores(feature_sets[-1], loss) - scores(feature_sets[0], loss)
+        for loss in losses
+        if None not in (scores(feature_sets[-1], loss), scores(feature_sets[0], loss))
+    ]
     return max(spreads, default=None), min(gains, default=None)
 
 
@@ -239,37 +405,56 @@ def _check_conclusions(task: str, task_result: dict, feature_sets) -> list[dict]
     spread, gain = _spread_and_gain(ours, feature_sets, LOSSES)
     paper_spread, paper_gain = _spread_and_gain(paper, feature_sets, LOSSES) if task == "ner" else (None, None)
     complete = len(used(LOSSES)) == len(LOSSES) * len(feature_sets)
-    claims.append({"claim": "the four losses differ little while the feature sets matter much (largest spread "
-                            f"across losses < smallest gain from {feature_sets[0]} to {feature_sets[-1]})",
-                   "ours": None if not complete else f"spread {spread:.2f}, gain {gain:.2f}",
-                   "paper": "accuracy 94.6-95.7 across losses and S1/S2 (Table 1)" if task == "pos" else
-                   f"spread {paper_spread:.2f}, gain {paper_gain:.2f}",
-                   "holds": spread < gain if complete else None, "complete": complete,
-                   "converged": all(r["convergence"]["met"] for r in used(LOSSES))})
+    claims.append(
+        {
+            "claim": "the four losses differ little while the feature sets matter much (largest spread "
+            f"across losses < smallest gain from {feature_sets[0]} to {feature_sets[-1]})",
+            "ours": None if not complete else f"spread {spread:.2f}, gain {gain:.2f}",
+            "paper": "accuracy 94.6-95.7 across losses and S1/S2 (Table 1)"
+            if task == "pos"
+            else f"spread {paper_spread:.2f}, gain {paper_gain:.2f}",
+            "holds": spread < gain if complete else None,
+            "complete": complete,
+            "converged": all(r["convergence"]["met"] for r in used(LOSSES)),
+        }
+    )
     if task == "ner":
         # Perceptron "comparable": within the losses' range, give or take a point, at every feature set.
         def within(scores):
-            return all(min(scores(s, loss) for loss in LOSSES) - 1 <= scores(s, "perceptron")
-                       <= max(scores(s, loss) for loss in LOSSES) + 1 for s in feature_sets)
+            return all(
+                min(scores(s, loss) for loss in LOSSES) - 1
+                <= scores(s, "perceptron")
+                <= max(scores(s, loss) for loss in LOSSES) + 1
+                for s in feature_sets
+            )
+
         complete = complete and len(used(("perceptron",))) == len(feature_sets)
-        claims.append({"claim": "the averaged perceptron is comparable to the losses (within their range +- 1 point "
-                                "at every feature set)",
-                       "ours": None if not complete else ", ".join(f"{s} {ours(s, 'perceptron'):.2f}"
-                                                                   for s in feature_sets),
-                       "paper": ", ".join(f"{s} {paper(s, 'perceptron'):.2f}" for s in feature_sets),
-                       "holds": within(ours) if complete else None, "complete": complete,
-                       "converged": all(r["convergence"]["met"] for r in used(LOSSES + ("perceptron",)))})
+        claims.append(
+            {
+                "claim": "the averaged perceptron is comparable to the losses (within their range +- 1 point "
+                "at every feature set)",
+                "ours": None if not complete else ", ".join(f"{s} {ours(s, 'perceptron'):.2f}" for s in feature_sets),
+                "paper": ", ".join(f"{s} {paper(s, 'perceptron'):.2f}" for s in feature_sets),
+                "holds": within(ours) if complete else None,
+                "complete": complete,
+                "converged": all(r["convergence"]["met"] for r in used(LOSSES + ("perceptron",))),
+            }
+        )
         boosted = len(used(("boosting",))) == len(feature_sets)
         gaps = lambda scores: [min(scores(s, loss) for loss in LOSSES) - scores(s, "boosting") for s in feature_sets]
-        claims.append({"claim": "sequence boosting trails the losses, most with the poorest features (below every "
-                                f"loss at every feature set, the gap largest at {feature_sets[0]})",
-                       "ours": None if not (boosted and complete) else ", ".join(
-                           f"{s} {ours(s, 'boosting'):.2f}" for s in feature_sets),
-                       "paper": ", ".join(f"{s} {paper(s, 'boosting'):.2f}" for s in feature_sets),
-                       "holds": (min(gaps(ours)) > 0 and max(gaps(ours)) == gaps(ours)[0])
-                       if boosted and complete else None,
-                       "complete": boosted and complete,
-                       "converged": all(r["convergence"]["met"] for r in used(LOSSES + ("boosting",)))})
+        claims.append(
+            {
+                "claim": "sequence boosting trails the losses, most with the poorest features (below every "
+                f"loss at every feature set, the gap largest at {feature_sets[0]})",
+                "ours": None
+                if not (boosted and complete)
+                else ", ".join(f"{s} {ours(s, 'boosting'):.2f}" for s in feature_sets),
+                "paper": ", ".join(f"{s} {paper(s, 'boosting'):.2f}" for s in feature_sets),
+                "holds": (min(gaps(ours)) > 0 and max(gaps(ours)) == gaps(ours)[0]) if boosted and complete else None,
+                "complete": boosted and complete,
+                "converged": all(r["convergence"]["met"] for r in used(LOSSES + ("boosting",))),
+            }
+        )
     return claims
 
 
@@ -288,15 +473,20 @@ def _boosting_note(results: dict) -> str:
     rows = [r for result in results.values() for r in result["rows"] if r["loss"] == "boosting"]
     if not rows:
         return "Boosting (Altun et al. 2002): not run yet.\n"
-    parts = [f"{r['task']} {r['features']}: {r['steps']} rounds, "
-             f"{'converged' if r['converged'] else 'not converged'} ({r['stopped_by']}), {r['train_seconds']:.0f} s "
-             f"({r['rounds_per_second']:.1f} rounds/s; {r['setup_seconds']:.0f} s to the first round), "
-             f"{r['nonzero_parameters']} of {r['num_weak_learners']} weak learners used" for r in rows]
-    return ("Boosting rows: the library's sequence boosting (`lossfns.optimizers.boost` on "
-            "`chain_boosting_data`, line-search bound, no prior) on the full training set cut into pieces of "
-            f"{rows[0]['config']['piece_length']} tokens, stopped when the log exp-loss fell by less than "
-            "log(1 + tol) over `window` rounds or at the round cap (configuration in the JSON); the score is "
-            "the final model's. " + "; ".join(parts) + ".\n")
+    parts = [
+        f"{r['task']} {r['features']}: {r['steps']} rounds, "
+        f"{'converged' if r['converged'] else 'not converged'} ({r['stopped_by']}), {r['train_seconds']:.0f} s "
+        f"({r['rounds_per_second']:.1f} rounds/s; {r['setup_seconds']:.0f} s to the first round), "
+        f"{r['nonzero_parameters']} of {r['num_weak_learners']} weak learners used"
+        for r in rows
+    ]
+    return (
+        "Boosting rows: the library's sequence boosting (`lossfns.optimizers.boost` on "
+        "`chain_boosting_data`, line-search bound, no prior) on the full training set cut into pieces of "
+        f"{rows[0]['config']['piece_length']} tokens, stopped when the log exp-loss fell by less than "
+        "log(1 + tol) over `window` rounds or at the round cap (configuration in the JSON); the score is "
+        "the final model's. " + "; ".join(parts) + ".\n"
+    )
 
 
 def _table(task: str, result: dict, feature_sets) -> str:
@@ -320,10 +510,13 @@ def _table(task: str, result: dict, feature_sets) -> str:
         row += [found[s]["train_seconds"] if s in found else None for s in feature_sets]
         row += [found[s]["nonzero_parameters"] if s in found else None for s in feature_sets]
         rows.append(row)
-    lines = [f"### {task.upper()}: {metric}, {result['source']}", "",
-             f"{result['num_train']} training / {result['num_test']} test sentences, "
-             f"{result['num_labels']} labels.", "",
-             markdown_table(header, rows)]
+    lines = [
+        f"### {task.upper()}: {metric}, {result['source']}",
+        "",
+        f"{result['num_train']} training / {result['num_test']} test sentences, {result['num_labels']} labels.",
+        "",
+        markdown_table(header, rows),
+    ]
     return "\n".join(lines)
 
 
@@ -368,27 +561,36 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     for task, result in results.items():
         for row in result["rows"] + result["learning_curve"]:
             row["convergence"] = row_convergence(row, configs[task])
-    conclusions = {task: _check_conclusions(task, result, configs[task]["feature_sets"])
-                   for task, result in results.items()}
+    conclusions = {
+        task: _check_conclusions(task, result, configs[task]["feature_sets"]) for task, result in results.items()
+    }
     floors = {}
     for (task, set_name, loss), floor in FLOORS.items():
         if task not in results:
             continue
         score = _score(results[task]["rows"], set_name, loss)
-        floors[f"{task} {set_name} {loss}"] = {"floor": floor, "ours": score,
-                                               "applies": not results[task]["synthetic"] and not quick,
-                                               "met": score is not None and score >= floor}
-    caps = ", ".join(f"{task}: {config['max_steps']} steps, {config['perceptron_epochs']} epochs"
-                     for task, config in configs.items())
-    document = ["# Altun, Johnson & Hofmann (2003): four losses x feature sets", "",
-                f"Mode: {'quick (small slices, few iterations: not comparable to the paper)' if quick else 'full'}. "
-                f"L-BFGS (optax.lbfgs), Gaussian prior sigma^2 = {1 / L2_WEIGHT:g}, until the "
-                f"{LBFGS_CRITERION}; averaged perceptron shuffled each epoch (seed {SEED}) until its development "
-                f"score has not improved for {configs[next(iter(configs))]['perceptron_patience']} epochs (the best "
-                f"epoch's model is scored; development set: NER esp.testa, POS the NLTK treebank sample); caps "
-                f"({caps}){'' if quick else ': safety limits far beyond convergence'}. The `converged` columns say "
-                f"which criterion each row met and at which step, or why not. L-BFGS seconds exclude compilation (in the JSON); "
-                f"averaged-perceptron seconds include it.", ""]
+        floors[f"{task} {set_name} {loss}"] = {
+            "floor": floor,
+            "ours": score,
+            "applies": not results[task]["synthetic"] and not quick,
+            "met": score is not None and score >= floor,
+        }
+    caps = ", ".join(
+        f"{task}: {config['max_steps']} steps, {config['perceptron_epochs']} epochs" for task, config in configs.items()
+    )
+    document = [
+        "# Altun, Johnson & Hofmann (2003): four losses x feature sets",
+        "",
+        f"Mode: {'quick (small slices, few iterations: not comparable to the paper)' if quick else 'full'}. "
+        f"L-BFGS (optax.lbfgs), Gaussian prior sigma^2 = {1 / L2_WEIGHT:g}, until the "
+        f"{LBFGS_CRITERION}; averaged perceptron shuffled each epoch (seed {SEED}) until its development "
+        f"score has not improved for {configs[next(iter(configs))]['perceptron_patience']} epochs (the best "
+        f"epoch's model is scored; development set: NER esp.testa, POS the NLTK treebank sample); caps "
+        f"({caps}){'' if quick else ': safety limits far beyond convergence'}. The `converged` columns say "
+        f"which criterion each row met and at which step, or why not. L-BFGS seconds exclude compilation (in the JSON); "
+        f"averaged-perceptron seconds include it.",
+        "",
+    ]
     for task, result in results.items():
         document.append(_table(task, result, configs[task]["feature_sets"]))
         document += stale_note(result["rows"] + result["learning_curve"])
@@ -399,7 +601,15 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     document.append(_boosting_note(results))
     document += floors_section(floors, "issue 7; real corpora, full runs only", "row missing")
     run.write_text("results.md", "\n".join(document) + "\n")
-    summary = {"quick": quick, "l2_weight": L2_WEIGHT, "stop": LBFGS_CRITERION, "seed": SEED,
-               "configs": configs, "tasks": results, "conclusions": conclusions, "floors": floors}
+    summary = {
+        "quick": quick,
+        "l2_weight": L2_WEIGHT,
+        "stop": LBFGS_CRITERION,
+        "seed": SEED,
+        "configs": configs,
+        "tasks": results,
+        "conclusions": conclusions,
+        "floors": floors,
+    }
     run.write_json("results.json", summary)
     return summary

@@ -22,11 +22,19 @@ from lossfns.features import preset
 from lossfns.tagger import Tagger, crfsuite_elastic_net
 
 TASKS = {
-    "ner": {"preset": "crfsuite_ner", "train": lambda: corpora.conll2002("esp.train"),
-            "tests": {"esp.testb": lambda: corpora.conll2002("esp.testb"),
-                      "esp.testa": lambda: corpora.conll2002("esp.testa")}},
-    "pos": {"preset": "lavergne_pos", "train": lambda: corpora.conll2000("train.txt", task="pos"),
-            "tests": {"test.txt": lambda: corpora.conll2000("test.txt", task="pos")}},
+    "ner": {
+        "preset": "crfsuite_ner",
+        "train": lambda: corpora.conll2002("esp.train"),
+        "tests": {
+            "esp.testb": lambda: corpora.conll2002("esp.testb"),
+            "esp.testa": lambda: corpora.conll2002("esp.testa"),
+        },
+    },
+    "pos": {
+        "preset": "lavergne_pos",
+        "train": lambda: corpora.conll2000("train.txt", task="pos"),
+        "tests": {"test.txt": lambda: corpora.conll2000("test.txt", task="pos")},
+    },
 }
 
 
@@ -47,7 +55,9 @@ def train_crfsuite(sentences, extractor, c1, c2, max_iterations, path):
     tagger.open(path)
     info = tagger.info()
     # CRFsuite writes only the features with non-zero weights to the model file.
-    nonzero = sum(1 for w in info.state_features.values() if w != 0) + sum(1 for w in info.transitions.values() if w != 0)
+    nonzero = sum(1 for w in info.state_features.values() if w != 0) + sum(
+        1 for w in info.transitions.values() if w != 0
+    )
     return tagger, seconds, nonzero
 
 
@@ -70,11 +80,14 @@ def main(argv=None):
     train = task["train"]()[: args.train_limit]
     tests = {name: load() for name, load in task["tests"].items()}
     extractor = preset(task["preset"])
-    print(f"task {args.task}: {len(train)} training sentences, preset {task['preset']}, "
-          f"c1 = {args.c1}, c2 = {args.c2}, at most {args.max_iterations} iterations")
+    print(
+        f"task {args.task}: {len(train)} training sentences, preset {task['preset']}, "
+        f"c1 = {args.c1}, c2 = {args.c2}, at most {args.max_iterations} iterations"
+    )
 
     crfsuite_tagger, crfsuite_seconds, crfsuite_nonzero = train_crfsuite(
-        train, extractor, args.c1, args.c2, args.max_iterations, args.model_path)
+        train, extractor, args.c1, args.c2, args.max_iterations, args.model_path
+    )
     start = time.perf_counter()
     tagger = Tagger(extractor, **crfsuite_elastic_net(args.c1, args.c2), max_iterations=args.max_iterations)
     tagger.fit(train)
@@ -85,20 +98,28 @@ def main(argv=None):
         gold = [s.labels for s in sentences]
         ours = scores(gold, tagger.predict(sentences))
         theirs = scores(gold, [tuple(crfsuite_tagger.tag(extractor(s.tokens).unigram)) for s in sentences])
-        print(f"{name}: {key} crfsuite {theirs[key]:.4f}  lossfns {ours[key]:.4f}  "
-              f"(token accuracy crfsuite {theirs['token_accuracy']:.4f}, lossfns {ours['token_accuracy']:.4f})")
+        print(
+            f"{name}: {key} crfsuite {theirs[key]:.4f}  lossfns {ours[key]:.4f}  "
+            f"(token accuracy crfsuite {theirs['token_accuracy']:.4f}, lossfns {ours['token_accuracy']:.4f})"
+        )
         if args.task == "ner":
             # The Tagger decodes only valid IOB2 sequences by default; CRFsuite cannot.
             tagger.iob_constraints = False
             free = scores(gold, tagger.predict(sentences))
             tagger.iob_constraints = None
-            print(f"{name}: lossfns without IOB2 decoding constraints: f1 {free['f1']:.4f}  "
-                  f"token accuracy {free['token_accuracy']:.4f}")
-    print(f"training seconds: crfsuite {crfsuite_seconds:.1f}  lossfns {lossfns_seconds:.1f} "
-          f"(of which optimisation loop {tagger.training_seconds:.1f})  ratio lossfns/crfsuite "
-          f"{lossfns_seconds / crfsuite_seconds:.2f}")
-    print(f"non-zero weights: crfsuite {crfsuite_nonzero}  lossfns {tagger.model.num_nonzero()}  "
-          f"ratio {tagger.model.num_nonzero() / max(crfsuite_nonzero, 1):.3f}")
+            print(
+                f"{name}: lossfns without IOB2 decoding constraints: f1 {free['f1']:.4f}  "
+                f"token accuracy {free['token_accuracy']:.4f}"
+            )
+    print(
+        f"training seconds: crfsuite {crfsuite_seconds:.1f}  lossfns {lossfns_seconds:.1f} "
+        f"(of which optimisation loop {tagger.training_seconds:.1f})  ratio lossfns/crfsuite "
+        f"{lossfns_seconds / crfsuite_seconds:.2f}"
+    )
+    print(
+        f"non-zero weights: crfsuite {crfsuite_nonzero}  lossfns {tagger.model.num_nonzero()}  "
+        f"ratio {tagger.model.num_nonzero() / max(crfsuite_nonzero, 1):.3f}"
+    )
     print(f"lossfns iterations: {len(tagger.history)}, final objective {tagger.history[-1]:.2f}")
 
 

@@ -96,10 +96,18 @@ from .harness import (
 # adaptation domain and training size (MAP, the paper's fourth column, is not
 # reproduced). Y = Yomiuri, T = TuneUp, E = Encarta, S = Shincho.
 PAPER_TABLE1 = {
-    ("Y", "800"): (3.70, 3.13, 3.01), ("Y", "8K"): (3.70, 2.88, 2.85), ("Y", "72K"): (3.70, 2.78, 2.73),
-    ("T", "800"): (5.81, 5.69, 5.63), ("T", "8K"): (5.81, 5.48, 5.33), ("T", "72K"): (5.81, 5.33, 5.05),
-    ("E", "800"): (10.24, 9.82, 9.18), ("E", "8K"): (10.24, 8.54, 8.04), ("E", "72K"): (10.24, 7.53, 7.20),
-    ("S", "800"): (12.18, 11.91, 11.79), ("S", "8K"): (12.18, 11.09, 10.73), ("S", "72K"): (12.18, 10.25, 9.64),
+    ("Y", "800"): (3.70, 3.13, 3.01),
+    ("Y", "8K"): (3.70, 2.88, 2.85),
+    ("Y", "72K"): (3.70, 2.78, 2.73),
+    ("T", "800"): (5.81, 5.69, 5.63),
+    ("T", "8K"): (5.81, 5.48, 5.33),
+    ("T", "72K"): (5.81, 5.33, 5.05),
+    ("E", "800"): (10.24, 9.82, 9.18),
+    ("E", "8K"): (10.24, 8.54, 8.04),
+    ("E", "72K"): (10.24, 7.53, 7.20),
+    ("S", "800"): (12.18, 11.91, 11.79),
+    ("S", "8K"): (12.18, 11.09, 10.73),
+    ("S", "72K"): (12.18, 10.25, 9.64),
 }
 # Our domains and the paper's closest ones; our small / large training sets
 # stand where its 800 / 8K do.
@@ -111,11 +119,32 @@ PAPER_SIZES = ("800", "8K")
 # picks lies in the first half of the run; `num_steps` is a safety cap
 # (the 6,000-step cap of the first runs had BLasso's best step at 5,250-5,500).
 # Boosting's shrinkage nu is chosen on held-out error from `shrinkage`.
-FULL = dict(source_sentences=None, baseline_iterations=50, domains=("news", "learned", "fiction"),
-            sizes=(200, 2000), num_dev=500, num_test=1000, num_steps=30000, eval_every=25, patience=5000,
-            shrinkage=(0.1, 0.2, 0.5), figure_setting=("learned", 2000))
-QUICK = dict(source_sentences=300, baseline_iterations=8, domains=("news",), sizes=(60,), num_dev=60,
-             num_test=100, num_steps=100, eval_every=25, patience=50, shrinkage=(0.5,), figure_setting=("news", 60))
+FULL = dict(
+    source_sentences=None,
+    baseline_iterations=50,
+    domains=("news", "learned", "fiction"),
+    sizes=(200, 2000),
+    num_dev=500,
+    num_test=1000,
+    num_steps=30000,
+    eval_every=25,
+    patience=5000,
+    shrinkage=(0.1, 0.2, 0.5),
+    figure_setting=("learned", 2000),
+)
+QUICK = dict(
+    source_sentences=300,
+    baseline_iterations=8,
+    domains=("news",),
+    sizes=(60,),
+    num_dev=60,
+    num_test=100,
+    num_steps=100,
+    eval_every=25,
+    patience=50,
+    shrinkage=(0.5,),
+    figure_setting=("news", 60),
+)
 SYNTHETIC_DOMAINS = ("synthetic-A", "synthetic-B")
 NUM_CANDIDATES = 20
 BASELINE_PRESET = "altun_s2"
@@ -147,11 +176,15 @@ def brown_universal(categories) -> list[Sentence]:
     tagset as NLTK does (tags upper-cased, `en-brown.map`, unknown -> X)."""
     from nltk.corpus.reader import CategorizedTaggedCorpusReader  # experiments extra, only needed here
 
-    reader = CategorizedTaggedCorpusReader(corpora.find_data("corpora", "brown"), r"c[a-z]\d\d",
-                                           cat_file="cats.txt", encoding="ascii")
+    reader = CategorizedTaggedCorpusReader(
+        corpora.find_data("corpora", "brown"), r"c[a-z]\d\d", cat_file="cats.txt", encoding="ascii"
+    )
     mapping = corpora.universal_tagset("en-brown")
-    return [Sentence(tuple((word,) for word, _ in tagged), tuple(mapping.get(tag, "X") for _, tag in tagged))
-            for tagged in reader.tagged_sents(categories=categories) if tagged]
+    return [
+        Sentence(tuple((word,) for word, _ in tagged), tuple(mapping.get(tag, "X") for _, tag in tagged))
+        for tagged in reader.tagged_sents(categories=categories)
+        if tagged
+    ]
 
 
 def _synthetic_domain(seed: int, domain: int, count: int) -> list[Sentence]:
@@ -202,7 +235,7 @@ class DomainSplit(NamedTuple):
 def split_domain(sentences: list, num_test: int, num_dev: int, seed: int = SEED) -> DomainSplit:
     order = corpora.shuffled(len(sentences), seed)
     chosen = [sentences[i] for i in order]
-    return DomainSplit(chosen[:num_test], chosen[num_test:num_test + num_dev], chosen[num_test + num_dev:])
+    return DomainSplit(chosen[:num_test], chosen[num_test : num_test + num_dev], chosen[num_test + num_dev :])
 
 
 # ---------------------------------------------------------------------------
@@ -260,8 +293,9 @@ def kbest_candidates(tagger: Tagger, sentences: list) -> Candidates:
 
 def select(candidates: Candidates, rows: slice) -> Candidates:
     """The candidates of the sentences `rows`."""
-    return Candidates(candidates.labels[rows], candidates.log_probability[rows], candidates.errors[rows],
-                      candidates.tokens[rows])
+    return Candidates(
+        candidates.labels[rows], candidates.log_probability[rows], candidates.errors[rows], candidates.tokens[rows]
+    )
 
 
 def oracle(candidates: Candidates) -> np.ndarray:
@@ -285,9 +319,9 @@ def candidate_keys(words: list, labels: np.ndarray, num_tags: int, word_ids: dic
     C, T = labels.shape
     base = num_tags + 1  # tags 0 .. num_tags - 1, boundary num_tags
     padded = np.full((C, T + 3), num_tags, np.int64)  # <s> <s> y_1 .. y_T </s>
-    padded[:, 2:T + 2] = labels
-    bigrams = padded[:, 1:T + 2] * base + padded[:, 2:T + 3]  # T + 1: (<s>, y_1) .. (y_T, </s>)
-    trigrams = (padded[:, :T + 1] * base + padded[:, 1:T + 2]) * base + padded[:, 2:T + 3]  # T + 1
+    padded[:, 2 : T + 2] = labels
+    bigrams = padded[:, 1 : T + 2] * base + padded[:, 2 : T + 3]  # T + 1: (<s>, y_1) .. (y_T, </s>)
+    trigrams = (padded[:, : T + 1] * base + padded[:, 1 : T + 2]) * base + padded[:, 2 : T + 3]  # T + 1
     words_array = np.array([word_ids.setdefault(word.lower(), len(word_ids)) for word in words], np.int64)
     pairs = words_array[None, :] * base + labels
     # Three disjoint key ranges: bigram, trigram, word-tag.
@@ -347,8 +381,13 @@ def reranking_arrays(counts: list, log_probability: np.ndarray, reference: np.nd
 def feature_matrix(counts: list, index: dict, dtype=jnp.float32) -> tuple:
     """Sparse candidate features `(example, candidate, feature, count)` of
     the indexed keys, for scoring held-out and test candidates."""
-    rows = [(i, c, index[key], n) for i, sentence in enumerate(counts) for c, candidate in enumerate(sentence)
-            for key, n in candidate.items() if key in index]
+    rows = [
+        (i, c, index[key], n)
+        for i, sentence in enumerate(counts)
+        for c, candidate in enumerate(sentence)
+        for key, n in candidate.items()
+        if key in index
+    ]
     entries = np.asarray(rows, np.int64).reshape(-1, 4).T
     return tuple(jnp.asarray(a, jnp.int32) for a in entries[:3]) + (jnp.asarray(entries[3], dtype),)
 
@@ -358,8 +397,14 @@ def feature_matrix(counts: list, index: dict, dtype=jnp.float32) -> tuple:
 # ---------------------------------------------------------------------------
 
 
-def step_function(method: str, data: SparseRerankingData, *, paper: bool = True, tolerance: float = 1e-12,
-                  shrinkage: float = SHRINKAGE):
+def step_function(
+    method: str,
+    data: SparseRerankingData,
+    *,
+    paper: bool = True,
+    tolerance: float = 1e-12,
+    shrinkage: float = SHRINKAGE,
+):
     """The library's step of `method` ("boosting", "fslr", "blasso",
     "fboosting") with this experiment's constants. `paper`: FSLR with Gao et
     al.'s cap (`fslr_step_fn(cap=True)`); else the plain FSLR.
@@ -409,20 +454,34 @@ def _reranker_steps(method: str):
 def _measures(value, state, dev: EvalSet, test: EvalSet) -> jax.Array:
     """`[ExpLoss, L1 norm, alpha, non-zeros, dev error, test error]` of a reranker state."""
     weights = state.weights
-    return jnp.stack([value, jnp.sum(jnp.abs(weights[1:])), state.alpha,
-                      jnp.sum(weights[1:] != 0).astype(weights.dtype), error_rate(weights, dev),
-                      error_rate(weights, test)])
+    return jnp.stack(
+        [
+            value,
+            jnp.sum(jnp.abs(weights[1:])),
+            state.alpha,
+            jnp.sum(weights[1:] != 0).astype(weights.dtype),
+            error_rate(weights, dev),
+            error_rate(weights, test),
+        ]
+    )
 
 
 def plateau(curve: dict, config: dict) -> dict:
     """The held-out plateau rule of every reranker run (`harness.plateau_convergence`)."""
-    return plateau_convergence(curve["step"], curve["dev_error"], config["patience"], config["num_steps"],
-                               "held-out plateau",
-                               lower_is_better=True, relative_patience=RELATIVE_PATIENCE)
+    return plateau_convergence(
+        curve["step"],
+        curve["dev_error"],
+        config["patience"],
+        config["num_steps"],
+        "held-out plateau",
+        lower_is_better=True,
+        relative_patience=RELATIVE_PATIENCE,
+    )
 
 
-def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, method: str, config: dict,
-                   shrinkage: float = SHRINKAGE) -> dict:
+def train_reranker(
+    data: SparseRerankingData, dev: EvalSet, test: EvalSet, method: str, config: dict, shrinkage: float = SHRINKAGE
+) -> dict:
     """Run `method` from `reranking_init` through the driver until the
     held-out plateau (`plateau`) or `config["num_steps"]`, scoring the
     held-out and test sets every `config["eval_every"]` steps (its callback,
@@ -436,28 +495,53 @@ def train_reranker(data: SparseRerankingData, dev: EvalSet, test: EvalSet, metho
     # exactly 0, so rounding (about 1e-16 of ExpLoss, which sums N C terms)
     # must not count as a decrease, or BLasso cycles forward and back.
     tolerance = BLASSO_TOLERANCE * float(exp_loss(data, state.margins))
-    points = [[0, float(exp_loss(data, state.margins)), 0.0, float("inf"), 0, float(error_rate(state.weights, dev)),
-               float(error_rate(state.weights, test))]]
+    points = [
+        [
+            0,
+            float(exp_loss(data, state.margins)),
+            0.0,
+            float("inf"),
+            0,
+            float(error_rate(state.weights, dev)),
+            float(error_rate(state.weights, test)),
+        ]
+    ]
 
     def score(report) -> bool:
         points.append([report.step] + [float(v) for v in np.asarray(_measures(report.value, report.inner, dev, test))])
         return plateau({"step": [p[0] for p in points], "dev_error": [p[5] for p in points]}, config)["met"]
 
     dtype = data.mask.dtype
-    run = optimizers.drive(_reranker_steps(method), loop, (data, jnp.asarray(tolerance, dtype),
-                                                           jnp.asarray(shrinkage, dtype)),
-                           stop=optimizers.relative_change_below(0.0), chunk_steps=eval_every, callback=score,
-                           progress=False)
+    run = optimizers.drive(
+        _reranker_steps(method),
+        loop,
+        (data, jnp.asarray(tolerance, dtype), jnp.asarray(shrinkage, dtype)),
+        stop=optimizers.relative_change_below(0.0),
+        chunk_steps=eval_every,
+        callback=score,
+        progress=False,
+    )
     seconds = run.compile_seconds + run.run_seconds
-    curve = {name: [point[i] for point in points]
-             for i, name in enumerate(("step", "exp_loss", "l1_norm", "alpha", "nonzero", "dev_error", "test_error"))}
+    curve = {
+        name: [point[i] for point in points]
+        for i, name in enumerate(("step", "exp_loss", "l1_norm", "alpha", "nonzero", "dev_error", "test_error"))
+    }
     best = int(np.argmin(curve["dev_error"]))  # first minimum: the earliest step
-    return {"method": method, "curve": curve, "best_step": curve["step"][best],
-            "dev_error": curve["dev_error"][best], "test_error": curve["test_error"][best],
-            "final_test_error": curve["test_error"][-1], "final_l1_norm": curve["l1_norm"][-1],
-            "final_exp_loss": curve["exp_loss"][-1], "nonzero_at_best": int(curve["nonzero"][best]),
-            "seconds": seconds, "lambda_0": float(state.weights[0]), "blasso_tolerance": tolerance,
-            "shrinkage": shrinkage if method == "boosting" else None}
+    return {
+        "method": method,
+        "curve": curve,
+        "best_step": curve["step"][best],
+        "dev_error": curve["dev_error"][best],
+        "test_error": curve["test_error"][best],
+        "final_test_error": curve["test_error"][-1],
+        "final_l1_norm": curve["l1_norm"][-1],
+        "final_exp_loss": curve["exp_loss"][-1],
+        "nonzero_at_best": int(curve["nonzero"][best]),
+        "seconds": seconds,
+        "lambda_0": float(state.weights[0]),
+        "blasso_tolerance": tolerance,
+        "shrinkage": shrinkage if method == "boosting" else None,
+    }
 
 
 class _Context:
@@ -478,10 +562,17 @@ class _Context:
         if self._tagger is None:
             source = self.corpora()[0]
             start = time.perf_counter()
-            self._tagger = train_baseline(os.path.join(self.run.root, "checkpoints", "baseline.tagger"), source,
-                                          self.config["baseline_iterations"], self.progress)
-            print(f"  baseline tagger: {len(source)} source sentences, {len(self._tagger.labels)} tags "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+            self._tagger = train_baseline(
+                os.path.join(self.run.root, "checkpoints", "baseline.tagger"),
+                source,
+                self.config["baseline_iterations"],
+                self.progress,
+            )
+            print(
+                f"  baseline tagger: {len(source)} source sentences, {len(self._tagger.labels)} tags "
+                f"({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
         return self._tagger
 
     def domain(self, name: str) -> dict:
@@ -500,9 +591,11 @@ class _Context:
                 rows = slice(offset, offset + len(sentences))
                 out[part] = (sentences, select(candidates, rows), counts[rows])
                 offset += len(sentences)
-            print(f"  {name}: {NUM_CANDIDATES}-best lists for {len(parts['test'])} test / {len(parts['dev'])} "
-                  f"held-out / {len(parts['train'])} training sentences ({time.perf_counter() - start:.0f} s)",
-                  flush=True)
+            print(
+                f"  {name}: {NUM_CANDIDATES}-best lists for {len(parts['test'])} test / {len(parts['dev'])} "
+                f"held-out / {len(parts['train'])} training sentences ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
             self._domains[name] = out
         return self._domains[name]
 
@@ -520,10 +613,12 @@ class _Context:
             evaluations = {}
             for part in ("dev", "test"):
                 _, part_candidates, part_counts = parts[part]
-                evaluations[part] = EvalSet(feature_matrix(part_counts, index, jnp.float64),
-                                            jnp.asarray(part_candidates.log_probability, jnp.float64),
-                                            jnp.asarray(part_candidates.errors, jnp.float64),
-                                            int(part_candidates.tokens.sum()))
+                evaluations[part] = EvalSet(
+                    feature_matrix(part_counts, index, jnp.float64),
+                    jnp.asarray(part_candidates.log_probability, jnp.float64),
+                    jnp.asarray(part_candidates.errors, jnp.float64),
+                    int(part_candidates.tokens.sum()),
+                )
             self._settings[(name, size)] = (data, len(index) + 1, evaluations["dev"], evaluations["test"])
         return self._settings[(name, size)]
 
@@ -536,16 +631,22 @@ def _baseline_unit(context: _Context, name: str) -> dict:
             _, candidates, _ = parts[part]
             tokens = int(candidates.tokens.sum())
             valid = np.isfinite(candidates.log_probability)
-            result[part] = {"sentences": len(candidates.tokens), "tokens": tokens,
-                            "baseline_error": 100.0 * float(candidates.errors[:, 0].sum()) / tokens,
-                            "oracle_error": 100.0 * float(candidates.errors[np.arange(len(valid)),
-                                                                            oracle(candidates)].sum()) / tokens,
-                            "mean_candidates": float(valid.sum(1).mean()),
-                            "gold_in_list": float(np.mean(candidates.errors[np.arange(len(valid)),
-                                                                            oracle(candidates)] == 0))}
+            result[part] = {
+                "sentences": len(candidates.tokens),
+                "tokens": tokens,
+                "baseline_error": 100.0 * float(candidates.errors[:, 0].sum()) / tokens,
+                "oracle_error": 100.0
+                * float(candidates.errors[np.arange(len(valid)), oracle(candidates)].sum())
+                / tokens,
+                "mean_candidates": float(valid.sum(1).mean()),
+                "gold_in_list": float(np.mean(candidates.errors[np.arange(len(valid)), oracle(candidates)] == 0)),
+            }
         result["tags"] = list(context.tagger().labels)
-        print(f"  {name}: baseline test error {result['test']['baseline_error']:.2f}%, oracle "
-              f"{result['test']['oracle_error']:.2f}%", flush=True)
+        print(
+            f"  {name}: baseline test error {result['test']['baseline_error']:.2f}%, oracle "
+            f"{result['test']['oracle_error']:.2f}%",
+            flush=True,
+        )
         return result
 
     return context.run.unit(f"{name}-baseline", compute)
@@ -558,11 +659,15 @@ def _method_unit(context: _Context, name: str, size: int, method: str, shrinkage
             data, num_features, dev, test = context.setting(name, size)
             result = train_reranker(data, dev, test, method, context.config, shrinkage)
         result["curve"]["alpha"] = [None if not np.isfinite(v) else v for v in result["curve"]["alpha"]]
-        result.update(domain=name, size=size, num_features=num_features,
-                      nonzero_differences=int(data.entry_value.shape[0]))
-        print(f"  {name}-{size}-{method}: test error {result['test_error']:.2f}% at step {result['best_step']} "
-              f"(held-out {result['dev_error']:.2f}%; final {result['final_test_error']:.2f}%; K = {num_features}; "
-              f"{result['seconds']:.0f} s)", flush=True)
+        result.update(
+            domain=name, size=size, num_features=num_features, nonzero_differences=int(data.entry_value.shape[0])
+        )
+        print(
+            f"  {name}-{size}-{method}: test error {result['test_error']:.2f}% at step {result['best_step']} "
+            f"(held-out {result['dev_error']:.2f}%; final {result['final_test_error']:.2f}%; K = {num_features}; "
+            f"{result['seconds']:.0f} s)",
+            flush=True,
+        )
         return result
 
     config = context.config
@@ -585,11 +690,18 @@ def at_convergence(row: dict, config: dict) -> dict:
     end = curve["step"].index(convergence["step"]) + 1 if convergence["met"] else len(curve["step"])
     cut = {key: values[:end] for key, values in curve.items()}
     best = int(np.argmin(cut["dev_error"]))
-    return row | {"curve": cut, "convergence": convergence, "best_step": cut["step"][best],
-                  "dev_error": cut["dev_error"][best], "test_error": cut["test_error"][best],
-                  "nonzero_at_best": int(cut["nonzero"][best]), "run_steps": cut["step"][-1],
-                  "final_exp_loss": cut["exp_loss"][-1], "final_l1_norm": cut["l1_norm"][-1],
-                  "final_test_error": cut["test_error"][-1]}
+    return row | {
+        "curve": cut,
+        "convergence": convergence,
+        "best_step": cut["step"][best],
+        "dev_error": cut["dev_error"][best],
+        "test_error": cut["test_error"][best],
+        "nonzero_at_best": int(cut["nonzero"][best]),
+        "run_steps": cut["step"][-1],
+        "final_exp_loss": cut["exp_loss"][-1],
+        "final_l1_norm": cut["l1_norm"][-1],
+        "final_test_error": cut["test_error"][-1],
+    }
 
 
 def _check_conclusions(settings: dict) -> dict:
@@ -599,17 +711,28 @@ def _check_conclusions(settings: dict) -> dict:
     gain = lambda key: settings[key]["boosting"]["test_error"] - settings[key]["blasso"]["test_error"]
     wins = [key for key in complete if gain(key) >= TIE_WITHIN]
     losses = [key for key in complete if gain(key) <= -TIE_WITHIN]
-    differences = {f"{d}-{s}": settings[(d, s)]["fslr"]["test_error"] - settings[(d, s)]["boosting"]["test_error"]
-                   for d, s in complete}
-    blasso_gains = {f"{d}-{s}": settings[(d, s)]["boosting"]["test_error"] - settings[(d, s)]["blasso"]["test_error"]
-                    for d, s in complete}
+    differences = {
+        f"{d}-{s}": settings[(d, s)]["fslr"]["test_error"] - settings[(d, s)]["boosting"]["test_error"]
+        for d, s in complete
+    }
+    blasso_gains = {
+        f"{d}-{s}": settings[(d, s)]["boosting"]["test_error"] - settings[(d, s)]["blasso"]["test_error"]
+        for d, s in complete
+    }
     converged = all(settings[key][m]["convergence"]["met"] for key in complete for m in METHODS)
     current = not any(settings[key][m].get("stale") for key in complete for m in METHODS)
-    return {"settings_compared": len(complete), "converged": converged, "current": current, "blasso_beats_boosting": len(wins),
-            "blasso_loses_to_boosting": len(losses), "ties": len(complete) - len(wins) - len(losses),
-            "blasso_beats_boosting_everywhere": bool(complete) and len(wins) == len(complete),
-            "boosting_minus_blasso": blasso_gains, "fslr_minus_boosting": differences,
-            "fslr_tracks_boosting": bool(complete) and max(map(abs, differences.values())) <= TRACKS_WITHIN}
+    return {
+        "settings_compared": len(complete),
+        "converged": converged,
+        "current": current,
+        "blasso_beats_boosting": len(wins),
+        "blasso_loses_to_boosting": len(losses),
+        "ties": len(complete) - len(wins) - len(losses),
+        "blasso_beats_boosting_everywhere": bool(complete) and len(wins) == len(complete),
+        "boosting_minus_blasso": blasso_gains,
+        "fslr_minus_boosting": differences,
+        "fslr_tracks_boosting": bool(complete) and max(map(abs, differences.values())) <= TRACKS_WITHIN,
+    }
 
 
 def _l1_at_matching_loss(blasso: dict, fboosting: dict) -> dict:
@@ -634,8 +757,12 @@ def _plot_figures(run: RunDirectory, rows: dict, setting: tuple, synthetic_data:
     for method, style in (("blasso", "-"), ("fboosting", "--")):
         if method in rows:
             curve = rows[method]["curve"]
-            axis.plot(curve["exp_loss"][1:], curve["l1_norm"][1:], style, label={"blasso": "BLasso",
-                                                                                 "fboosting": "F-Boosting"}[method])
+            axis.plot(
+                curve["exp_loss"][1:],
+                curve["l1_norm"][1:],
+                style,
+                label={"blasso": "BLasso", "fboosting": "F-Boosting"}[method],
+            )
     axis.set_xscale("log")
     axis.invert_xaxis()
     axis.set_xlabel("training ExpLoss (decreasing with steps)")
@@ -645,8 +772,12 @@ def _plot_figures(run: RunDirectory, rows: dict, setting: tuple, synthetic_data:
         axis.legend(fontsize=8)
     names.append(run.save_figure("figure3_l1_vs_loss.png", figure))
     figure, axis = plt.subplots(figsize=(5, 3.6))
-    for method, name in (("boosting", "boosting (shrinkage)"), ("fslr", "FSLR"), ("blasso", "BLasso"),
-                         ("fboosting", "F-Boosting")):
+    for method, name in (
+        ("boosting", "boosting (shrinkage)"),
+        ("fslr", "FSLR"),
+        ("blasso", "BLasso"),
+        ("fboosting", "F-Boosting"),
+    ):
         if method in rows:
             curve = rows[method]["curve"]
             axis.plot(curve["step"], curve["test_error"], label=name)
@@ -667,28 +798,56 @@ def _shrinkage_cell(boosting: dict | None) -> str | None:
 
 
 def _table(baselines: dict, settings: dict, config: dict) -> str:
-    header = ["domain (training sentences)", "baseline", "oracle", "boosting", "FSLR", "BLasso",
-              "BLasso over boosting (%)", "non-zero weights (boosting / FSLR / BLasso)", "paper domain",
-              "paper baseline", "paper boosting", "paper BLasso", "boosting nu (held-out; tried)",
-              "converged (boosting / FSLR / BLasso)", "best step of steps run (boosting / FSLR / BLasso)",
-              "train s (boosting / FSLR / BLasso)"]
+    header = [
+        "domain (training sentences)",
+        "baseline",
+        "oracle",
+        "boosting",
+        "FSLR",
+        "BLasso",
+        "BLasso over boosting (%)",
+        "non-zero weights (boosting / FSLR / BLasso)",
+        "paper domain",
+        "paper baseline",
+        "paper boosting",
+        "paper BLasso",
+        "boosting nu (held-out; tried)",
+        "converged (boosting / FSLR / BLasso)",
+        "best step of steps run (boosting / FSLR / BLasso)",
+        "train s (boosting / FSLR / BLasso)",
+    ]
     rows = []
     for (domain, size), found in settings.items():
         base = baselines.get(domain)
         paper_key = (PAPER_DOMAIN.get(domain, "?"), PAPER_SIZES[min(config["sizes"].index(size), 1)])
         paper = PAPER_TABLE1.get(paper_key, (None, None, None))
         error = lambda m: found[m]["test_error"] if m in found else None
-        relative = (None if error("blasso") is None or error("boosting") is None
-                    else 100.0 * (error("boosting") - error("blasso")) / error("boosting"))
+        relative = (
+            None
+            if error("blasso") is None or error("boosting") is None
+            else 100.0 * (error("boosting") - error("blasso")) / error("boosting")
+        )
         nonzero = " / ".join(str(found[m]["nonzero_at_best"]) if m in found else "-" for m in METHODS)
-        rows.append([f"{domain} ({size})", base["test"]["baseline_error"] if base else None,
-                     base["test"]["oracle_error"] if base else None, error("boosting"), error("fslr"),
-                     error("blasso"), relative, nonzero, f"{paper_key[0]} ({paper_key[1]})", *paper,
-                     _shrinkage_cell(found.get("boosting")),
-                     " / ".join(converged_cell(found[m]["convergence"]) if m in found else "-" for m in METHODS),
-                     " / ".join(f"{found[m]['best_step']} of {found[m]['run_steps']}" if m in found else "-"
-                                for m in METHODS),
-                     " / ".join(f"{found[m]['seconds']:.0f}" if m in found else "-" for m in METHODS)])
+        rows.append(
+            [
+                f"{domain} ({size})",
+                base["test"]["baseline_error"] if base else None,
+                base["test"]["oracle_error"] if base else None,
+                error("boosting"),
+                error("fslr"),
+                error("blasso"),
+                relative,
+                nonzero,
+                f"{paper_key[0]} ({paper_key[1]})",
+                *paper,
+                _shrinkage_cell(found.get("boosting")),
+                " / ".join(converged_cell(found[m]["convergence"]) if m in found else "-" for m in METHODS),
+                " / ".join(
+                    f"{found[m]['best_step']} of {found[m]['run_steps']}" if m in found else "-" for m in METHODS
+                ),
+                " / ".join(f"{found[m]['seconds']:.0f}" if m in found else "-" for m in METHODS),
+            ]
+        )
     return markdown_table(header, rows)
 
 
@@ -715,31 +874,45 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
             methods = METHODS + (("fboosting",) if (domain, size) == tuple(config["figure_setting"]) else ())
             found = {m: _method_unit(context, domain, size, m) for m in methods if m != "boosting"}
             rows = {m: at_convergence(row, config) for m, row in found.items() if row is not None}
-            trials = [at_convergence(row, config) for row in (_method_unit(context, domain, size, "boosting", nu)
-                                                               for nu in config["shrinkage"]) if row is not None]
+            trials = [
+                at_convergence(row, config)
+                for row in (_method_unit(context, domain, size, "boosting", nu) for nu in config["shrinkage"])
+                if row is not None
+            ]
             if trials:  # nu chosen on held-out error, as the paper tunes it
                 rows["boosting"] = min(trials, key=lambda row: row["dev_error"]) | {
-                    "shrinkage_trials": {f"{row.get('shrinkage') or SHRINKAGE:g}": row["dev_error"] for row in trials}}
+                    "shrinkage_trials": {f"{row.get('shrinkage') or SHRINKAGE:g}": row["dev_error"] for row in trials}
+                }
             settings[(domain, size)] = rows
     conclusions = _check_conclusions(settings)
     figure_rows = settings.get(tuple(config["figure_setting"]), {})
-    figure3 = (_l1_at_matching_loss(figure_rows["blasso"], figure_rows["fboosting"])
-               if {"blasso", "fboosting"} <= set(figure_rows) else None)
+    figure3 = (
+        _l1_at_matching_loss(figure_rows["blasso"], figure_rows["fboosting"])
+        if {"blasso", "fboosting"} <= set(figure_rows)
+        else None
+    )
     if figure3 is not None:
         reduction = 1.0 - figure3["blasso_l1"] / figure3["fboosting_l1"]
         conclusions["figure3_l1_reduction"] = reduction
         figure3_converged = all(figure_rows[m]["convergence"]["met"] for m in ("blasso", "fboosting"))
-        conclusions["figure3"] = verdict(reduction > 0, quick=quick, converged=figure3_converged,
-                                         current=not any(figure_rows[m].get("stale") for m in ("blasso", "fboosting")))
+        conclusions["figure3"] = verdict(
+            reduction > 0,
+            quick=quick,
+            converged=figure3_converged,
+            current=not any(figure_rows[m].get("stale") for m in ("blasso", "fboosting")),
+        )
         if conclusions["figure3"] == "HOLDS" and reduction < APART_BY:
             conclusions["figure3"] = "HOLDS ONLY WEAKLY"
     synthetic_data = any(d.startswith("synthetic") for d in config["domains"])
     figures = _plot_figures(run, figure_rows, tuple(config["figure_setting"]), synthetic_data)
-    source = ("synthetic planted POS model and shifted-transition domains (no corpus under NLTK_DATA)"
-              if synthetic_data else "baseline trained on conll2000 WSJ train; Brown categories as domains; "
-                                     "universal tags on both sides")
+    source = (
+        "synthetic planted POS model and shifted-transition domains (no corpus under NLTK_DATA)"
+        if synthetic_data
+        else "baseline trained on conll2000 WSJ train; Brown categories as domains; universal tags on both sides"
+    )
     document = [
-        "# Gao, Suzuki & Yu (2006): boosting, FSLR and BLasso rerankers for domain adaptation", "",
+        "# Gao, Suzuki & Yu (2006): boosting, FSLR and BLasso rerankers for domain adaptation",
+        "",
         f"Mode: {'quick (small slices, few steps: not comparable to the paper)' if quick else 'full'}. "
         f"Data: {source}. Baseline: `lossfns.Tagger` ({BASELINE_PRESET}, L2 {BASELINE_L2:g}, "
         f"{config['baseline_iterations']} iterations, "
@@ -753,23 +926,32 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         f"chosen on held-out error from {{{', '.join(f'{nu:g}' for nu in config['shrinkage'])}}}; FSLR and BLasso "
         f"epsilon = {EPSILON:g}; the step is chosen by held-out error (the paper's early stopping); seed {SEED}. "
         f"Rows of the first runs (6,000 steps, nu = {SHRINKAGE:g}) are kept where their curve already shows the "
-        f"plateau, cut there (their seconds are the whole 6,000 steps).", "",
+        f"plateau, cut there (their seconds are the whole 6,000 steps).",
+        "",
         "Tag error rate (%) on the test set at the step chosen on held-out data (with the model's non-zero "
         "weights there, f_0 excluded); the paper's columns are CER (%) of Japanese text input "
         "(Table 1) for the domain and size in the same position (our small / large training set where it has "
-        "800 / 8K).", "",
-        _table(baselines, settings, config), "",
-        *stale_note([row for rows in settings.values() for row in rows.values()]), *missing_note(run),
-        f"![Figure 3]({os.path.basename(figures[0])}) ![Figure 4]({os.path.basename(figures[1])})", "",
-        "## The paper's conclusions", "",
+        "800 / 8K).",
+        "",
+        _table(baselines, settings, config),
+        "",
+        *stale_note([row for rows in settings.values() for row in rows.values()]),
+        *missing_note(run),
+        f"![Figure 3]({os.path.basename(figures[0])}) ![Figure 4]({os.path.basename(figures[1])})",
+        "",
+        "## The paper's conclusions",
+        "",
         "Gao et al.: BLasso outperforms boosting on every test set; FSLR's results are very close to boosting with "
         "shrinkage (so they leave it out of Table 1); with backward steps BLasso reaches the same training loss "
-        "as F-Boosting with a smaller L1 norm (Figure 3).", ""]
+        "as F-Boosting with a smaller L1 norm (Figure 3).",
+        "",
+    ]
     if conclusions["settings_compared"]:
         gains = ", ".join(f"{k}: {v:+.3f}" for k, v in conclusions["boosting_minus_blasso"].items())
         tracks = ", ".join(f"{k}: {v:+.3f}" for k, v in conclusions["fslr_minus_boosting"].items())
-        judge = lambda holds: verdict(holds, quick=quick, converged=conclusions["converged"],
-                                      current=conclusions["current"])
+        judge = lambda holds: verdict(
+            holds, quick=quick, converged=conclusions["converged"], current=conclusions["current"]
+        )
         document += [
             f"- BLasso beats boosting (by at least {TIE_WITHIN:g} points): in {conclusions['blasso_beats_boosting']} "
             f"of {conclusions['settings_compared']} settings, ties in {conclusions['ties']}, loses in "
@@ -778,25 +960,36 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
             f" here (paper: BLasso below boosting in all 12 settings of Table 1, by 0.03-0.64 points CER).",
             f"- FSLR tracks boosting (within {TRACKS_WITHIN:g} points everywhere; FSLR minus boosting: {tracks}): "
             f"{judge(conclusions['fslr_tracks_boosting'])} here "
-            f"(paper: 'very close', no numbers)."]
+            f"(paper: 'very close', no numbers).",
+        ]
     if figure3 is not None:
         document.append(
             f"- Figure 3 ({config['figure_setting'][0]}, {config['figure_setting'][1]}): at the lowest training "
             f"ExpLoss both reached, {figure3['exp_loss']:.4g}, BLasso's L1 norm is {figure3['blasso_l1']:.2f} (step "
             f"{figure3['blasso_step']}) and F-Boosting's {figure3['fboosting_l1']:.2f} (step "
             f"{figure3['fboosting_step']}), {100 * conclusions['figure3_l1_reduction']:.1f}% smaller for BLasso "
-            f"({100 * APART_BY:g}% or more counts as apart): {conclusions['figure3']} here.")
+            f"({100 * APART_BY:g}% or more counts as apart): {conclusions['figure3']} here."
+        )
     run.write_text("results.md", "\n".join(document) + "\n")
-    summary = {"quick": quick, "config": config, "seed": SEED, "shrinkage": SHRINKAGE, "epsilon": EPSILON,
-               "baselines": baselines, "settings": {f"{d}-{s}": rows for (d, s), rows in settings.items()},
-               "conclusions": conclusions, "figure3": figure3, "paper_table1": {f"{d} ({s})": v for (d, s), v
-                                                                                in PAPER_TABLE1.items()}}
+    summary = {
+        "quick": quick,
+        "config": config,
+        "seed": SEED,
+        "shrinkage": SHRINKAGE,
+        "epsilon": EPSILON,
+        "baselines": baselines,
+        "settings": {f"{d}-{s}": rows for (d, s), rows in settings.items()},
+        "conclusions": conclusions,
+        "figure3": figure3,
+        "paper_table1": {f"{d} ({s})": v for (d, s), v in PAPER_TABLE1.items()},
+    }
     run.write_json("results.json", summary)
-    finished = all(len(rows) == len(METHODS) + ((d, s) == tuple(config["figure_setting"]))
-                   and len(rows["boosting"]["shrinkage_trials"]) == len(config["shrinkage"])
-                   and not any(row.get("stale") for row in rows.values())
-                   for (d, s), rows in settings.items()) and len(baselines) == len(config["domains"])
+    finished = all(
+        len(rows) == len(METHODS) + ((d, s) == tuple(config["figure_setting"]))
+        and len(rows["boosting"]["shrinkage_trials"]) == len(config["shrinkage"])
+        and not any(row.get("stale") for row in rows.values())
+        for (d, s), rows in settings.items()
+    ) and len(baselines) == len(config["domains"])
     if finished:  # the cached baseline tagger is only needed to resume
         shutil.rmtree(os.path.join(run.root, "checkpoints"), ignore_errors=True)
     return summary
-

@@ -56,8 +56,9 @@ class RunDirectory:
     def _unit_path(self, name: str) -> str:
         return os.path.join(self.root, "units", f"{name}.json")
 
-    def unit(self, name: str, compute: Callable[[], dict], settings=None,
-             legacy: Callable[[dict], bool] | None = None) -> dict | None:
+    def unit(
+        self, name: str, compute: Callable[[], dict], settings=None, legacy: Callable[[dict], bool] | None = None
+    ) -> dict | None:
         """The result of unit `name`: read back if a previous run finished it
         with the same `settings` (any JSON value: the configuration that
         decides the result, saved with it as `unit_settings`), else computed
@@ -73,8 +74,11 @@ class RunDirectory:
             with open(path) as stream:
                 result = json.load(stream)
             stored = result.get("unit_settings")
-            if (settings is None or stored == _as_json(settings)
-                    or (stored is None and legacy is not None and legacy(result))):
+            if (
+                settings is None
+                or stored == _as_json(settings)
+                or (stored is None and legacy is not None and legacy(result))
+            ):
                 return result
             if not self.compute_missing:
                 return result | {"stale": True, "unit": name}
@@ -113,6 +117,7 @@ class RunDirectory:
 
 def markdown_table(header: list[str], rows: list[list]) -> str:
     """A GitHub Markdown table; floats to 2 decimals, `None` as a dash."""
+
     def cell(value):
         if value is None:
             return "-"
@@ -162,12 +167,18 @@ def trace_convergence(trace, rule, cap: int, criterion: str) -> dict:
     step = next((k + 1 for k, stop in enumerate(fired) if stop), None)
     cap = cap if step is not None else min(int(cap), int(values.size))  # an earlier configuration's cap
     last = (abs(values[-2] - values[-1]) / max(abs(values[-1]), 1.0)) if values.size >= 2 else None
-    return {"met": step is not None, "criterion": criterion, "step": step, "cap": int(cap),
-            "last_relative_change": None if last is None else float(last)}
+    return {
+        "met": step is not None,
+        "criterion": criterion,
+        "step": step,
+        "cap": int(cap),
+        "last_relative_change": None if last is None else float(last),
+    }
 
 
-def plateau_convergence(steps, scores, patience: int, cap: int, criterion: str, *, lower_is_better: bool,
-                        relative_patience: float = 0.0) -> dict:
+def plateau_convergence(
+    steps, scores, patience: int, cap: int, criterion: str, *, lower_is_better: bool, relative_patience: float = 0.0
+) -> dict:
     """Whether a development-set score stopped improving: met at the first
     evaluated step that lies `max(patience, relative_patience * best step)`
     steps (or evaluations, as `steps` counts them) after the best score so
@@ -186,8 +197,14 @@ def plateau_convergence(steps, scores, patience: int, cap: int, criterion: str, 
             met = i
             break
     cap = cap if met is not None or not steps else min(int(cap), int(steps[-1]))  # an earlier configuration's cap
-    return {"met": met is not None, "criterion": criterion, "step": None if met is None else int(steps[met]),
-            "cap": int(cap), "best_step": int(steps[best]) if steps else None, "last_relative_change": None}
+    return {
+        "met": met is not None,
+        "criterion": criterion,
+        "step": None if met is None else int(steps[met]),
+        "cap": int(cap),
+        "best_step": int(steps[best]) if steps else None,
+        "last_relative_change": None,
+    }
 
 
 def stale_note(rows) -> list[str]:
@@ -196,8 +213,10 @@ def stale_note(rows) -> list[str]:
     names = sorted({row["unit"] for row in rows if row.get("stale")})
     if not names:
         return []
-    return [f"Rows from units of an earlier configuration (a run of the command recomputes them): "
-            f"{', '.join(names)}.", ""]
+    return [
+        f"Rows from units of an earlier configuration (a run of the command recomputes them): {', '.join(names)}.",
+        "",
+    ]
 
 
 def missing_note(run: RunDirectory) -> list[str]:

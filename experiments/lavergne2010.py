@@ -85,16 +85,20 @@ PAPER_POS = {
     "OWL-QN": "about 1 hour; 2.91% error (base set with pair features, Table 1)",
     "SGD-L1": "about 40 minutes",
     "BCD": "'unpractically slower' (each sequence visited 380 times per sweep); "
-           "incremental BCD: 2.78% test error, 400k active of 4 billion features",
+    "incremental BCD: 2.78% test error, 400k active of 4 billion features",
 }
 # Table 1: error (and feature count) with / without label-pair-observation features.
-PAPER_TABLE1 = (("Nettalk 3-grm", "10.74% (14.3M)", "14.59% (0.3M)"),
-                ("Nettalk 5-grm", "8.48% (132.5M)", "11.54% (2.5M)"),
-                ("POS base", "2.91% (436.7M)", "3.47% (70.2M)"))
+PAPER_TABLE1 = (
+    ("Nettalk 3-grm", "10.74% (14.3M)", "14.59% (0.3M)"),
+    ("Nettalk 5-grm", "8.48% (132.5M)", "11.54% (2.5M)"),
+    ("POS base", "2.91% (436.7M)", "3.47% (70.2M)"),
+)
 # Table 2: training time with L2 / L1 + sparse fb / L1 + dense fb, and % zeros of M.
-PAPER_TABLE2 = (("1-grm", "84 min", "41 min", "57 min", "44.6%"),
-                ("3-grm-", "65 min", "16 min", "44 min", "99.6%"),
-                ("3-grm", "72 min", "48 min", "58 min", "19.9%"))
+PAPER_TABLE2 = (
+    ("1-grm", "84 min", "41 min", "57 min", "44.6%"),
+    ("3-grm-", "65 min", "16 min", "44 min", "99.6%"),
+    ("3-grm", "72 min", "48 min", "58 min", "19.9%"),
+)
 
 L1 = 0.5  # rho_1 and rho_2 of the paper, "used throughout"
 L2 = 1e-5
@@ -104,15 +108,22 @@ SEED = 0
 
 # Coarse POS classes for the `blocks` task (the universal tagset of Petrov et
 # al. for the Penn Treebank tags; written out: NLTK_DATA has no taggers/).
-COARSE_POS = {**dict.fromkeys(("NN", "NNS", "NNP", "NNPS"), "NOUN"),
-              **dict.fromkeys(("VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "MD"), "VERB"),
-              **dict.fromkeys(("JJ", "JJR", "JJS"), "ADJ"), **dict.fromkeys(("RB", "RBR", "RBS", "WRB"), "ADV"),
-              **dict.fromkeys(("PRP", "PRP$", "WP", "WP$", "EX"), "PRON"),
-              **dict.fromkeys(("DT", "PDT", "WDT"), "DET"), "IN": "ADP", "CD": "NUM", "CC": "CONJ",
-              **dict.fromkeys(("RP", "TO", "POS"), "PRT"), **dict.fromkeys(("FW", "LS", "SYM", "UH"), "X")}
+COARSE_POS = {
+    **dict.fromkeys(("NN", "NNS", "NNP", "NNPS"), "NOUN"),
+    **dict.fromkeys(("VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "MD"), "VERB"),
+    **dict.fromkeys(("JJ", "JJR", "JJS"), "ADJ"),
+    **dict.fromkeys(("RB", "RBR", "RBS", "WRB"), "ADV"),
+    **dict.fromkeys(("PRP", "PRP$", "WP", "WP$", "EX"), "PRON"),
+    **dict.fromkeys(("DT", "PDT", "WDT"), "DET"),
+    "IN": "ADP",
+    "CD": "NUM",
+    "CC": "CONJ",
+    **dict.fromkeys(("RP", "TO", "POS"), "PRT"),
+    **dict.fromkeys(("FW", "LS", "SYM", "UH"), "X"),
+}
 # A small observation alphabet for BCD: a bias (the plain label bigrams),
 # the last letter, capitalisation, digits and hyphens of the current word.
-BLOCK_TEMPLATES = "U00:bias\nU01:%m[0,0,\".$\"]\nU02:%t[0,0,\"^[A-Z]\"]\nU03:%t[0,0,\"[0-9]\"]\nU04:%t[0,0,\"-\"]\n"
+BLOCK_TEMPLATES = 'U00:bias\nU01:%m[0,0,".$"]\nU02:%t[0,0,"^[A-Z]"]\nU03:%t[0,0,"[0-9]"]\nU04:%t[0,0,"-"]\n'
 PAIR_TEMPLATES = "B01:%x[0,0]"  # label pair x current word: f_{y', y, x}
 
 # Sized for 2 shared CPU cores under nice (see results.md for what each means):
@@ -122,30 +133,117 @@ PAIR_TEMPLATES = "B01:%x[0,0]"  # label pair x current word: f_{y', y, x}
 # (relative) in one iteration; the OWL-QN and fine-tuning caps are safety
 # limits far beyond that (the first runs stopped at caps of 20-200).
 FULL = {
-    "pos": dict(num_train=1500, num_test=None, features="lavergne_pos", pairs="", num_buckets=2,
-                owlqn_steps=2000, sgd_epochs=8, batch_size=64, finetune_steps=1000, tol=1e-5, chunk=10),
-    "joint": dict(num_train=400, num_test=400, features="lavergne_pos", pairs="", num_buckets=2,
-                  owlqn_steps=2000, sgd_epochs=6, batch_size=32, finetune_steps=1000, tol=1e-5, chunk=10),
-    "pairs": dict(num_train=400, num_test=None, features="lavergne_pos", pairs=PAIR_TEMPLATES, num_buckets=2,
-                  owlqn_steps=2000, tol=1e-5, chunk=25),
-    "blocks": dict(num_train=40, num_test=500, max_length=25, num_buckets=1, owlqn_steps=5000, sgd_epochs=30,
-                   batch_size=5, bcd_sweeps=5, finetune_steps=1000, tol=1e-6),
+    "pos": dict(
+        num_train=1500,
+        num_test=None,
+        features="lavergne_pos",
+        pairs="",
+        num_buckets=2,
+        owlqn_steps=2000,
+        sgd_epochs=8,
+        batch_size=64,
+        finetune_steps=1000,
+        tol=1e-5,
+        chunk=10,
+    ),
+    "joint": dict(
+        num_train=400,
+        num_test=400,
+        features="lavergne_pos",
+        pairs="",
+        num_buckets=2,
+        owlqn_steps=2000,
+        sgd_epochs=6,
+        batch_size=32,
+        finetune_steps=1000,
+        tol=1e-5,
+        chunk=10,
+    ),
+    "pairs": dict(
+        num_train=400,
+        num_test=None,
+        features="lavergne_pos",
+        pairs=PAIR_TEMPLATES,
+        num_buckets=2,
+        owlqn_steps=2000,
+        tol=1e-5,
+        chunk=25,
+    ),
+    "blocks": dict(
+        num_train=40,
+        num_test=500,
+        max_length=25,
+        num_buckets=1,
+        owlqn_steps=5000,
+        sgd_epochs=30,
+        batch_size=5,
+        bcd_sweeps=5,
+        finetune_steps=1000,
+        tol=1e-6,
+    ),
     # num_labels None: the joint label count of the whole training set (319).
     "sparse": dict(batch=8, length=40, num_labels=None, repeats=7, budget_s=30.0),
 }
 # The caps of the first runs, whose units predate recorded settings: a
 # report of those rows says which of them stopped at a cap.
-FIRST_RUN_CAPS = {"pos": dict(owlqn_steps=80, finetune_steps=25), "joint": dict(owlqn_steps=50, finetune_steps=20),
-                  "pairs": dict(owlqn_steps=50), "blocks": dict(owlqn_steps=200, finetune_steps=40)}
+FIRST_RUN_CAPS = {
+    "pos": dict(owlqn_steps=80, finetune_steps=25),
+    "joint": dict(owlqn_steps=50, finetune_steps=20),
+    "pairs": dict(owlqn_steps=50),
+    "blocks": dict(owlqn_steps=200, finetune_steps=40),
+}
 QUICK = {
-    "pos": dict(num_train=60, num_test=40, features="lavergne_pos", pairs="", num_buckets=1,
-                owlqn_steps=8, sgd_epochs=2, batch_size=10, sgd_rate=1e-2, finetune_steps=4, tol=1e-5, chunk=4),
-    "joint": dict(num_train=40, num_test=20, features="lavergne_pos", pairs="", num_buckets=1,
-                  owlqn_steps=6, sgd_epochs=2, batch_size=10, sgd_rate=1e-2, finetune_steps=3, tol=1e-5, chunk=3),
-    "pairs": dict(num_train=40, num_test=20, features="lavergne_pos", pairs=PAIR_TEMPLATES, num_buckets=1,
-                  owlqn_steps=6, tol=1e-5, chunk=6),
-    "blocks": dict(num_train=8, num_test=20, max_length=15, num_buckets=1, owlqn_steps=10, sgd_epochs=2, batch_size=3,
-                   sgd_rate=1e-2, bcd_sweeps=1, finetune_steps=3, tol=1e-6),
+    "pos": dict(
+        num_train=60,
+        num_test=40,
+        features="lavergne_pos",
+        pairs="",
+        num_buckets=1,
+        owlqn_steps=8,
+        sgd_epochs=2,
+        batch_size=10,
+        sgd_rate=1e-2,
+        finetune_steps=4,
+        tol=1e-5,
+        chunk=4,
+    ),
+    "joint": dict(
+        num_train=40,
+        num_test=20,
+        features="lavergne_pos",
+        pairs="",
+        num_buckets=1,
+        owlqn_steps=6,
+        sgd_epochs=2,
+        batch_size=10,
+        sgd_rate=1e-2,
+        finetune_steps=3,
+        tol=1e-5,
+        chunk=3,
+    ),
+    "pairs": dict(
+        num_train=40,
+        num_test=20,
+        features="lavergne_pos",
+        pairs=PAIR_TEMPLATES,
+        num_buckets=1,
+        owlqn_steps=6,
+        tol=1e-5,
+        chunk=6,
+    ),
+    "blocks": dict(
+        num_train=8,
+        num_test=20,
+        max_length=15,
+        num_buckets=1,
+        owlqn_steps=10,
+        sgd_epochs=2,
+        batch_size=3,
+        sgd_rate=1e-2,
+        bcd_sweeps=1,
+        finetune_steps=3,
+        tol=1e-6,
+    ),
     "sparse": dict(batch=2, length=10, num_labels=40, repeats=3, budget_s=2.0),
 }
 TASKS = ("pos", "joint", "pairs", "blocks", "sparse")
@@ -168,8 +266,10 @@ def _subset(sentences: list, count, seed: int) -> list:
 def joint_labels(sentence: corpora.Sentence) -> corpora.Sentence:
     """A conll2000 chunk sentence (tokens `(word, POS)`, IOB2 chunk labels) as
     tokens `(word,)` with joint labels `POS|chunk`."""
-    return corpora.Sentence(tuple((row[0],) for row in sentence.tokens),
-                            tuple(f"{row[1]}|{label}" for row, label in zip(sentence.tokens, sentence.labels)))
+    return corpora.Sentence(
+        tuple((row[0],) for row in sentence.tokens),
+        tuple(f"{row[1]}|{label}" for row, label in zip(sentence.tokens, sentence.labels)),
+    )
 
 
 def _runs_as_chunks(tags) -> tuple[str, ...]:
@@ -187,8 +287,10 @@ def load_joint(num_train, num_test, seed: int = SEED) -> tagging.TaskData:
         source = "conll2000 WSJ joint POS|chunk labels (train.txt -> test.txt)"
     except FileNotFoundError:
         pairs_train, pairs_test, _ = synthetic.synthetic_corpus(seed, "pos", num_train or 3000, num_test or 1000)
-        train, test = ([corpora.Sentence(tuple((w,) for w in words), _runs_as_chunks(tags)) for words, tags in pairs]
-                       for pairs in (pairs_train, pairs_test))
+        train, test = (
+            [corpora.Sentence(tuple((w,) for w in words), _runs_as_chunks(tags)) for words, tags in pairs]
+            for pairs in (pairs_train, pairs_test)
+        )
         source = f"synthetic planted model (pos tags x runs, seed {seed}): no corpus under NLTK_DATA"
     train, test = _subset(train, num_train, seed), _subset(test, num_test, seed + 1)
     labels = tuple(sorted({label for sentence in train for label in sentence.labels}))
@@ -203,9 +305,10 @@ def load_coarse(num_train, num_test, seed: int = SEED, max_length: int | None = 
     data = tagging.load_task("pos", None, None, seed)
     coarse = lambda tag: COARSE_POS.get(tag, "." if not tag[:1].isalpha() else tag)
     short = lambda sentences: [s for s in sentences if max_length is None or len(s.labels) <= max_length]
-    train, test = ([s._replace(labels=tuple(map(coarse, s.labels))) for s in sentences]
-                   for sentences in (_subset(short(data.train), num_train, seed),
-                                     _subset(short(data.test), num_test, seed + 1)))
+    train, test = (
+        [s._replace(labels=tuple(map(coarse, s.labels))) for s in sentences]
+        for sentences in (_subset(short(data.train), num_train, seed), _subset(short(data.test), num_test, seed + 1))
+    )
     labels = tuple(sorted({label for sentence in train for label in sentence.labels}))
     return data._replace(name="blocks", train=train, test=test, labels=labels)
 
@@ -267,16 +370,23 @@ def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int) -> En
     label_of = {label: i for i, label in enumerate(data.labels)}
     train_features = [extractor(s.tokens) for s in data.train]
     index = feature_index.FeatureIndex.build(train_features)
-    ids = {"train": [index.encode(f) for f in train_features],
-           "test": [index.encode(extractor(s.tokens)) for s in data.test]}
-    labels = {split: [[label_of.get(label, -1) for label in s.labels] for s in sentences]
-              for split, sentences in (("train", data.train), ("test", data.test))}
+    ids = {
+        "train": [index.encode(f) for f in train_features],
+        "test": [index.encode(extractor(s.tokens)) for s in data.test],
+    }
+    labels = {
+        split: [[label_of.get(label, -1) for label in s.labels] for s in sentences]
+        for split, sentences in (("train", data.train), ("test", data.test))
+    }
     out, orders = {}, {}
     for split in ("train", "test"):
         buckets = corpora.length_buckets([len(x) for x in labels[split]], num_buckets)
-        out[split] = tuple(_device(feature_index.pad_batch([ids[split][i] for i in members],
-                                                           [labels[split][i] for i in members], length))
-                           for members, length in buckets)
+        out[split] = tuple(
+            _device(
+                feature_index.pad_batch([ids[split][i] for i in members], [labels[split][i] for i in members], length)
+            )
+            for members, length in buckets
+        )
         orders[split] = np.concatenate([members for members, _ in buckets])
     stacked = _device(feature_index.pad_batch(ids["train"], labels["train"]))
     return Encoded(out["train"], out["test"], stacked, orders["test"], index.num_unigram, index.num_pair)
@@ -293,8 +403,9 @@ def corpus_loss(model: LinearChainModel, batches) -> jax.Array:
     total = 0.0
     for batch in batches:
         potentials = model(batch.unigram_ids, batch.pair_ids)
-        total = total + jnp.sum(sequence.sequence_log_loss(potentials, batch.labels, batch.lengths,
-                                                           semiring=semirings.Real))
+        total = total + jnp.sum(
+            sequence.sequence_log_loss(potentials, batch.labels, batch.lengths, semiring=semirings.Real)
+        )
     return total
 
 
@@ -355,16 +466,30 @@ def _advance(loop, until, data, *, make_step_fn: Callable, tol: float):
     return optimizers.run_loop(make_step_fn(data), loop, until, optimizers.relative_change_below(tol))
 
 
-def run_timed(make_step_fn: Callable, inner, data, *, max_steps: int, tol: float, chunk: int,
-              params_of: Callable, evaluate: Callable, progress: bool, desc: str) -> Fit:
+def run_timed(
+    make_step_fn: Callable,
+    inner,
+    data,
+    *,
+    max_steps: int,
+    tol: float,
+    chunk: int,
+    params_of: Callable,
+    evaluate: Callable,
+    progress: bool,
+    desc: str,
+) -> Fit:
     """Run `make_step_fn(data)` (a `run_loop` step function) for up to
     `max_steps` steps in jitted chunks of `chunk` steps, evaluating
     `evaluate(params) -> dict` between chunks (not timed)."""
     dtype = jax.tree_util.tree_leaves(params_of(inner))[0].dtype
     loop = optimizers.init_loop(inner, max_steps, dtype)
     start = time.perf_counter()
-    advance = jax.jit(functools.partial(_advance, make_step_fn=make_step_fn, tol=tol)).lower(
-        loop, jnp.zeros((), jnp.int32), data).compile()
+    advance = (
+        jax.jit(functools.partial(_advance, make_step_fn=make_step_fn, tol=tol))
+        .lower(loop, jnp.zeros((), jnp.int32), data)
+        .compile()
+    )
     compile_seconds = time.perf_counter() - start
     curve, seconds = [], 0.0
     bar = tqdm.tqdm(total=max_steps, disable=not progress, leave=False, desc=desc, unit="step")
@@ -376,22 +501,34 @@ def run_timed(make_step_fn: Callable, inner, data, *, max_steps: int, tol: float
         seconds += time.perf_counter() - start
         bar.update(int(loop.step) - before)
         bar.set_postfix(objective=float(loop.value))
-        curve.append({"seconds": seconds, "step": int(loop.step), "objective": float(loop.value),
-                      **evaluate(params_of(loop.inner))})
+        curve.append(
+            {
+                "seconds": seconds,
+                "step": int(loop.step),
+                "objective": float(loop.value),
+                **evaluate(params_of(loop.inner)),
+            }
+        )
     bar.close()
     return Fit(params_of(loop.inner), int(loop.step), curve, compile_seconds, seconds)
 
 
 def _owlqn_step_fn(data, *, loss: Callable, l1: float, l2: float):
     fun = lambda params: loss(params, data)
-    return optimizers.gradient_step_fn(fun, optimizers.owlqn(l1, l2, memory_size=OWLQN_MEMORY),
-                                       optimizers.elastic_net_penalty(l1, l2))
+    return optimizers.gradient_step_fn(
+        fun, optimizers.owlqn(l1, l2, memory_size=OWLQN_MEMORY), optimizers.elastic_net_penalty(l1, l2)
+    )
 
 
 def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_size: int, max_rows):
-    return optimizers.lazy_epoch_step_fn(loss, optimizers.lazy_sgd_l1(schedule, l1, l2), data,
-                                         batch_size=batch_size, max_rows=max_rows,
-                                         penalty=optimizers.elastic_net_penalty(l1, l2))
+    return optimizers.lazy_epoch_step_fn(
+        loss,
+        optimizers.lazy_sgd_l1(schedule, l1, l2),
+        data,
+        batch_size=batch_size,
+        max_rows=max_rows,
+        penalty=optimizers.elastic_net_penalty(l1, l2),
+    )
 
 
 def _bcd_step_fn(data, *, l1: float, l2: float):
@@ -402,15 +539,25 @@ def fit_owlqn(params, data, loss: Callable, config: dict, evaluate: Callable, pr
     """OWL-QN on `loss(params, data) + l1 |theta|_1 + l2/2 |theta|^2` (full batch)."""
     make = functools.partial(_owlqn_step_fn, loss=loss, l1=L1, l2=L2)
     inner = (params, optimizers.owlqn(L1, L2, memory_size=OWLQN_MEMORY).init(params))
-    return run_timed(make, inner, data, max_steps=config["owlqn_steps"], tol=config["tol"],
-                     chunk=config.get("chunk", 10), params_of=lambda inner: inner[0], evaluate=evaluate,
-                     progress=progress, desc="OWL-QN")
+    return run_timed(
+        make,
+        inner,
+        data,
+        max_steps=config["owlqn_steps"],
+        tol=config["tol"],
+        chunk=config.get("chunk", 10),
+        params_of=lambda inner: inner[0],
+        evaluate=evaluate,
+        progress=progress,
+        desc="OWL-QN",
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("loss", "batch_size", "sample_size"))
 def _calibrate(params, data, key, *, loss, batch_size, sample_size):
-    return optimizers.calibrate_learning_rate(loss, params, data, L1, key=key, l2=L2, batch_size=batch_size,
-                                              sample_size=sample_size)
+    return optimizers.calibrate_learning_rate(
+        loss, params, data, L1, key=key, l2=L2, batch_size=batch_size, sample_size=sample_size
+    )
 
 
 def fit_sgd(params, data, loss: Callable, config: dict, evaluate: Callable, progress: bool) -> tuple[Fit, dict]:
@@ -430,18 +577,36 @@ def fit_sgd(params, data, loss: Callable, config: dict, evaluate: Callable, prog
     # 7 epochs; 0.9 spreads the rate over the epochs we can afford.
     schedule = optimizers.decaying_schedule(rate, steps_per_epoch=total // batch_size, decay_per_epoch=0.9)
     # Lazy penalties: a step touches only the rows its sentences use (`max_rows` bounds them).
-    make = functools.partial(_sgd_step_fn, loss=loss, schedule=schedule, l1=L1, l2=L2, batch_size=batch_size,
-                             max_rows=optimizers.max_rows_per_batch(data, batch_size))
+    make = functools.partial(
+        _sgd_step_fn,
+        loss=loss,
+        schedule=schedule,
+        l1=L1,
+        l2=L2,
+        batch_size=batch_size,
+        max_rows=optimizers.max_rows_per_batch(data, batch_size),
+    )
     inner = (params, optimizers.lazy_sgd_l1(schedule, L1, L2).init(params), key)
-    fit = run_timed(make, inner, data, max_steps=config["sgd_epochs"], tol=config["tol"], chunk=1,
-                    params_of=lambda inner: inner[0], evaluate=evaluate, progress=progress, desc="SGD-L1")
+    fit = run_timed(
+        make,
+        inner,
+        data,
+        max_steps=config["sgd_epochs"],
+        tol=config["tol"],
+        chunk=1,
+        params_of=lambda inner: inner[0],
+        evaluate=evaluate,
+        progress=progress,
+        desc="SGD-L1",
+    )
     return fit, calibration
 
 
 @functools.partial(jax.jit, static_argnames=("loss", "max_steps", "tol"))
 def _finetune(params, data, *, loss, max_steps, tol):
-    return optimizers.finetune(lambda p: loss(p, data), params, l2=FINETUNE_L2, max_steps=max_steps,
-                               tol=tol, memory_size=OWLQN_MEMORY)
+    return optimizers.finetune(
+        lambda p: loss(p, data), params, l2=FINETUNE_L2, max_steps=max_steps, tol=tol, memory_size=OWLQN_MEMORY
+    )
 
 
 _COMPILED_FINETUNE: dict = {}
@@ -452,8 +617,12 @@ def fine_tune(params, data, loss: Callable, max_steps: int, tol: float) -> tuple
     until the relative change falls below `tol` (or `max_steps`).
     Returns `(params, iterations, seconds, compile seconds)`; compiled once
     per (loss, shapes), so that every row's seconds exclude compilation."""
-    key = (loss, max_steps, tol,
-           str(jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), (params, data))))
+    key = (
+        loss,
+        max_steps,
+        tol,
+        str(jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), (params, data))),
+    )
     start = time.perf_counter()
     if key not in _COMPILED_FINETUNE:
         _COMPILED_FINETUNE[key] = _finetune.lower(params, data, loss=loss, max_steps=max_steps, tol=tol).compile()
@@ -470,16 +639,32 @@ def fine_tune(params, data, loss: Callable, max_steps: int, tol: float) -> tuple
 
 
 def _row(task, optimizer, *, steps, nonzero, errors, seconds, **extra) -> dict:
-    return {"task": task, "optimizer": optimizer, "iterations": steps, "nonzero": nonzero, **errors,
-            "train_seconds": seconds, **extra}
+    return {
+        "task": task,
+        "optimizer": optimizer,
+        "iterations": steps,
+        "nonzero": nonzero,
+        **errors,
+        "train_seconds": seconds,
+        **extra,
+    }
 
 
 def _count_nonzero(params) -> int:
     return int(sum(np.count_nonzero(np.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(params)))
 
 
-def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Encoded, config: dict,
-                progress: bool, name: str | None = None, bcd_data: optimizers.BcdData | None = None) -> dict | None:
+def _chain_unit(
+    run: RunDirectory,
+    task: str,
+    optimizer: str,
+    data,
+    encoded: Encoded,
+    config: dict,
+    progress: bool,
+    name: str | None = None,
+    bcd_data: optimizers.BcdData | None = None,
+) -> dict | None:
     """OWL-QN, SGD-L1 or BCD (`bcd_data` from `optimizers.bcd_data`), each then
     fine-tuned, on the chain model of a task."""
     name = name or f"{task}-{optimizer.lower()}"
@@ -494,22 +679,61 @@ def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Enc
             fit, extra["calibration"] = fit_sgd(params, encoded.stacked, batch_loss, config, evaluate, progress)
         else:
             make = functools.partial(_bcd_step_fn, l1=L1, l2=L2)
-            fit = run_timed(make, params, bcd_data, max_steps=config["bcd_sweeps"], tol=config["tol"], chunk=1,
-                            params_of=lambda inner: inner, evaluate=evaluate, progress=progress, desc="BCD")
+            fit = run_timed(
+                make,
+                params,
+                bcd_data,
+                max_steps=config["bcd_sweeps"],
+                tol=config["tol"],
+                chunk=1,
+                params_of=lambda inner: inner,
+                evaluate=evaluate,
+                progress=progress,
+                desc="BCD",
+            )
         last = fit.curve[-1]
-        rows = [_row(task, optimizer, steps=fit.steps, nonzero=last["nonzero"],
-                     errors={k: v for k, v in last.items() if k.endswith("error")},
-                     seconds=fit.train_seconds, compile_seconds=fit.compile_seconds, curve=fit.curve, **extra)]
+        rows = [
+            _row(
+                task,
+                optimizer,
+                steps=fit.steps,
+                nonzero=last["nonzero"],
+                errors={k: v for k, v in last.items() if k.endswith("error")},
+                seconds=fit.train_seconds,
+                compile_seconds=fit.compile_seconds,
+                curve=fit.curve,
+                **extra,
+            )
+        ]
         if config.get("finetune_steps"):
-            tuned, steps, seconds, compile_seconds = fine_tune(fit.params, encoded.train, corpus_loss,
-                                                               config["finetune_steps"], config["tol"])
-            rows.append(_row(task, optimizer + " + fine-tuning", steps=steps, nonzero=_count_nonzero(tuned),
-                             errors=chain_errors(tuned, encoded, data), seconds=seconds,
-                             compile_seconds=compile_seconds))
-        print("  " + "; ".join(f"{r['optimizer']}: {r['error']:.2f}% error, {r['nonzero']} non-zeros, "
-                               f"{r['iterations']} it., {r['train_seconds']:.0f} s" for r in rows), flush=True)
-        return {"rows": rows, "num_parameters": _num_parameters(params),
-                "transition_pairs_nonzero": _nonzero_label_pairs(fit.params)}
+            tuned, steps, seconds, compile_seconds = fine_tune(
+                fit.params, encoded.train, corpus_loss, config["finetune_steps"], config["tol"]
+            )
+            rows.append(
+                _row(
+                    task,
+                    optimizer + " + fine-tuning",
+                    steps=steps,
+                    nonzero=_count_nonzero(tuned),
+                    errors=chain_errors(tuned, encoded, data),
+                    seconds=seconds,
+                    compile_seconds=compile_seconds,
+                )
+            )
+        print(
+            "  "
+            + "; ".join(
+                f"{r['optimizer']}: {r['error']:.2f}% error, {r['nonzero']} non-zeros, "
+                f"{r['iterations']} it., {r['train_seconds']:.0f} s"
+                for r in rows
+            ),
+            flush=True,
+        )
+        return {
+            "rows": rows,
+            "num_parameters": _num_parameters(params),
+            "transition_pairs_nonzero": _nonzero_label_pairs(fit.params),
+        }
 
     settings = {key: value for key, value in config.items() if key != "chunk"}
     unit = run.unit(name, compute, settings)
@@ -518,8 +742,9 @@ def _chain_unit(run: RunDirectory, task: str, optimizer: str, data, encoded: Enc
     # Each row is judged against the caps it ran under (`row_convergence`);
     # a report of a unit of an earlier configuration says so per row.
     ran = unit.get("unit_settings") or settings | FIRST_RUN_CAPS.get(task, {})
-    unit["rows"] = [row | {"caps": ran} | ({"stale": True, "unit": name} if unit.get("stale") else {})
-                    for row in unit["rows"]]
+    unit["rows"] = [
+        row | {"caps": ran} | ({"stale": True, "unit": name} if unit.get("stale") else {}) for row in unit["rows"]
+    ]
     return unit
 
 
@@ -547,8 +772,12 @@ def block_model_encoding(encoded: Encoded) -> Encoded:
     (K2 = K): the chain model where every test is one block of `L + L^2`
     weights, as in the paper's Nettalk experiments."""
     as_pairs = lambda batch: batch._replace(pair_ids=batch.unigram_ids)
-    return encoded._replace(train=tuple(map(as_pairs, encoded.train)), test=tuple(map(as_pairs, encoded.test)),
-                            stacked=as_pairs(encoded.stacked), num_pair=encoded.num_unigram)
+    return encoded._replace(
+        train=tuple(map(as_pairs, encoded.train)),
+        test=tuple(map(as_pairs, encoded.test)),
+        stacked=as_pairs(encoded.stacked),
+        num_pair=encoded.num_unigram,
+    )
 
 
 def packed_training_set(encoded: Encoded) -> feature_index.PackedCorpus:
@@ -575,14 +804,19 @@ def bcd_cost(encoded: Encoded, num_labels: int) -> dict:
     runs fewer). One gradient evaluation takes `2 T` cells per sentence."""
     corpus = packed_training_set(encoded)
     sentences = bcd_schedule.corpus_sentences(corpus)
-    visits = bcd_schedule.block_visits(bcd_schedule.corpus_blocks(corpus, sentences, encoded.num_unigram,
-                                                                  encoded.num_pair), sentences)
+    visits = bcd_schedule.block_visits(
+        bcd_schedule.corpus_blocks(corpus, sentences, encoded.num_unigram, encoded.num_pair), sentences
+    )
     lengths = np.diff(sentences.offsets)
     cells = int(np.sum(lengths[visits.sentence] + visits.last - visits.first + 1))
-    return {"blocks": int(visits.block.max(initial=-1)) + 1, "visits": int(visits.block.size),
-            "visits_per_sentence": visits.block.size / lengths.size, "truncated_cells": cells,
-            "gradient_equivalents": cells / (2 * int(lengths.sum())),
-            "multiply_adds_per_sweep": float(cells) * num_labels ** 2}
+    return {
+        "blocks": int(visits.block.max(initial=-1)) + 1,
+        "visits": int(visits.block.size),
+        "visits_per_sentence": visits.block.size / lengths.size,
+        "truncated_cells": cells,
+        "gradient_equivalents": cells / (2 * int(lengths.sum())),
+        "multiply_adds_per_sweep": float(cells) * num_labels**2,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -591,24 +825,36 @@ def bcd_cost(encoded: Encoded, num_labels: int) -> dict:
 
 
 def _describe(data, encoded: Encoded) -> dict:
-    return {"source": data.source, "synthetic": data.source.startswith("synthetic"),
-            "num_train": len(data.train), "num_test": len(data.test), "num_labels": len(data.labels),
-            "train_tokens": int(sum(len(s.labels) for s in data.train)),
-            "num_unigram_tests": encoded.num_unigram, "num_pair_tests": encoded.num_pair}
+    return {
+        "source": data.source,
+        "synthetic": data.source.startswith("synthetic"),
+        "num_train": len(data.train),
+        "num_test": len(data.test),
+        "num_labels": len(data.labels),
+        "train_tokens": int(sum(len(s.labels) for s in data.train)),
+        "num_unigram_tests": encoded.num_unigram,
+        "num_pair_tests": encoded.num_pair,
+    }
 
 
 def _chain_task(run: RunDirectory, task: str, config: dict, progress: bool) -> dict:
     data = load(task, config)
     encoded = encode(data, Extractor(config["features"], config["pairs"]), config["num_buckets"])
     info = _describe(data, encoded)
-    print(f"[{task}] {data.source}: {info['num_train']} train / {info['num_test']} test sentences, "
-          f"{info['num_labels']} labels, {encoded.num_unigram} observation tests", flush=True)
+    print(
+        f"[{task}] {data.source}: {info['num_train']} train / {info['num_test']} test sentences, "
+        f"{info['num_labels']} labels, {encoded.num_unigram} observation tests",
+        flush=True,
+    )
     units = [_chain_unit(run, task, optimizer, data, encoded, config, progress) for optimizer in ("OWL-QN", "SGD-L1")]
     units = [unit for unit in units if unit is not None]
-    return {**info, "rows": [row for unit in units for row in unit["rows"]],
-            "num_parameters": units[0]["num_parameters"] if units else None,
-            "label_pair_density": units[0]["transition_pairs_nonzero"] if units else None,
-            "bcd_cost": bcd_cost(encoded, len(data.labels))}
+    return {
+        **info,
+        "rows": [row for unit in units for row in unit["rows"]],
+        "num_parameters": units[0]["num_parameters"] if units else None,
+        "label_pair_density": units[0]["transition_pairs_nonzero"] if units else None,
+        "bcd_cost": bcd_cost(encoded, len(data.labels)),
+    }
 
 
 def _pairs_task(run: RunDirectory, config: dict, progress: bool) -> dict:
@@ -619,8 +865,9 @@ def _pairs_task(run: RunDirectory, config: dict, progress: bool) -> dict:
         extractor = Extractor(config["features"], config["pairs"] if with_pairs else "")
         encoded = encode(data, extractor, config["num_buckets"])
         variant = "with" if with_pairs else "without"
-        unit = _chain_unit(run, "pairs", "OWL-QN", data, encoded, dict(config, finetune_steps=0), progress,
-                           name=f"pairs-{variant}")
+        unit = _chain_unit(
+            run, "pairs", "OWL-QN", data, encoded, dict(config, finetune_steps=0), progress, name=f"pairs-{variant}"
+        )
         if unit is not None:
             row = dict(unit["rows"][0], pairs=variant, num_parameters=unit["num_parameters"])
             out["rows"].append(row)
@@ -636,27 +883,41 @@ def _blocks_task(run: RunDirectory, config: dict, progress: bool) -> dict:
     model = LinearChainModel.zeros(encoded.num_unigram, len(data.labels), encoded.num_pair)
     train = optimizers.bcd_data(packed_training_set(encoded), model)
     info = _describe(data, encoded)
-    print(f"[blocks] {data.source}: {info['num_train']} train / {info['num_test']} test sentences, "
-          f"{info['num_labels']} coarse labels, {encoded.num_unigram} observation tests (blocks)", flush=True)
-    units = [_chain_unit(run, "blocks", optimizer, data, encoded, config, progress, bcd_data=train)
-             for optimizer in OPTIMIZERS]
+    print(
+        f"[blocks] {data.source}: {info['num_train']} train / {info['num_test']} test sentences, "
+        f"{info['num_labels']} coarse labels, {encoded.num_unigram} observation tests (blocks)",
+        flush=True,
+    )
+    units = [
+        _chain_unit(run, "blocks", optimizer, data, encoded, config, progress, bcd_data=train)
+        for optimizer in OPTIMIZERS
+    ]
     units = [unit for unit in units if unit is not None]
-    return {**info, "rows": [row for unit in units for row in unit["rows"]],
-            "num_parameters": units[0]["num_parameters"] if units else None}
+    return {
+        **info,
+        "rows": [row for unit in units for row in unit["rows"]],
+        "num_parameters": units[0]["num_parameters"] if units else None,
+    }
 
 
 def _sparse_task(run: RunDirectory, config: dict, num_labels: int, density) -> dict:
     """Table 2: sparse against dense forward-backward (log Z and gradients)
     at the joint label-set size, with the trained joint model's pair density."""
-    densities = sorted({round(d, 4) for d in ((density,) if density and not math.isnan(density) else ()) + (0.1, 0.02)
-                        if 0 < d < 1}, reverse=True)
+    densities = sorted(
+        {round(d, 4) for d in ((density,) if density and not math.isnan(density) else ()) + (0.1, 0.02) if 0 < d < 1},
+        reverse=True,
+    )
     shape = (config["batch"], config["length"], num_labels)
 
     def compute():
         lines = []
-        records = chain_benchmark.benchmark_sparse(shape=shape, densities=tuple(densities),
-                                                   repeats=config["repeats"], budget_s=config["budget_s"],
-                                                   log=lines.append)
+        records = chain_benchmark.benchmark_sparse(
+            shape=shape,
+            densities=tuple(densities),
+            repeats=config["repeats"],
+            budget_s=config["budget_s"],
+            log=lines.append,
+        )
         print("  " + "\n  ".join(lines), flush=True)
         return {"records": records, "measured_density": density}
 
@@ -676,8 +937,11 @@ def _minutes(seconds) -> str:
 
 def _table4(task: str, result: dict) -> str:
     paper = {"pos": PAPER_POS, "joint": PAPER_TABLE5, "blocks": PAPER_TABLE4}[task]
-    paper_name = {"pos": "paper (Penn Treebank POS)", "joint": "paper (Nettalk+prosody, Table 5)",
-                  "blocks": "paper (Nettalk, Table 4)"}[task]
+    paper_name = {
+        "pos": "paper (Penn Treebank POS)",
+        "joint": "paper (Nettalk+prosody, Table 5)",
+        "blocks": "paper (Nettalk, Table 4)",
+    }[task]
     joint = task == "joint"
     header = ["optimizer", "iterations", "active features", "error %"] + (["POS-part error %"] if joint else [])
     header += ["converged", "time", "penalised objective", paper_name]
@@ -691,15 +955,20 @@ def _table4(task: str, result: dict) -> str:
                 cost = result.get("bcd_cost")
                 reason = "not run yet"
                 if optimizer == "BCD" and cost is not None:
-                    reason = (f"not run: ~{cost['multiply_adds_per_sweep']:.1e} multiply-adds per sweep "
-                              "(see below)") if name == optimizer else "not run"
+                    reason = (
+                        (f"not run: ~{cost['multiply_adds_per_sweep']:.1e} multiply-adds per sweep (see below)")
+                        if name == optimizer
+                        else "not run"
+                    )
                 rows.append([name, reason, None, None] + ([None] if joint else []) + [None, None, None, paper_cell])
                 continue
             # The objective each optimizer minimised (fine-tuning minimises another one).
             objective = f"{row['curve'][-1]['objective']:.1f}" if row.get("curve") else None
-            rows.append([name, row["iterations"], row["nonzero"], row["error"]]
-                        + ([row.get("pos_error")] if joint else [])
-                        + [converged_cell(row["convergence"]), _minutes(row["train_seconds"]), objective, paper_cell])
+            rows.append(
+                [name, row["iterations"], row["nonzero"], row["error"]]
+                + ([row.get("pos_error")] if joint else [])
+                + [converged_cell(row["convergence"]), _minutes(row["train_seconds"]), objective, paper_cell]
+            )
     return markdown_table(header, rows)
 
 
@@ -707,48 +976,85 @@ def _bcd_note(result: dict) -> str:
     cost = result.get("bcd_cost")
     if not cost:
         return ""
-    return (f"BCD (`lossfns.optimizers.bcd`) is not run on this task here. A sweep updates each of the "
-            f"{cost['blocks']} blocks once (an observation test's L unigram weights, its L^2 label-pair weights, or "
-            f"the transitions), in rounds of blocks active in disjoint sentences. A block's gradient and diagonal "
-            f"curvature come in closed form from one forward-backward over the sentences where its test is active, "
-            f"truncated to the positions that matter (forward up to its last occurrence, backward down to its "
-            f"first), and its step is the soft-thresholded Newton step, kept a decrease by backtracking on the "
-            f"block's objective. On this training set that is {cost['visits']} (block, sentence) visits, "
-            f"{cost['visits_per_sentence']:.0f} per sentence (the paper: 380 on the Penn Treebank), and "
-            f"{cost['truncated_cells']:.2e} truncated chain cells (the paper's count; the sweep reuses stored scores "
-            f"between visits of a sentence and runs fewer): the forward-backward work of "
-            f"{cost['gradient_equivalents']:.0f} gradient evaluations. One sweep on all of conll2000 POS "
-            f"is timed by `python -m benchmarks.lavergne_scale_benchmark --part bcd` "
-            f"(benchmarks/results/lavergne-scale-bcd-cpu-2core.json); "
-            f"the `blocks` task below compares all three optimizers where BCD is cheap.\n")
+    return (
+        f"BCD (`lossfns.optimizers.bcd`) is not run on this task here. A sweep updates each of the "
+        f"{cost['blocks']} blocks once (an observation test's L unigram weights, its L^2 label-pair weights, or "
+        f"the transitions), in rounds of blocks active in disjoint sentences. A block's gradient and diagonal "
+        f"curvature come in closed form from one forward-backward over the sentences where its test is active, "
+        f"truncated to the positions that matter (forward up to its last occurrence, backward down to its "
+        f"first), and its step is the soft-thresholded Newton step, kept a decrease by backtracking on the "
+        f"block's objective. On this training set that is {cost['visits']} (block, sentence) visits, "
+        f"{cost['visits_per_sentence']:.0f} per sentence (the paper: 380 on the Penn Treebank), and "
+        f"{cost['truncated_cells']:.2e} truncated chain cells (the paper's count; the sweep reuses stored scores "
+        f"between visits of a sentence and runs fewer): the forward-backward work of "
+        f"{cost['gradient_equivalents']:.0f} gradient evaluations. One sweep on all of conll2000 POS "
+        f"is timed by `python -m benchmarks.lavergne_scale_benchmark --part bcd` "
+        f"(benchmarks/results/lavergne-scale-bcd-cpu-2core.json); "
+        f"the `blocks` task below compares all three optimizers where BCD is cheap.\n"
+    )
 
 
 def _table1(result: dict) -> str:
-    header = ["label-pair-observation features", "error %", "active features", "parameters", "iterations",
-              "converged", "time", "penalised objective", "paper: setting", "with", "without"]
+    header = [
+        "label-pair-observation features",
+        "error %",
+        "active features",
+        "parameters",
+        "iterations",
+        "converged",
+        "time",
+        "penalised objective",
+        "paper: setting",
+        "with",
+        "without",
+    ]
     rows = []
     by_variant = {row["pairs"]: row for row in result["rows"]}
     for i, variant in enumerate(("with", "without")):
         row = by_variant.get(variant)
-        cells = [variant] + ([None] * 7 if row is None else
-                             [row["error"], row["nonzero"], row["num_parameters"], row["iterations"],
-                              converged_cell(row["convergence"]), _minutes(row["train_seconds"]),
-                              f"{row['curve'][-1]['objective']:.1f}"])
+        cells = [variant] + (
+            [None] * 7
+            if row is None
+            else [
+                row["error"],
+                row["nonzero"],
+                row["num_parameters"],
+                row["iterations"],
+                converged_cell(row["convergence"]),
+                _minutes(row["train_seconds"]),
+                f"{row['curve'][-1]['objective']:.1f}",
+            ]
+        )
         rows.append(cells + list(PAPER_TABLE1[i]))
     rows.append([""] * 8 + list(PAPER_TABLE1[2]))
     return markdown_table(header, rows)
 
 
 def _table2(result: dict) -> str:
-    header = ["zeros of M", "non-zero pairs", "sparse fb", "dense fb (same weights)", "dense fb (given [B,T,L,L])",
-              "speed-up", "log Z rel. error"]
-    rows = [[f"{100 * r['zero_fraction']:.1f}%", r["nonzero_pairs"], f"{1e3 * r['median_s']['sparse']:.1f} ms",
-             f"{1e3 * r['median_s']['dense (from the sparse weights)']:.1f} ms",
-             f"{1e3 * r['median_s']['dense (given [B, T, L, L])']:.1f} ms",
-             f"{r['speedup_vs_dense_from_weights']:.1f}x", f"{r['log_z_relative_error']:.1e}"]
-            for r in result["records"]]
-    paper = markdown_table(["paper (Nettalk)", "L2", "L1 sparse", "L1 dense", "% zero"],
-                           [list(r) for r in PAPER_TABLE2])
+    header = [
+        "zeros of M",
+        "non-zero pairs",
+        "sparse fb",
+        "dense fb (same weights)",
+        "dense fb (given [B,T,L,L])",
+        "speed-up",
+        "log Z rel. error",
+    ]
+    rows = [
+        [
+            f"{100 * r['zero_fraction']:.1f}%",
+            r["nonzero_pairs"],
+            f"{1e3 * r['median_s']['sparse']:.1f} ms",
+            f"{1e3 * r['median_s']['dense (from the sparse weights)']:.1f} ms",
+            f"{1e3 * r['median_s']['dense (given [B, T, L, L])']:.1f} ms",
+            f"{r['speedup_vs_dense_from_weights']:.1f}x",
+            f"{r['log_z_relative_error']:.1e}",
+        ]
+        for r in result["records"]
+    ]
+    paper = markdown_table(
+        ["paper (Nettalk)", "L2", "L1 sparse", "L1 dense", "% zero"], [list(r) for r in PAPER_TABLE2]
+    )
     return markdown_table(header, rows) + "\nThe paper's Table 2 (whole training runs, not single passes):\n\n" + paper
 
 
@@ -782,17 +1088,28 @@ def row_convergence(row: dict, config: dict) -> dict:
     its cap in `config` (the caps it ran under; the loops stop on nothing
     else), with the last change between the evaluated chunks of its curve."""
     fine_tuned = row["optimizer"].endswith("+ fine-tuning")
-    cap = config["finetune_steps"] if fine_tuned else config[
-        {"OWL-QN": "owlqn_steps", "SGD-L1": "sgd_epochs", "BCD": "bcd_sweeps"}[row["optimizer"]]]
+    cap = (
+        config["finetune_steps"]
+        if fine_tuned
+        else config[{"OWL-QN": "owlqn_steps", "SGD-L1": "sgd_epochs", "BCD": "bcd_sweeps"}[row["optimizer"]]]
+    )
     curve = row.get("curve") or []
     last = None
     if len(curve) > 1:
         before, after = curve[-2], curve[-1]
-        last = abs(before["objective"] - after["objective"]) / max(abs(after["objective"]), 1.0) / max(
-            after["step"] - before["step"], 1)
+        last = (
+            abs(before["objective"] - after["objective"])
+            / max(abs(after["objective"]), 1.0)
+            / max(after["step"] - before["step"], 1)
+        )
     met = row["iterations"] < cap
-    return {"met": met, "criterion": f"relative change < {config['tol']:g}", "step": row["iterations"] if met else None,
-            "cap": min(cap, row["iterations"]), "last_relative_change": last}
+    return {
+        "met": met,
+        "criterion": f"relative change < {config['tol']:g}",
+        "step": row["iterations"] if met else None,
+        "cap": min(cap, row["iterations"]),
+        "last_relative_change": last,
+    }
 
 
 def _check_conclusions(results: dict) -> dict:
@@ -813,18 +1130,27 @@ def _check_conclusions(results: dict) -> dict:
             continue
         tolerance = 0.5 if task != "blocks" else 1.0
         used = [rows[name] for name in rows if name in OPTIMIZERS or (len(tuned) >= 2 and name.endswith("tuning"))]
-        out[task] = {"checked": True, "converged": all(row["convergence"]["met"] for row in used),
-                     "optimizers": len(plain), "spread_plain": max(plain) - min(plain),
-                     "spread_finetuned": (max(tuned) - min(tuned)) if len(tuned) >= 2 else None,
-                     "largest_active_fraction": max(sparse), "tolerance": tolerance,
-                     "similar_error": (max(tuned) - min(tuned) if len(tuned) >= 2 else max(plain) - min(plain))
-                     <= tolerance, "few_active": max(sparse) < 0.1}
+        out[task] = {
+            "checked": True,
+            "converged": all(row["convergence"]["met"] for row in used),
+            "optimizers": len(plain),
+            "spread_plain": max(plain) - min(plain),
+            "spread_finetuned": (max(tuned) - min(tuned)) if len(tuned) >= 2 else None,
+            "largest_active_fraction": max(sparse),
+            "tolerance": tolerance,
+            "similar_error": (max(tuned) - min(tuned) if len(tuned) >= 2 else max(plain) - min(plain)) <= tolerance,
+            "few_active": max(sparse) < 0.1,
+        }
     if "pairs" in results:
         by_variant = {row["pairs"]: row for row in results["pairs"]["rows"]}
         if {"with", "without"} <= set(by_variant):
             gain = by_variant["without"]["error"] - by_variant["with"]["error"]
-            out["pairs"] = {"checked": True, "error_gain": gain, "holds": gain > 0,
-                            "converged": all(row["convergence"]["met"] for row in by_variant.values())}
+            out["pairs"] = {
+                "checked": True,
+                "error_gain": gain,
+                "holds": gain > 0,
+                "converged": all(row["convergence"]["met"] for row in by_variant.values()),
+            }
         else:
             out["pairs"] = {"checked": False}
     return out
@@ -832,9 +1158,11 @@ def _check_conclusions(results: dict) -> dict:
 
 def _conclusion_lines(checks: dict, quick: bool) -> list[str]:
     """Each claim's verdict (`harness.verdict`: judged only from converged rows) with the paper's numbers."""
-    paper = {"pos": "paper (POS): OWL-QN 2.91% error; incremental BCD 2.78%, 400k of 4 billion features active",
-             "joint": "paper (Nettalk+prosody, Table 5): SGD-L1 13.91%, BCD 13.85%",
-             "blocks": "paper (Nettalk, Table 4): 7.89% / 8.01% / 7.91%, 34-48k of 132.5M features active"}
+    paper = {
+        "pos": "paper (POS): OWL-QN 2.91% error; incremental BCD 2.78%, 400k of 4 billion features active",
+        "joint": "paper (Nettalk+prosody, Table 5): SGD-L1 13.91%, BCD 13.85%",
+        "blocks": "paper (Nettalk, Table 4): 7.89% / 8.01% / 7.91%, 34-48k of 132.5M features active",
+    }
     lines = []
     for task in ("pos", "joint", "blocks"):
         check = checks.get(task)
@@ -845,112 +1173,156 @@ def _conclusion_lines(checks: dict, quick: bool) -> list[str]:
             continue
         spread = check["spread_finetuned"] if check["spread_finetuned"] is not None else check["spread_plain"]
         judge = lambda holds: verdict(holds, quick=quick, converged=check["converged"])
-        lines.append(f"- {task}: {check['optimizers']} optimizers; error spread {check['spread_plain']:.2f} points "
-                     f"before and {spread:.2f} after fine-tuning (similar if <= {check['tolerance']}): similar error: "
-                     f"{judge(check['similar_error'])}; at most "
-                     f"{100 * check['largest_active_fraction']:.2f}% of the parameters active (few if < 10%): "
-                     f"few active features: {judge(check['few_active'])} ({paper[task]}).")
+        lines.append(
+            f"- {task}: {check['optimizers']} optimizers; error spread {check['spread_plain']:.2f} points "
+            f"before and {spread:.2f} after fine-tuning (similar if <= {check['tolerance']}): similar error: "
+            f"{judge(check['similar_error'])}; at most "
+            f"{100 * check['largest_active_fraction']:.2f}% of the parameters active (few if < 10%): "
+            f"few active features: {judge(check['few_active'])} ({paper[task]})."
+        )
     check = checks.get("pairs")
     if check:
-        lines.append("- pairs: not checked (rows missing)." if not check["checked"] else
-                     f"- pairs: label-pair-observation features change the error by {-check['error_gain']:+.2f} "
-                     f"points: they help: "
-                     f"{verdict(check['holds'], quick=quick, converged=check['converged'])} (paper, Table 1: "
-                     f"-0.56 points on POS, 3.47% -> 2.91%; -3.06 on Nettalk 5-grm).")
+        lines.append(
+            "- pairs: not checked (rows missing)."
+            if not check["checked"]
+            else f"- pairs: label-pair-observation features change the error by {-check['error_gain']:+.2f} "
+            f"points: they help: "
+            f"{verdict(check['holds'], quick=quick, converged=check['converged'])} (paper, Table 1: "
+            f"-0.56 points on POS, 3.47% -> 2.91%; -3.06 on Nettalk 5-grm)."
+        )
     return lines
 
 
 def _preamble(quick: bool) -> list[str]:
     mode = "quick (tiny slices, a few iterations: not comparable to the paper)" if quick else "full"
     rate = "calibrated on a sample (`calibrate_learning_rate`)" if not quick else "fixed (quick mode)"
-    return ["# Lavergne, Cappe & Yvon (2010): L1-penalised CRFs, three optimizers", "",
-            f"Mode: {mode}. Objective `l(theta) + {L1} ||theta||_1 + {L2:g}/2 ||theta||^2` (the paper's rho_1, "
-            f"rho_2), summed over sentences; float32; seed {SEED}. Fine-tuning: L-BFGS on the non-zero weights "
-            f"only, L2 {FINETUNE_L2:g}. OWL-QN keeps {OWLQN_MEMORY} gradient pairs. SGD-L1: learning rate {rate}, "
-            f"decayed by 0.9 per epoch. 'Iterations' are OWL-QN/L-BFGS iterations, SGD epochs and BCD sweeps; "
-            f"'active features' are non-zero weights (transitions included); 'penalised objective' is the "
-            f"objective each L1 optimizer minimised, at its end; times are wall-clock seconds of optimisation on "
-            f"a shared 2-core machine (compilation, the SGD learning-rate calibration and evaluation excluded: "
-            f"all in the JSON); the paper's are CPU times of 8 cores. Stopping: a relative objective change "
-            f"below the tolerance in one iteration, with iteration caps as safety limits (the paper stopped on a "
-            f"development set); the `converged` columns say which rows met it. Conclusions are judged only from "
-            f"converged rows.", ""]
+    return [
+        "# Lavergne, Cappe & Yvon (2010): L1-penalised CRFs, three optimizers",
+        "",
+        f"Mode: {mode}. Objective `l(theta) + {L1} ||theta||_1 + {L2:g}/2 ||theta||^2` (the paper's rho_1, "
+        f"rho_2), summed over sentences; float32; seed {SEED}. Fine-tuning: L-BFGS on the non-zero weights "
+        f"only, L2 {FINETUNE_L2:g}. OWL-QN keeps {OWLQN_MEMORY} gradient pairs. SGD-L1: learning rate {rate}, "
+        f"decayed by 0.9 per epoch. 'Iterations' are OWL-QN/L-BFGS iterations, SGD epochs and BCD sweeps; "
+        f"'active features' are non-zero weights (transitions included); 'penalised objective' is the "
+        f"objective each L1 optimizer minimised, at its end; times are wall-clock seconds of optimisation on "
+        f"a shared 2-core machine (compilation, the SGD learning-rate calibration and evaluation excluded: "
+        f"all in the JSON); the paper's are CPU times of 8 cores. Stopping: a relative objective change "
+        f"below the tolerance in one iteration, with iteration caps as safety limits (the paper stopped on a "
+        f"development set); the `converged` columns say which rows met it. Conclusions are judged only from "
+        f"converged rows.",
+        "",
+    ]
 
 
 def _deviations(results: dict, configs: dict) -> list[str]:
     """What differs from the paper's set-up, for the tasks that ran."""
     lines = ["## Deviations from the paper", ""]
     if "pos" in results:
-        lines.append(f"- POS: {results['pos']['num_train']} of conll2000's 8,936 training sentences (WSJ sections "
-                     f"15-18, not the paper's sections 0-18), for time: on the whole set (measured once, outside this "
-                     f"run) one OWL-QN iteration took about 10 s, and the SGD calibration and first epoch had not "
-                     f"finished after 4 minutes. No label-pair-observation "
-                     f"features in Table 4 (the paper's base set had them on every test).")
+        lines.append(
+            f"- POS: {results['pos']['num_train']} of conll2000's 8,936 training sentences (WSJ sections "
+            f"15-18, not the paper's sections 0-18), for time: on the whole set (measured once, outside this "
+            f"run) one OWL-QN iteration took about 10 s, and the SGD calibration and first epoch had not "
+            f"finished after 4 minutes. No label-pair-observation "
+            f"features in Table 4 (the paper's base set had them on every test)."
+        )
     if "joint" in results:
         full = results.get("sparse", {}).get("shape", [None] * 3)[2]
-        lines.append(f"- Joint labels: {results['joint']['num_train']} training sentences, whose "
-                     f"{results['joint']['num_labels']} joint labels are the label set"
-                     + (f" ({full} in the whole training set)" if full else "") + "; test tokens with a joint "
-                     "label unseen in training count as errors. The paper's joint task is Nettalk+prosody "
-                     "(114 labels).")
+        lines.append(
+            f"- Joint labels: {results['joint']['num_train']} training sentences, whose "
+            f"{results['joint']['num_labels']} joint labels are the label set"
+            + (f" ({full} in the whole training set)" if full else "")
+            + "; test tokens with a joint "
+            "label unseen in training count as errors. The paper's joint task is Nettalk+prosody "
+            "(114 labels)."
+        )
     if "blocks" in results:
         blocks = results["blocks"]
-        lines.append(f"- BCD: `lossfns.optimizers.bcd` runs only on the `blocks` toy ({blocks['num_train']} "
-                     f"sentences of at most {configs['blocks']['max_length']} tokens, {blocks['num_labels']} "
-                     f"coarse tags, {blocks['num_unigram_tests']} observation tests), see the notes under the POS and "
-                     f"joint tables for its cost there.")
+        lines.append(
+            f"- BCD: `lossfns.optimizers.bcd` runs only on the `blocks` toy ({blocks['num_train']} "
+            f"sentences of at most {configs['blocks']['max_length']} tokens, {blocks['num_labels']} "
+            f"coarse tags, {blocks['num_unigram_tests']} observation tests), see the notes under the POS and "
+            f"joint tables for its cost there."
+        )
     if "pairs" in results:
-        lines.append("- Table 1: label-pair-observation features test only the current word (the paper's test all "
-                     "observations, 436.7M features on POS).")
+        lines.append(
+            "- Table 1: label-pair-observation features test only the current word (the paper's test all "
+            "observations, 436.7M features on POS)."
+        )
     sizes = sorted({config["batch_size"] for config in configs.values() if "batch_size" in config})
-    lines.append(f"- SGD-L1 draws minibatches of {'/'.join(map(str, sizes))} sentences (per task), not single "
-                 "sentences as Tsuruoka et al. do. A step of `lazy_sgd_l1` touches only the rows its sentences use, "
-                 "so the choice is not forced by cost: per-sentence epochs cost about as much "
-                 "(`python -m benchmarks.lavergne_scale_benchmark --part sgd`).")
+    lines.append(
+        f"- SGD-L1 draws minibatches of {'/'.join(map(str, sizes))} sentences (per task), not single "
+        "sentences as Tsuruoka et al. do. A step of `lazy_sgd_l1` touches only the rows its sentences use, "
+        "so the choice is not forced by cost: per-sentence epochs cost about as much "
+        "(`python -m benchmarks.lavergne_scale_benchmark --part sgd`)."
+    )
     return lines + [""]
 
 
 def _task_sections(results: dict, configs: dict) -> list[str]:
     document = []
-    for task, title in (("pos", "Table 4 analogue, POS tagging"),
-                        ("joint", "Table 4/5 analogue, joint POS+chunk labels"),
-                        ("blocks", "Table 4 analogue, all three optimizers on the block model")):
+    for task, title in (
+        ("pos", "Table 4 analogue, POS tagging"),
+        ("joint", "Table 4/5 analogue, joint POS+chunk labels"),
+        ("blocks", "Table 4 analogue, all three optimizers on the block model"),
+    ):
         if task not in results:
             continue
         result, config = results[task], configs[task]
-        document += [f"## {title} ({task})", "",
-                     f"{result['source']}: {result['num_train']} training sentences ({result['train_tokens']} tokens), "
-                     f"{result['num_test']} test sentences, {result['num_labels']} labels, "
-                     f"{result['num_unigram_tests']} observation tests, {result['num_parameters']} parameters. "
-                     + (f"Caps: OWL-QN {config['owlqn_steps']} iterations, SGD {config['sgd_epochs']} epochs of "
-                        f"minibatches of {config['batch_size']}, fine-tuning {config['finetune_steps']} iterations."
-                        + (f" BCD {config['bcd_sweeps']} sweeps." if task == "blocks" else "")), "",
-                     _table4(task, result)]
+        document += [
+            f"## {title} ({task})",
+            "",
+            f"{result['source']}: {result['num_train']} training sentences ({result['train_tokens']} tokens), "
+            f"{result['num_test']} test sentences, {result['num_labels']} labels, "
+            f"{result['num_unigram_tests']} observation tests, {result['num_parameters']} parameters. "
+            + (
+                f"Caps: OWL-QN {config['owlqn_steps']} iterations, SGD {config['sgd_epochs']} epochs of "
+                f"minibatches of {config['batch_size']}, fine-tuning {config['finetune_steps']} iterations."
+                + (f" BCD {config['bcd_sweeps']} sweeps." if task == "blocks" else "")
+            ),
+            "",
+            _table4(task, result),
+        ]
         if task != "blocks":
             document.append(_bcd_note(result))
         if task == "blocks":
-            document.append(f"Observation tests (templates): `{'`, `'.join(BLOCK_TEMPLATES.split())}`; "
-                            f"each test carries L unigram and L^2 label-pair weights, as in the paper's Nettalk "
-                            f"models.\n")
+            document.append(
+                f"Observation tests (templates): `{'`, `'.join(BLOCK_TEMPLATES.split())}`; "
+                f"each test carries L unigram and L^2 label-pair weights, as in the paper's Nettalk "
+                f"models.\n"
+            )
     if "pairs" in results:
         result = results["pairs"]
-        document += ["## Table 1 analogue: label-pair-observation features (pairs)", "",
-                     f"{result['source']}: {result['num_train']} training / {result['num_test']} test sentences; "
-                     f"Lavergne's POS set with and without `{PAIR_TEMPLATES}` (weights `f_{{y', y, word}}`, "
-                     f"{result['with']['num_pair_tests']} words x L^2), OWL-QN for both (as in the paper), up to "
-                     f"{configs['pairs']['owlqn_steps']} iterations.", "", _table1(result)]
+        document += [
+            "## Table 1 analogue: label-pair-observation features (pairs)",
+            "",
+            f"{result['source']}: {result['num_train']} training / {result['num_test']} test sentences; "
+            f"Lavergne's POS set with and without `{PAIR_TEMPLATES}` (weights `f_{{y', y, word}}`, "
+            f"{result['with']['num_pair_tests']} words x L^2), OWL-QN for both (as in the paper), up to "
+            f"{configs['pairs']['owlqn_steps']} iterations.",
+            "",
+            _table1(result),
+        ]
     if "sparse" in results:
         result = results["sparse"]
         measured = result.get("measured_density")
-        document += ["## Table 2 analogue: sparse versus dense forward-backward (sparse)", "",
-                     f"One log Z plus gradient pass over a batch of shape (B, T, L) = {tuple(result['shape'])}, "
-                     f"float32, timed by `benchmarks.chain_benchmark.benchmark_sparse` (medians; random weights on "
-                     f"a random support of the given density). "
-                     + (f"The trained joint OWL-QN model has {100 * measured:.1f}% of its label pairs non-zero "
-                        f"(transitions; it has no pair-observation features): the row with "
-                        f"{100 * (1 - measured):.1f}% zeros. " if measured is not None and not math.isnan(measured) else "")
-                     + "Dense (same weights) builds the [B, T, L, L] potentials from the sparse weights inside the "
-                       "timed function, as training would.", "", _table2(result)]
+        document += [
+            "## Table 2 analogue: sparse versus dense forward-backward (sparse)",
+            "",
+            f"One log Z plus gradient pass over a batch of shape (B, T, L) = {tuple(result['shape'])}, "
+            f"float32, timed by `benchmarks.chain_benchmark.benchmark_sparse` (medians; random weights on "
+            f"a random support of the given density). "
+            + (
+                f"The trained joint OWL-QN model has {100 * measured:.1f}% of its label pairs non-zero "
+                f"(transitions; it has no pair-observation features): the row with "
+                f"{100 * (1 - measured):.1f}% zeros. "
+                if measured is not None and not math.isnan(measured)
+                else ""
+            )
+            + "Dense (same weights) builds the [B, T, L, L] potentials from the sparse weights inside the "
+            "timed function, as training would.",
+            "",
+            _table2(result),
+        ]
     return document
 
 
@@ -968,23 +1340,38 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     if "sparse" in configs:
         # The trained joint model's label-pair density (when that task ran).
         num_labels = configs["sparse"]["num_labels"] or len(load_joint(None, 0).labels)
-        results["sparse"] = _sparse_task(run, configs["sparse"], num_labels,
-                                         results.get("joint", {}).get("label_pair_density"))
+        results["sparse"] = _sparse_task(
+            run, configs["sparse"], num_labels, results.get("joint", {}).get("label_pair_density")
+        )
     for task in ("pos", "joint", "blocks", "pairs"):
         for row in results.get(task, {}).get("rows", []):
             row["convergence"] = row_convergence(row, row["caps"])
     checks = _check_conclusions(results)
     document = _preamble(quick) + _task_sections(results, configs)
-    document += ["## Conclusions checked", "", "Published: the three L1 optimizers reach similar error with few "
-                 "active features, and label-pair-observation features help.", ""]
-    document += stale_note([row for task in ("pos", "joint", "blocks", "pairs")
-                            for row in results.get(task, {}).get("rows", [])])
+    document += [
+        "## Conclusions checked",
+        "",
+        "Published: the three L1 optimizers reach similar error with few "
+        "active features, and label-pair-observation features help.",
+        "",
+    ]
+    document += stale_note(
+        [row for task in ("pos", "joint", "blocks", "pairs") for row in results.get(task, {}).get("rows", [])]
+    )
     document += _conclusion_lines(checks, quick) + [""] + _deviations(results, configs)
     figure = _plot_curves(run, results)
     if figure:
         document += [f"![error and active features vs time]({os.path.basename(figure)})"]
     run.write_text("results.md", "\n".join(document) + "\n")
-    summary = {"quick": quick, "l1": L1, "l2": L2, "finetune_l2": FINETUNE_L2, "seed": SEED, "configs": configs,
-               "tasks": results, "conclusions": checks}
+    summary = {
+        "quick": quick,
+        "l1": L1,
+        "l2": L2,
+        "finetune_l2": FINETUNE_L2,
+        "seed": SEED,
+        "configs": configs,
+        "tasks": results,
+        "conclusions": checks,
+    }
     run.write_json("results.json", summary)
     return summary

@@ -57,11 +57,35 @@ from .harness import RunDirectory, markdown_table
 
 HEADS = ("crf", "softmax")
 SEED = 0
-FULL = {"num_train": None, "num_eval": None, "epochs": 25, "word_dim": 100, "char_dim": 25, "char_filters": 50,
-        "case_dim": 5, "hidden": 100, "dropout": 0.5, "learning_rate": 2e-3, "clip": 5.0, "tokens_per_batch": 640,
-        "num_buckets": 6, "max_chars": 16}
-QUICK = {**FULL, "num_train": 200, "num_eval": 60, "epochs": 2, "word_dim": 8, "char_dim": 4, "char_filters": 4,
-         "case_dim": 2, "hidden": 8, "tokens_per_batch": 400, "num_buckets": 1}
+FULL = {
+    "num_train": None,
+    "num_eval": None,
+    "epochs": 25,
+    "word_dim": 100,
+    "char_dim": 25,
+    "char_filters": 50,
+    "case_dim": 5,
+    "hidden": 100,
+    "dropout": 0.5,
+    "learning_rate": 2e-3,
+    "clip": 5.0,
+    "tokens_per_batch": 640,
+    "num_buckets": 6,
+    "max_chars": 16,
+}
+QUICK = {
+    **FULL,
+    "num_train": 200,
+    "num_eval": 60,
+    "epochs": 2,
+    "word_dim": 8,
+    "char_dim": 4,
+    "char_filters": 4,
+    "case_dim": 2,
+    "hidden": 8,
+    "tokens_per_batch": 400,
+    "num_buckets": 1,
+}
 TAGGER_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "crfsuite_comparison", "ner.txt")
 
 
@@ -86,12 +110,17 @@ def load(num_train: int | None, num_eval: int | None) -> Splits:
         source = "CoNLL-2002 Spanish (esp.train -> esp.testb, epochs chosen on esp.testa)"
     except FileNotFoundError:
         pairs_train, pairs_test, _ = synthetic.synthetic_corpus(SEED, "iob", num_train or 3000, 2 * (num_eval or 500))
-        as_sentences = lambda pairs: [corpora.Sentence(tuple((w,) for w in words), tuple(tags)) for words, tags in pairs]
+        as_sentences = lambda pairs: [
+            corpora.Sentence(tuple((w,) for w in words), tuple(tags)) for words, tags in pairs
+        ]
         train, held_out = as_sentences(pairs_train), as_sentences(pairs_test)
-        dev, test = held_out[: len(held_out) // 2], held_out[len(held_out) // 2:]
+        dev, test = held_out[: len(held_out) // 2], held_out[len(held_out) // 2 :]
         source = f"synthetic planted IOB model (seed {SEED}): no CoNLL-2002 under NLTK_DATA"
-    subset = lambda sentences, n, seed: (sentences if n is None or n >= len(sentences) else
-                                         [sentences[i] for i in np.sort(corpora.shuffled(len(sentences), seed)[:n])])
+    subset = lambda sentences, n, seed: (
+        sentences
+        if n is None or n >= len(sentences)
+        else [sentences[i] for i in np.sort(corpora.shuffled(len(sentences), seed)[:n])]
+    )
     train, dev, test = subset(train, num_train, SEED), subset(dev, num_eval, SEED + 1), subset(test, num_eval, SEED + 2)
     labels = tuple(sorted({label for sentence in train for label in sentence.labels}))
     return Splits(train, dev, test, labels, source)
@@ -155,7 +184,7 @@ def bucketise(sentences, vocab: Vocabulary, config: dict) -> Bucketed:
     for indices, T in corpora.length_buckets([len(s.labels) for s in sentences], config["num_buckets"], 8):
         size = max(1, config["tokens_per_batch"] // T)
         for start in range(0, len(indices), size):
-            rows = indices[start:start + size]
+            rows = indices[start : start + size]
             words, cases, tags = (np.zeros((size, T), np.int32) for _ in range(3))
             tags[:] = -1
             chars, lengths = np.zeros((size, T, C), np.int32), np.zeros(size, np.int32)
@@ -166,7 +195,7 @@ def bucketise(sentences, vocab: Vocabulary, config: dict) -> Bucketed:
                     words[row, t] = vocab.words.get(_normalise(word), 1)
                     cases[row, t] = _casing(word)
                     tags[row, t] = label_ids.get(label, -1)
-                    chars[row, t, :min(len(word), C)] = [vocab.chars.get(c, 1) for c in word[:C]]
+                    chars[row, t, : min(len(word), C)] = [vocab.chars.get(c, 1) for c in word[:C]]
             batches.append(Batch(words, cases, chars, tags, lengths))
             members.append(np.concatenate([rows, np.full(size - len(rows), -1)]))
     return Bucketed(batches, members, sum(len(s.labels) for s in sentences))
@@ -194,7 +223,7 @@ class LSTM(eqx.Module):
         k1, k2 = jax.random.split(key)
         self.input_weights = _uniform(k1, (input_size, 4 * hidden), scale)
         self.hidden_weights = _uniform(k2, (hidden, 4 * hidden), scale)
-        self.bias = jnp.zeros(4 * hidden).at[hidden:2 * hidden].set(1.0)  # forget gates open at first
+        self.bias = jnp.zeros(4 * hidden).at[hidden : 2 * hidden].set(1.0)  # forget gates open at first
 
     def __call__(self, inputs):
         B, H = inputs.shape[0], self.hidden_weights.shape[0]
@@ -243,11 +272,16 @@ class Encoder(eqx.Module):
     def __init__(self, vocab: Vocabulary, config: dict, *, key):
         keys = jax.random.split(key, 7)
         dim = config["word_dim"] + config["case_dim"] + config["char_filters"]
-        self.word_embedding = _uniform(keys[0], (len(vocab.words) + 2, config["word_dim"]), np.sqrt(3 / config["word_dim"]))
+        self.word_embedding = _uniform(
+            keys[0], (len(vocab.words) + 2, config["word_dim"]), np.sqrt(3 / config["word_dim"])
+        )
         self.case_embedding = _uniform(keys[1], (NUM_CASINGS, config["case_dim"]), np.sqrt(3 / config["case_dim"]))
-        self.char_embedding = _uniform(keys[2], (len(vocab.chars) + 2, config["char_dim"]), np.sqrt(3 / config["char_dim"]))
-        self.char_filters = _uniform(keys[3], (3 * config["char_dim"], config["char_filters"]),
-                                     1 / np.sqrt(3 * config["char_dim"]))
+        self.char_embedding = _uniform(
+            keys[2], (len(vocab.chars) + 2, config["char_dim"]), np.sqrt(3 / config["char_dim"])
+        )
+        self.char_filters = _uniform(
+            keys[3], (3 * config["char_dim"], config["char_filters"]), 1 / np.sqrt(3 * config["char_dim"])
+        )
         self.char_bias = jnp.zeros(config["char_filters"])
         self.forward_lstm = LSTM(dim, config["hidden"], key=keys[4])
         self.backward_lstm = LSTM(dim, config["hidden"], key=keys[5])
@@ -265,8 +299,9 @@ class Encoder(eqx.Module):
 
     def __call__(self, batch: Batch, key=None):
         keys = (None, None) if key is None else tuple(jax.random.split(key))
-        inputs = jnp.concatenate([self.word_embedding[batch.words], self.case_embedding[batch.cases],
-                                  self._char_features(batch.chars)], -1)
+        inputs = jnp.concatenate(
+            [self.word_embedding[batch.words], self.case_embedding[batch.cases], self._char_features(batch.chars)], -1
+        )
         inputs = _dropout(inputs, self.dropout, keys[0])
         forward = self.forward_lstm(inputs)
         backward = _reverse_within(self.backward_lstm(_reverse_within(inputs, batch.lengths)), batch.lengths)
@@ -312,8 +347,9 @@ def adam(learning_rate: float, clip: float):
 
 @eqx.filter_jit
 def train_step(parameters, static, state, batch: Batch, key, optimizer):
-    (value, left_out), gradient = jax.value_and_grad(
-        lambda p: loss(eqx.combine(p, static), batch, key), has_aux=True)(parameters)
+    (value, left_out), gradient = jax.value_and_grad(lambda p: loss(eqx.combine(p, static), batch, key), has_aux=True)(
+        parameters
+    )
     updates, state = optimizer.update(gradient, state, parameters)
     return optax.apply_updates(parameters, updates), state, value, left_out
 
@@ -342,8 +378,9 @@ def entity_f1(model, data: Bucketed, sentences, labels) -> tuple[float, float]:
     return 100 * metrics.entity_scores([s.labels for s in sentences], predicted).f1, seconds
 
 
-def train_head(run: RunDirectory, head: str, splits: Splits, vocab: Vocabulary, data: dict, config: dict,
-               progress: bool) -> dict:
+def train_head(
+    run: RunDirectory, head: str, splits: Splits, vocab: Vocabulary, data: dict, config: dict, progress: bool
+) -> dict:
     """Train one head for `config["epochs"]` epochs, a checkpoint after each."""
     encoder_key, head_key, order_key, dropout_key = jax.random.split(jax.random.key(SEED), 4)
     crf = CRF.from_labels(vocab.labels, "IOB2", key=head_key) if head == "crf" else None
@@ -352,8 +389,14 @@ def train_head(run: RunDirectory, head: str, splits: Splits, vocab: Vocabulary, 
     optimizer = adam(config["learning_rate"], config["clip"])
     epochs = config["epochs"]
     state = optimizer.init(parameters)
-    history = {"done": np.zeros((), np.int32), "loss": np.zeros(epochs), "seconds": np.zeros(epochs),
-               "dev_f1": np.zeros(epochs), "test_f1": np.zeros(epochs), "left_out": np.zeros(epochs, np.int32)}
+    history = {
+        "done": np.zeros((), np.int32),
+        "loss": np.zeros(epochs),
+        "seconds": np.zeros(epochs),
+        "dev_f1": np.zeros(epochs),
+        "test_f1": np.zeros(epochs),
+        "left_out": np.zeros(epochs, np.int32),
+    }
     directory = os.path.join(run.root, "checkpoints", head)
     latest = checkpoint.latest_checkpoint(directory)
     if latest is not None:
@@ -376,24 +419,34 @@ def train_head(run: RunDirectory, head: str, splits: Splits, vocab: Vocabulary, 
         os.makedirs(directory, exist_ok=True)
         checkpoint.save(checkpoint.checkpoint_path(directory, epoch + 1), (parameters, state, history))
         checkpoint.prune_checkpoints(directory, 1)
-        print(f"  {head} epoch {epoch + 1}: loss {history['loss'][epoch]:.3f}, esp.testa F1 "
-              f"{history['dev_f1'][epoch]:.2f}, esp.testb F1 {history['test_f1'][epoch]:.2f} "
-              f"({history['seconds'][epoch]:.0f} s)", flush=True)
+        print(
+            f"  {head} epoch {epoch + 1}: loss {history['loss'][epoch]:.3f}, esp.testa F1 "
+            f"{history['dev_f1'][epoch]:.2f}, esp.testb F1 {history['test_f1'][epoch]:.2f} "
+            f"({history['seconds'][epoch]:.0f} s)",
+            flush=True,
+        )
     trained = eqx.combine(parameters, static)
     entity_f1(trained, data["test"], splits.test, vocab.labels)  # compiled: the timing below is decoding only
     test_f1, decode_seconds = entity_f1(trained, data["test"], splits.test, vocab.labels)
     best = int(np.argmax(history["dev_f1"]))
     seconds = [float(s) for s in history["seconds"]]
     steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
-    return {"head": head, "epochs": epochs, "best_dev_epoch": best + 1,
-            "test_f1_at_best_dev": float(history["test_f1"][best]), "test_f1_last": test_f1,
-            "dev_f1": [float(v) for v in history["dev_f1"]], "test_f1": [float(v) for v in history["test_f1"]],
-            "loss": [float(v) for v in history["loss"]], "epoch_seconds": seconds,
-            "train_tokens_per_second": train.num_tokens / steady,
-            "first_epoch_extra_seconds": max(seconds[0] - steady, 0.0),
-            "decode_tokens_per_second": data["test"].num_tokens / decode_seconds,
-            "training_sentences_left_out": int(history["left_out"][-1]),
-            "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(parameters)))}
+    return {
+        "head": head,
+        "epochs": epochs,
+        "best_dev_epoch": best + 1,
+        "test_f1_at_best_dev": float(history["test_f1"][best]),
+        "test_f1_last": test_f1,
+        "dev_f1": [float(v) for v in history["dev_f1"]],
+        "test_f1": [float(v) for v in history["test_f1"]],
+        "loss": [float(v) for v in history["loss"]],
+        "epoch_seconds": seconds,
+        "train_tokens_per_second": train.num_tokens / steady,
+        "first_epoch_extra_seconds": max(seconds[0] - steady, 0.0),
+        "decode_tokens_per_second": data["test"].num_tokens / decode_seconds,
+        "training_sentences_left_out": int(history["left_out"][-1]),
+        "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(parameters))),
+    }
 
 
 def sparse_tagger_results(path: str = TAGGER_RESULTS) -> dict | None:
@@ -407,8 +460,12 @@ def sparse_tagger_results(path: str = TAGGER_RESULTS) -> dict | None:
     seconds = re.search(r"training seconds: crfsuite ([\d.]+)\s+lossfns ([\d.]+)", text)
     if f1 is None:
         return None
-    return {"test_f1": 100 * float(f1.group(2)), "crfsuite_test_f1": 100 * float(f1.group(1)),
-            "train_seconds": float(seconds.group(2)) if seconds else None, "source": os.path.relpath(path)}
+    return {
+        "test_f1": 100 * float(f1.group(2)),
+        "crfsuite_test_f1": 100 * float(f1.group(1)),
+        "train_seconds": float(seconds.group(2)) if seconds else None,
+        "source": os.path.relpath(path),
+    }
 
 
 def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=None) -> dict:
@@ -418,44 +475,86 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     splits = load(config["num_train"], config["num_eval"])
     vocab = vocabulary(splits.train, splits.labels)
     data = {name: bucketise(getattr(splits, name), vocab, config) for name in ("train", "dev", "test")}
-    print(f"{splits.source}: {len(splits.train)} training sentences ({data['train'].num_tokens} tokens), "
-          f"{len(vocab.words) + 2} words, {len(vocab.chars) + 2} characters, {len(vocab.labels)} tags", flush=True)
+    print(
+        f"{splits.source}: {len(splits.train)} training sentences ({data['train'].num_tokens} tokens), "
+        f"{len(vocab.words) + 2} words, {len(vocab.chars) + 2} characters, {len(vocab.labels)} tags",
+        flush=True,
+    )
     results = {}
     for head in heads:
         result = run.unit(head, lambda head=head: train_head(run, head, splits, vocab, data, config, progress))
         if result is not None:
             results[head] = result
     tagger = sparse_tagger_results()
-    rows = [[f"{head} head", r["test_f1_at_best_dev"], r["test_f1_last"], r["best_dev_epoch"],
-             f"{r['train_tokens_per_second']:,.0f}", f"{r['decode_tokens_per_second']:,.0f}",
-             f"{sum(r['epoch_seconds']):.0f}"] for head, r in results.items()]
+    rows = [
+        [
+            f"{head} head",
+            r["test_f1_at_best_dev"],
+            r["test_f1_last"],
+            r["best_dev_epoch"],
+            f"{r['train_tokens_per_second']:,.0f}",
+            f"{r['decode_tokens_per_second']:,.0f}",
+            f"{sum(r['epoch_seconds']):.0f}",
+        ]
+        for head, r in results.items()
+    ]
     if tagger is not None:
-        rows.append(["sparse-feature Tagger (stored, crfsuite_ner features, OWL-QN)", tagger["test_f1"], None, None,
-                     None, None, tagger["train_seconds"]])
-    lines = [f"# A neural tagger with a CRF head ({'quick' if quick else 'full'} run)", "",
-             f"Data: {splits.source}; {len(splits.train)} training sentences ({data['train'].num_tokens} tokens), "
-             f"{len(splits.test)} test sentences ({data['test'].num_tokens} tokens).", "",
-             f"Network: {config['word_dim']}-dim word embeddings, {config['case_dim']}-dim casing, "
-             f"{config['char_filters']} character filters (width 3, {config['char_dim']}-dim characters), BiLSTM "
-             f"{config['hidden']} per direction, dropout {config['dropout']}; Adam {config['learning_rate']}, "
-             f"clipping {config['clip']}, about {config['tokens_per_batch']} tokens a batch, {config['epochs']} epochs.",
-             "", markdown_table(["model", "esp.testb F1 (best esp.testa epoch)", "esp.testb F1 (last epoch)",
-                                 "best epoch", "training tokens/s", "decoding tokens/s", "training s"], rows)]
+        rows.append(
+            [
+                "sparse-feature Tagger (stored, crfsuite_ner features, OWL-QN)",
+                tagger["test_f1"],
+                None,
+                None,
+                None,
+                None,
+                tagger["train_seconds"],
+            ]
+        )
+    lines = [
+        f"# A neural tagger with a CRF head ({'quick' if quick else 'full'} run)",
+        "",
+        f"Data: {splits.source}; {len(splits.train)} training sentences ({data['train'].num_tokens} tokens), "
+        f"{len(splits.test)} test sentences ({data['test'].num_tokens} tokens).",
+        "",
+        f"Network: {config['word_dim']}-dim word embeddings, {config['case_dim']}-dim casing, "
+        f"{config['char_filters']} character filters (width 3, {config['char_dim']}-dim characters), BiLSTM "
+        f"{config['hidden']} per direction, dropout {config['dropout']}; Adam {config['learning_rate']}, "
+        f"clipping {config['clip']}, about {config['tokens_per_batch']} tokens a batch, {config['epochs']} epochs.",
+        "",
+        markdown_table(
+            [
+                "model",
+                "esp.testb F1 (best esp.testa epoch)",
+                "esp.testb F1 (last epoch)",
+                "best epoch",
+                "training tokens/s",
+                "decoding tokens/s",
+                "training s",
+            ],
+            rows,
+        ),
+    ]
     if tagger is not None:
-        lines += [f"The sparse Tagger's row is read from `{tagger['source']}` (CRFsuite: "
-                  f"{tagger['crfsuite_test_f1']:.2f}); its time includes feature extraction.", ""]
+        lines += [
+            f"The sparse Tagger's row is read from `{tagger['source']}` (CRFsuite: "
+            f"{tagger['crfsuite_test_f1']:.2f}); its time includes feature extraction.",
+            "",
+        ]
     if "crf" in results and "softmax" in results:
         crf, softmax = results["crf"], results["softmax"]
         gain = crf["test_f1_at_best_dev"] - softmax["test_f1_at_best_dev"]
-        late = {head: np.asarray(r["test_f1"][-(len(r["test_f1"]) + 1) // 2:]) for head, r in results.items()}
-        lines += [f"CRF head over softmax head: {gain:+.2f} F1 (best esp.testa epoch); over the last "
-                  f"{len(late['crf'])} epochs esp.testb F1 {late['crf'].mean():.2f} +- {late['crf'].std():.2f} "
-                  f"against {late['softmax'].mean():.2f} +- {late['softmax'].std():.2f} (one seed: the spread "
-                  f"between epochs is the noise to compare the gap with). Training speed ratio (CRF / softmax) "
-                  f"{crf['train_tokens_per_second'] / softmax['train_tokens_per_second']:.2f}, decoding "
-                  f"{crf['decode_tokens_per_second'] / softmax['decode_tokens_per_second']:.2f}; training "
-                  f"sentences left out of the CRF head's loss (gold tags invalid in IOB2): "
-                  f"{crf['training_sentences_left_out']}.", ""]
+        late = {head: np.asarray(r["test_f1"][-(len(r["test_f1"]) + 1) // 2 :]) for head, r in results.items()}
+        lines += [
+            f"CRF head over softmax head: {gain:+.2f} F1 (best esp.testa epoch); over the last "
+            f"{len(late['crf'])} epochs esp.testb F1 {late['crf'].mean():.2f} +- {late['crf'].std():.2f} "
+            f"against {late['softmax'].mean():.2f} +- {late['softmax'].std():.2f} (one seed: the spread "
+            f"between epochs is the noise to compare the gap with). Training speed ratio (CRF / softmax) "
+            f"{crf['train_tokens_per_second'] / softmax['train_tokens_per_second']:.2f}, decoding "
+            f"{crf['decode_tokens_per_second'] / softmax['decode_tokens_per_second']:.2f}; training "
+            f"sentences left out of the CRF head's loss (gold tags invalid in IOB2): "
+            f"{crf['training_sentences_left_out']}.",
+            "",
+        ]
     run.write_text("results.md", "\n".join(lines) + "\n")
     summary = {"quick": quick, "config": config, "source": splits.source, "heads": results, "sparse_tagger": tagger}
     run.write_json("results.json", summary)

@@ -78,11 +78,22 @@ from .harness import (
 
 # Priority order: the core comparison first, then the other neighbourhoods.
 CRITERIA = ("TRANS1", "EM", "DELORTRANS1", "LENGTH", "DEL1WORD", "DEL1SUBSEQ")
-NEIGHBOURHOODS = {"TRANS1": neighbourhoods.trans1, "DELORTRANS1": neighbourhoods.delortrans1,
-                  "DEL1WORD": neighbourhoods.del1word, "DEL1SUBSEQ": neighbourhoods.del1subseq}
+NEIGHBOURHOODS = {
+    "TRANS1": neighbourhoods.trans1,
+    "DELORTRANS1": neighbourhoods.delortrans1,
+    "DEL1WORD": neighbourhoods.del1word,
+    "DEL1SUBSEQ": neighbourhoods.del1subseq,
+}
 # Table 3's models: (criterion, spelling features).
-TABLE3_MODELS = (("TRANS1", False), ("EM", False), ("DELORTRANS1", False), ("LENGTH", False),
-                 ("TRANS1", True), ("DELORTRANS1", True), ("LENGTH", True))
+TABLE3_MODELS = (
+    ("TRANS1", False),
+    ("EM", False),
+    ("DELORTRANS1", False),
+    ("LENGTH", False),
+    ("TRANS1", True),
+    ("DELORTRANS1", True),
+    ("LENGTH", True),
+)
 # Dictionary dilutions: which words are allowed every tag.
 DILUTIONS = ("all", "first half", "count>=2", "count>=3")
 
@@ -95,30 +106,60 @@ PAPER_FIGURE2 = {
     "DEL1WORD": {12: (55.4, 55.6), 24: (58.6, 60.3), 48: (59.9, 60.2), 96: (59.9, 60.4)},
     "DEL1SUBSEQ": {12: (53.0, 53.3), 24: (55.0, 56.7), 48: (55.3, 55.4), 96: (57.3, 58.7)},
 }
-PAPER_FIGURE2_DATA = {"random expected": {12: 35.2, 24: 35.1, 48: 35.1, 96: 35.1},
-                      "ambiguous words": {12: 6244, 24: 12923, 48: 25879, 96: 51521}}
+PAPER_FIGURE2_DATA = {
+    "random expected": {12: 35.2, 24: 35.1, 48: 35.1, 96: 35.1},
+    "ambiguous words": {12: 6244, 24: 12923, 48: 25879, 96: 51521},
+}
 # Table 3: accuracy on all words, 24K words, 17 tags, (selected, oracle) per model; then
 # random expected, ambiguous words, average tags per token.
 PAPER_TABLE3 = {
-    "all": {("DELORTRANS1", False): (78.3, 90.1), ("DELORTRANS1", True): (80.9, 91.1),
-            ("TRANS1", False): (90.4, 90.4), ("TRANS1", True): (88.7, 90.9),
-            ("LENGTH", False): (87.8, 90.4), ("LENGTH", True): (87.1, 91.9), ("EM", False): (78.0, 84.4),
-            "data": (69.5, 13150, 2.3)},
-    "first half": {("DELORTRANS1", False): (72.3, 84.8), ("DELORTRANS1", True): (80.2, 90.8),
-                   ("TRANS1", False): (80.8, 82.9), ("TRANS1", True): (88.1, 90.1),
-                   ("LENGTH", False): (68.1, 78.3), ("LENGTH", True): (76.9, 83.2), ("EM", False): (77.2, 80.5),
-                   "data": (60.5, 13841, 3.7)},
-    "count>=2": {("DELORTRANS1", False): (69.5, 81.3), ("DELORTRANS1", True): (79.5, 90.3),
-                 ("TRANS1", False): (77.0, 78.6), ("TRANS1", True): (78.7, 90.1),
-                 ("LENGTH", False): (65.3, 75.2), ("LENGTH", True): (73.3, 73.8), ("EM", False): (70.1, 70.9),
-                 "data": (56.6, 14780, 4.4)},
-    "count>=3": {("DELORTRANS1", False): (65.0, 77.2), ("DELORTRANS1", True): (78.3, 89.8),
-                 ("TRANS1", False): (71.7, 73.4), ("TRANS1", True): (78.4, 89.5),
-                 ("LENGTH", False): (62.8, 72.3), ("LENGTH", True): (73.2, 73.6), ("EM", False): (66.5, 66.5),
-                 "data": (51.0, 15996, 5.5)},
+    "all": {
+        ("DELORTRANS1", False): (78.3, 90.1),
+        ("DELORTRANS1", True): (80.9, 91.1),
+        ("TRANS1", False): (90.4, 90.4),
+        ("TRANS1", True): (88.7, 90.9),
+        ("LENGTH", False): (87.8, 90.4),
+        ("LENGTH", True): (87.1, 91.9),
+        ("EM", False): (78.0, 84.4),
+        "data": (69.5, 13150, 2.3),
+    },
+    "first half": {
+        ("DELORTRANS1", False): (72.3, 84.8),
+        ("DELORTRANS1", True): (80.2, 90.8),
+        ("TRANS1", False): (80.8, 82.9),
+        ("TRANS1", True): (88.1, 90.1),
+        ("LENGTH", False): (68.1, 78.3),
+        ("LENGTH", True): (76.9, 83.2),
+        ("EM", False): (77.2, 80.5),
+        "data": (60.5, 13841, 3.7),
+    },
+    "count>=2": {
+        ("DELORTRANS1", False): (69.5, 81.3),
+        ("DELORTRANS1", True): (79.5, 90.3),
+        ("TRANS1", False): (77.0, 78.6),
+        ("TRANS1", True): (78.7, 90.1),
+        ("LENGTH", False): (65.3, 75.2),
+        ("LENGTH", True): (73.3, 73.8),
+        ("EM", False): (70.1, 70.9),
+        "data": (56.6, 14780, 4.4),
+    },
+    "count>=3": {
+        ("DELORTRANS1", False): (65.0, 77.2),
+        ("DELORTRANS1", True): (78.3, 89.8),
+        ("TRANS1", False): (71.7, 73.4),
+        ("TRANS1", True): (78.4, 89.5),
+        ("LENGTH", False): (62.8, 72.3),
+        ("LENGTH", True): (73.2, 73.6),
+        ("EM", False): (66.5, 66.5),
+        "data": (51.0, 15996, 5.5),
+    },
 }
-PAPER_DILUTION_NAMES = {"all": "all train & dev.", "first half": "1st 500 sents.", "count>=2": "count >= 2",
-                        "count>=3": "count >= 3"}
+PAPER_DILUTION_NAMES = {
+    "all": "all train & dev.",
+    "first half": "1st 500 sents.",
+    "count>=2": "count >= 2",
+    "count>=3": "count >= 3",
+}
 FLOORS = {("TRANS1", 96000): 70.0}
 # "Wide margin" over EM, in points of ambiguous-word accuracy (the paper's is 14-18).
 WIDE_MARGIN = 5.0
@@ -126,12 +167,23 @@ WIDE_MARGIN = 5.0
 # The paper projects the 45 PTB tags onto 17 coarse ones but lists only one
 # example (RB* -> ADV); this is our reconstruction of that 17-tag set.
 COARSE_TAGS = {
-    **dict.fromkeys(("JJ", "JJR", "JJS"), "ADJ"), **dict.fromkeys(("RB", "RBR", "RBS"), "ADV"), "CC": "CONJ",
-    **dict.fromkeys(("DT", "PDT", "PRP$"), "DET"), ".": "ENDPUNC", **dict.fromkeys((",", ":"), "INPUNC"),
-    **dict.fromkeys(("``", "("), "LPUNC"), **dict.fromkeys(("''", ")"), "RPUNC"),
+    **dict.fromkeys(("JJ", "JJR", "JJS"), "ADJ"),
+    **dict.fromkeys(("RB", "RBR", "RBS"), "ADV"),
+    "CC": "CONJ",
+    **dict.fromkeys(("DT", "PDT", "PRP$"), "DET"),
+    ".": "ENDPUNC",
+    **dict.fromkeys((",", ":"), "INPUNC"),
+    **dict.fromkeys(("``", "("), "LPUNC"),
+    **dict.fromkeys(("''", ")"), "RPUNC"),
     **dict.fromkeys(("NN", "NNS", "NNP", "NNPS", "PRP", "EX", "FW", "SYM", "CD", "LS", "$", "#", "UH"), "N"),
-    "POS": "POS", "IN": "PREP", "RP": "PRT", "TO": "TO", **dict.fromkeys(("VB", "VBD", "VBP", "VBZ", "MD"), "V"),
-    "VBG": "VBG", "VBN": "VBN", **dict.fromkeys(("WDT", "WP", "WP$", "WRB"), "WH"),
+    "POS": "POS",
+    "IN": "PREP",
+    "RP": "PRT",
+    "TO": "TO",
+    **dict.fromkeys(("VB", "VBD", "VBP", "VBZ", "MD"), "V"),
+    "VBG": "VBG",
+    "VBN": "VBN",
+    **dict.fromkeys(("WDT", "WP", "WP$", "WRB"), "WH"),
 }
 
 # The paper's grids: CE "an unsmoothed trial" and sigma^2 from 0.1 to 10; EM
@@ -151,14 +203,37 @@ RECOVERS = 0.5
 # then 24K and 48K; Table 3 last. With packed lattices (`dag.pack`) one
 # L-BFGS step of TRANS1 on 12K words takes about 0.15 s on one core (it was
 # about 0.56 s padded and stacked, plus per-lattice compilations while building).
-FULL = dict(sizes=(12000, 96000, 24000, 48000), dev_words=5000, smoothing=CE_SMOOTHING, em_smoothing=EM_SMOOTHING,
-            max_steps=1000, em_iterations=1000, tol=1e-4, num_batches=4, share_shapes=False, max_length=None, table3_words=24000,
-            dilutions=DILUTIONS, table3_models=TABLE3_MODELS)
+FULL = dict(
+    sizes=(12000, 96000, 24000, 48000),
+    dev_words=5000,
+    smoothing=CE_SMOOTHING,
+    em_smoothing=EM_SMOOTHING,
+    max_steps=1000,
+    em_iterations=1000,
+    tol=1e-4,
+    num_batches=4,
+    share_shapes=False,
+    max_length=None,
+    table3_words=24000,
+    dilutions=DILUTIONS,
+    table3_models=TABLE3_MODELS,
+)
 # Quick: sentences of at most 10 words, so that every lattice is small and
 # all of them can share one padded shape (one compilation per loss).
-QUICK = dict(sizes=(400, 200), dev_words=100, smoothing=(1.0, 10.0), max_steps=10, em_iterations=10, tol=1e-4,
-             num_batches=1, share_shapes=True, max_length=10, table3_words=100, dilutions=("all", "count>=2"),
-             table3_models=(("TRANS1", True), ("EM", False)))
+QUICK = dict(
+    sizes=(400, 200),
+    dev_words=100,
+    smoothing=(1.0, 10.0),
+    max_steps=10,
+    em_iterations=10,
+    tol=1e-4,
+    num_batches=1,
+    share_shapes=True,
+    max_length=10,
+    table3_words=100,
+    dilutions=("all", "count>=2"),
+    table3_models=(("TRANS1", True), ("EM", False)),
+)
 SEED = 0
 LATTICE_CHUNK = 256  # sentences per cached file of lattices
 
@@ -188,8 +263,9 @@ def take_words(sentences, num_words: int) -> int:
     return int(min(np.searchsorted(lengths, num_words) + 1, len(sentences)))
 
 
-def load_corpus(tagset: str, train_words: int, dev_words: int, seed: int = SEED,
-                max_length: int | None = None) -> Corpus:
+def load_corpus(
+    tagset: str, train_words: int, dev_words: int, seed: int = SEED, max_length: int | None = None
+) -> Corpus:
     """conll2000 WSJ in a fixed random sentence order: the first `dev_words`
     words' sentences are the dev set, the next `train_words` words' the
     training pool (only sentences of at most `max_length` words, if given:
@@ -216,8 +292,9 @@ def load_corpus(tagset: str, train_words: int, dev_words: int, seed: int = SEED,
     num_dev = take_words(ordered, dev_words)
     num_train = take_words(ordered[num_dev:], train_words)
     tags = tuple(sorted({tag for sentence in dictionary_text for tag in sentence.labels}))
-    return Corpus(ordered[num_dev:num_dev + num_train], ordered[:num_dev], dictionary_text, tags, source,
-                  is_synthetic)
+    return Corpus(
+        ordered[num_dev : num_dev + num_train], ordered[:num_dev], dictionary_text, tags, source, is_synthetic
+    )
 
 
 def wsj_treebank_sample() -> list:
@@ -281,10 +358,13 @@ def dictionary_statistics(sentences, vocabulary, allowed) -> dict:
     sizes = allowed.sum(1)
     counts = np.concatenate([sizes[ids] for ids in word_ids(sentences, vocabulary)])
     ambiguous = counts > 1
-    return {"tokens": int(counts.size), "ambiguous_tokens": int(ambiguous.sum()),
-            "tags_per_token": float(counts.mean()),
-            "random_ambiguous": float(100 * np.mean(1.0 / counts[ambiguous])) if ambiguous.any() else None,
-            "random_all": float(100 * np.mean(1.0 / counts))}
+    return {
+        "tokens": int(counts.size),
+        "ambiguous_tokens": int(ambiguous.sum()),
+        "tags_per_token": float(counts.mean()),
+        "random_ambiguous": float(100 * np.mean(1.0 / counts[ambiguous])) if ambiguous.any() else None,
+        "random_all": float(100 * np.mean(1.0 / counts)),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -312,8 +392,9 @@ def cache_dir(run: RunDirectory) -> str:
     return path
 
 
-def cached_lattices(directory: str, name: str, sentences: list, kind: str, num_tags: int, allowed: np.ndarray,
-                    progress: bool) -> list:
+def cached_lattices(
+    directory: str, name: str, sentences: list, kind: str, num_tags: int, allowed: np.ndarray, progress: bool
+) -> list:
     """`build_lattice` for each sentence, read from `directory` when a run
     with the same inputs built them before (keyed by a hash of the inputs)."""
     digest = hashlib.sha1(f"{kind}/{num_tags}".encode())
@@ -324,8 +405,10 @@ def cached_lattices(directory: str, name: str, sentences: list, kind: str, num_t
     if os.path.exists(path):
         with open(path, "rb") as stream:
             return pickle.load(stream)
-    lattices = [build_lattice(words, kind, num_tags, allowed)
-                for words in tqdm.tqdm(sentences, desc=f"{name} {kind} lattices", disable=not progress, leave=False)]
+    lattices = [
+        build_lattice(words, kind, num_tags, allowed)
+        for words in tqdm.tqdm(sentences, desc=f"{name} {kind} lattices", disable=not progress, leave=False)
+    ]
     temporary = path + ".tmp"
     with open(temporary, "wb") as stream:
         pickle.dump(lattices, stream, protocol=pickle.HIGHEST_PROTOCOL)
@@ -383,7 +466,7 @@ def pack_groups(lattices: list, num_batches: int, candidates: int = 64) -> list[
     counts = np.zeros((len(lattices) + 1, longest), np.int64)
     for k, i in enumerate(order):
         profile = _level_profile(lattices[i].lattice)
-        counts[k + 1, :profile.size] = profile
+        counts[k + 1, : profile.size] = profile
     counts = np.cumsum(counts, axis=0)
     bounds = np.unique(np.linspace(0, len(lattices), candidates + 1).round().astype(int))
 
@@ -403,7 +486,7 @@ def pack_groups(lattices: list, num_batches: int, candidates: int = 64) -> list[
     g, b, members = int(np.argmin(best[:, n - 1])), n - 1, []
     while b > 0:
         a = choice[g, b]
-        members.append(np.sort(order[bounds[a]:bounds[b]]))
+        members.append(np.sort(order[bounds[a] : bounds[b]]))
         g, b = g - 1, a
     return members[::-1]
 
@@ -413,8 +496,9 @@ def make_batches(lattices: list, num_batches: int, padding: Padding | None = Non
     `padding`, one pack of the common shape instead."""
     if padding is not None:
         return [Batch(np.arange(len(lattices)), tagging.pack(lattices, **padding.sizes))]
-    return [Batch(members, tagging.pack([lattices[i] for i in members]))
-            for members in pack_groups(lattices, num_batches)]
+    return [
+        Batch(members, tagging.pack([lattices[i] for i in members])) for members in pack_groups(lattices, num_batches)
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -466,8 +550,7 @@ def _log_partition(tagged: tagging.TaggedLattice, scores) -> jax.Array:
 def total_log_partition(batches, params: tagging.TaggerParams, spelling_ids) -> jax.Array:
     """`sum_i log sum_{(x, y) in lattice i} u(x, y)` over packed (or stacked)
     lattices (a tuple of `TaggedLattice`); the real semiring is the fast CPU path."""
-    return sum(jnp.sum(_log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids)))
-               for tagged in batches)
+    return sum(jnp.sum(_log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids))) for tagged in batches)
 
 
 def neighbourhood_loss(params: tagging.TaggerParams, data) -> jax.Array:
@@ -477,8 +560,10 @@ def neighbourhood_loss(params: tagging.TaggerParams, data) -> jax.Array:
     packed `TaggedLattice`, one scan each); `signs` (a tuple of `[B]`) is +1
     for a neighbourhood, -1 for a sentence, 0 for a padding row."""
     packs, signs, spelling_ids = data
-    return sum(jnp.sum(sign * _log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids)))
-               for tagged, sign in zip(packs, signs))
+    return sum(
+        jnp.sum(sign * _log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids)))
+        for tagged, sign in zip(packs, signs)
+    )
 
 
 def length_loss(params: tagging.TaggerParams, data) -> jax.Array:
@@ -501,17 +586,36 @@ _LBFGS = optax.lbfgs()
 _loss_jit = jax.jit(lambda params, data, loss: loss(params, data), static_argnums=2)
 
 
-def train_lbfgs(params, data, loss, l2_weight: float, *, max_steps: int, tol: float, checkpoint_dir: str,
-                progress: bool, chunks: int = 5):
+def train_lbfgs(
+    params,
+    data,
+    loss,
+    l2_weight: float,
+    *,
+    max_steps: int,
+    tol: float,
+    checkpoint_dir: str,
+    progress: bool,
+    chunks: int = 5,
+):
     """Minimise `loss + l2_weight / 2 ||params||^2` from `params` with
     `optax.lbfgs` through the driver (`optimizers.train`), stopping when the
     relative change falls below `tol`; in `chunks` jitted pieces with a
     checkpoint after each (removed at the end), so that an interrupted unit
     resumes. Returns `(params, trace, seconds)` (compilation included)."""
     weight = jnp.asarray(l2_weight, params.emission.dtype)
-    result = optimizers.train(_penalised(loss), params, _LBFGS, (data, weight), max_steps=max_steps,
-                              stop=optimizers.relative_change_below(tol), chunk_steps=-(-max_steps // chunks),
-                              checkpoint_dir=checkpoint_dir, progress=progress, settings=["smith_eisner2005", tol])
+    result = optimizers.train(
+        _penalised(loss),
+        params,
+        _LBFGS,
+        (data, weight),
+        max_steps=max_steps,
+        stop=optimizers.relative_change_below(tol),
+        chunk_steps=-(-max_steps // chunks),
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        settings=["smith_eisner2005", tol],
+    )
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     steps = int(result.num_steps)
     return result.params, np.asarray(result.trace)[:steps], result.compile_seconds + result.run_seconds
@@ -521,8 +625,9 @@ def hmm_as_tagger(params: hmm.HMMParams) -> tagging.TaggerParams:
     """A second-order HMM as trigram-tagger weights: arc score `log P(t | u, v)
     + log P(w | t)`, so a lattice's log-partition is `log P(x)`."""
     num_tags = params.log_emission.shape[0]
-    return tagging.TaggerParams(params.log_emission, jnp.zeros((num_tags + 1, num_tags), params.log_emission.dtype),
-                                params.log_transition)
+    return tagging.TaggerParams(
+        params.log_emission, jnp.zeros((num_tags + 1, num_tags), params.log_emission.dtype), params.log_transition
+    )
 
 
 @jax.jit
@@ -555,8 +660,14 @@ def train_em(batches, allowed: np.ndarray, smoothing: float, *, iterations: int,
     params = hmm.initial_params(num_tags, allowed.shape[0], order=2, tag_dictionary=allowed)
     dtype = params.log_emission.dtype
     loop = optimizers.init_loop(params, iterations, dtype)
-    run = optimizers.drive(_em_iterations, loop, (batches, jnp.asarray(smoothing, dtype), jnp.asarray(allowed)),
-                           stop=optimizers.relative_change_below(tol), progress=progress, description="EM")
+    run = optimizers.drive(
+        _em_iterations,
+        loop,
+        (batches, jnp.asarray(smoothing, dtype), jnp.asarray(allowed)),
+        stop=optimizers.relative_change_below(tol),
+        progress=progress,
+        description="EM",
+    )
     steps = int(run.loop.step)
     return run.loop.inner, np.asarray(run.loop.trace)[:steps], run.compile_seconds + run.run_seconds
 
@@ -589,8 +700,16 @@ class Study:
     the tag dictionary, spelling features, and lattices and batches built on
     first use (per sentence once, shared by every training-set prefix)."""
 
-    def __init__(self, name: str, corpus: Corpus, allowed: np.ndarray, vocabulary: list, directory: str,
-                 num_batches: int, progress: bool):
+    def __init__(
+        self,
+        name: str,
+        corpus: Corpus,
+        allowed: np.ndarray,
+        vocabulary: list,
+        directory: str,
+        num_batches: int,
+        progress: bool,
+    ):
         self.name, self.corpus, self.allowed, self.vocabulary = name, corpus, allowed, vocabulary
         self.directory, self.num_batches, self.progress = directory, num_batches, progress
         self.ids = {"train": word_ids(corpus.train, vocabulary), "dev": word_ids(corpus.dev, vocabulary)}
@@ -617,9 +736,17 @@ class Study:
         chunks = self._lattices.setdefault((split, kind), [])
         while len(chunks) * LATTICE_CHUNK < count:
             start = len(chunks) * LATTICE_CHUNK
-            chunks.append(cached_lattices(self.directory, f"{self.name}-{split}-{len(chunks)}",
-                                          self.ids[split][start:start + LATTICE_CHUNK], kind, self.num_tags,
-                                          self.allowed, self.progress))
+            chunks.append(
+                cached_lattices(
+                    self.directory,
+                    f"{self.name}-{split}-{len(chunks)}",
+                    self.ids[split][start : start + LATTICE_CHUNK],
+                    kind,
+                    self.num_tags,
+                    self.allowed,
+                    self.progress,
+                )
+            )
         return [lattice for chunk in chunks for lattice in chunk][:count]
 
     def batches(self, split: str, kind: str, count: int) -> list[Batch]:
@@ -655,16 +782,27 @@ class Study:
         spelling_ids = self.spelling_ids if spelling else None
         if criterion == "LENGTH":
             numerators = tuple(batch.tagged for batch in self.batches(split, "sentence", count))
-            return length_loss, (numerators, self.length_counts(split, count), self.sigma_allowed(train_count),
-                                 spelling_ids)
+            return length_loss, (
+                numerators,
+                self.length_counts(split, count),
+                self.sigma_allowed(train_count),
+                spelling_ids,
+            )
         key = (split, ("sentence", criterion), count)
         if key not in self._batches:  # sentences and neighbourhoods packed together: half the scans
             lattices = self.lattices(split, "sentence", count) + self.lattices(split, criterion, count)
             self._batches[key] = make_batches(lattices, self.num_batches, self.padding)
         batches = self._batches[key]
-        signs = tuple(jnp.asarray(np.pad(np.where(batch.indices < count, -1.0, 1.0),
-                                         (0, batch.tagged.lattice.final_slots.shape[0] - batch.indices.size)),
-                                  jnp.float32) for batch in batches)
+        signs = tuple(
+            jnp.asarray(
+                np.pad(
+                    np.where(batch.indices < count, -1.0, 1.0),
+                    (0, batch.tagged.lattice.final_slots.shape[0] - batch.indices.size),
+                ),
+                jnp.float32,
+            )
+            for batch in batches
+        )
         return neighbourhood_loss, (tuple(batch.tagged for batch in batches), signs, spelling_ids)
 
 
@@ -675,16 +813,28 @@ def share_shapes(studies: list, kinds) -> None:
     for study in studies:
         for split in ("train", "dev"):
             sentences = study.lattices(split, "sentence", len(study.ids[split]))
-            sets += [sentences] + [sentences + study.lattices(split, kind, len(study.ids[split])) for kind in kinds
-                                   if kind != "sentence"]  # a CE loss packs both (`Study.loss_data`)
-    padding = Padding(pack_sizes(sets),
-                      max(len(ids) for study in studies for split in ("train", "dev") for ids in study.ids[split]))
+            sets += [sentences] + [
+                sentences + study.lattices(split, kind, len(study.ids[split])) for kind in kinds if kind != "sentence"
+            ]  # a CE loss packs both (`Study.loss_data`)
+    padding = Padding(
+        pack_sizes(sets), max(len(ids) for study in studies for split in ("train", "dev") for ids in study.ids[split])
+    )
     for study in studies:
         study.padding = padding
 
 
-def _train_unit(run: RunDirectory, name: str, study: Study, criterion: str, spelling: bool, smoothing: float,
-                count: int, dev_count: int, config: dict, progress: bool) -> dict | None:
+def _train_unit(
+    run: RunDirectory,
+    name: str,
+    study: Study,
+    criterion: str,
+    spelling: bool,
+    smoothing: float,
+    count: int,
+    dev_count: int,
+    config: dict,
+    progress: bool,
+) -> dict | None:
     """Train one model on the first `count` training sentences; score it on
     them (accuracy on ambiguous and on all words) and on the dev set (the
     criterion's own value, for model selection)."""
@@ -694,20 +844,36 @@ def _train_unit(run: RunDirectory, name: str, study: Study, criterion: str, spel
         train_batches = study.batches("train", "sentence", count)
         if criterion == "EM":
             support = study.emission_support(count)
-            params, trace, seconds = train_em(tuple(b.tagged for b in train_batches), support, smoothing,
-                                              iterations=config["em_iterations"], tol=config["tol"],
-                                              progress=progress)
+            params, trace, seconds = train_em(
+                tuple(b.tagged for b in train_batches),
+                support,
+                smoothing,
+                iterations=config["em_iterations"],
+                tol=config["tol"],
+                progress=progress,
+            )
             tagger, spelling_ids = hmm_as_tagger(params), None
             dev = tuple(b.tagged for b in study.batches("dev", "sentence", dev_count))
             dev_criterion = float(total_log_partition(dev, tagger, None))
             train_criterion = float(trace[-1])
         else:
-            start = tagging.init_params(study.num_tags, len(study.vocabulary), order=2,
-                                        num_spelling_features=study.num_spelling_features if spelling else 0)
+            start = tagging.init_params(
+                study.num_tags,
+                len(study.vocabulary),
+                order=2,
+                num_spelling_features=study.num_spelling_features if spelling else 0,
+            )
             loss, data = study.loss_data(criterion, "train", count, spelling, count)
-            tagger, trace, seconds = train_lbfgs(start, data, loss, 1.0 / smoothing, max_steps=config["max_steps"],
-                                                 tol=config["tol"], progress=progress,
-                                                 checkpoint_dir=os.path.join(cache_dir(run), "checkpoints", name))
+            tagger, trace, seconds = train_lbfgs(
+                start,
+                data,
+                loss,
+                1.0 / smoothing,
+                max_steps=config["max_steps"],
+                tol=config["tol"],
+                progress=progress,
+                checkpoint_dir=os.path.join(cache_dir(run), "checkpoints", name),
+            )
             spelling_ids = study.spelling_ids if spelling else None
             dev_loss, dev_data = study.loss_data(criterion, "dev", dev_count, spelling, count)
             dev_criterion = -float(_loss_jit(tagger, dev_data, dev_loss))
@@ -717,24 +883,51 @@ def _train_unit(run: RunDirectory, name: str, study: Study, criterion: str, spel
         gold = [sentence.labels for sentence in sentences]
         guesses = [tuple(study.corpus.tags[t] for t in tags) for tags in predicted[:count]]
         words = [sentence.words for sentence in sentences]
-        dictionary = {w: frozenset(study.corpus.tags[k] for k in np.flatnonzero(row))
-                      for w, row in zip(study.vocabulary, study.allowed)}
-        row = {"criterion": criterion, "spelling": spelling, "smoothing": smoothing,
-               "train_words": int(sum(lengths[:count])), "train_sentences": count,
-               "ambiguous_accuracy": 100 * metrics.ambiguous_accuracy(words, gold, guesses, dictionary),
-               "all_accuracy": 100 * metrics.token_accuracy(gold, guesses),
-               "dev_criterion": dev_criterion, "train_criterion": train_criterion, "steps": len(trace),
-               "train_seconds": seconds, "trace": [float(v) for v in trace]}
-        print(f"  {name}: ambiguous {row['ambiguous_accuracy']:.2f}, all {row['all_accuracy']:.2f}, "
-              f"dev criterion {dev_criterion:.1f} ({row['steps']} steps, {seconds:.0f} s)", flush=True)
+        dictionary = {
+            w: frozenset(study.corpus.tags[k] for k in np.flatnonzero(row))
+            for w, row in zip(study.vocabulary, study.allowed)
+        }
+        row = {
+            "criterion": criterion,
+            "spelling": spelling,
+            "smoothing": smoothing,
+            "train_words": int(sum(lengths[:count])),
+            "train_sentences": count,
+            "ambiguous_accuracy": 100 * metrics.ambiguous_accuracy(words, gold, guesses, dictionary),
+            "all_accuracy": 100 * metrics.token_accuracy(gold, guesses),
+            "dev_criterion": dev_criterion,
+            "train_criterion": train_criterion,
+            "steps": len(trace),
+            "train_seconds": seconds,
+            "trace": [float(v) for v in trace],
+        }
+        print(
+            f"  {name}: ambiguous {row['ambiguous_accuracy']:.2f}, all {row['all_accuracy']:.2f}, "
+            f"dev criterion {dev_criterion:.1f} ({row['steps']} steps, {seconds:.0f} s)",
+            flush=True,
+        )
         return row
 
-    settings = {"dictionary_sentences": len(study.corpus.dictionary_text), "tol": config["tol"],
-                "cap": config["em_iterations"] if criterion == "EM" else config["max_steps"]}
+    settings = {
+        "dictionary_sentences": len(study.corpus.dictionary_text),
+        "tol": config["tol"],
+        "cap": config["em_iterations"] if criterion == "EM" else config["max_steps"],
+    }
     row = run.unit(name, compute, settings)
-    return None if row is None else row | {"unit": name, "convergence": trace_convergence(
-        row["trace"], optimizers.relative_change_below(config["tol"]), settings["cap"],
-        f"relative change < {config['tol']:g}")}
+    return (
+        None
+        if row is None
+        else row
+        | {
+            "unit": name,
+            "convergence": trace_convergence(
+                row["trace"],
+                optimizers.relative_change_below(config["tol"]),
+                settings["cap"],
+                f"relative change < {config['tol']:g}",
+            ),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -746,20 +939,33 @@ def select(rows: list, metric: str) -> dict:
     """Unsupervised selection (highest dev criterion) and oracle (highest
     `metric`) among the smoothing trials `rows` of one (criterion, data)."""
     if not rows:
-        return {"selected": None, "oracle": None, "selected_smoothing": None, "trials": 0, "converged": 0,
-                "stale": False}
+        return {
+            "selected": None,
+            "oracle": None,
+            "selected_smoothing": None,
+            "trials": 0,
+            "converged": 0,
+            "stale": False,
+        }
     chosen = max(rows, key=lambda row: row["dev_criterion"])
-    return {"selected": chosen[metric], "oracle": max(row[metric] for row in rows),
-            "selected_smoothing": chosen["smoothing"], "trials": len(rows),
-            "converged": sum(row["convergence"]["met"] for row in rows),
-            "stale": any(row.get("stale") for row in rows)}
+    return {
+        "selected": chosen[metric],
+        "oracle": max(row[metric] for row in rows),
+        "selected_smoothing": chosen["smoothing"],
+        "trials": len(rows),
+        "converged": sum(row["convergence"]["met"] for row in rows),
+        "stale": any(row.get("stale") for row in rows),
+    }
 
 
 def check_conclusion(selections: dict, size_key: str) -> dict:
     """'TRANS1, DELORTRANS1 and LENGTH beat EM by a wide margin (>= WIDE_MARGIN
     points, selected models) while DEL1WORD and DEL1SUBSEQ do not.'"""
-    scores = {criterion: selections[criterion][size_key]["selected"] for criterion in CRITERIA
-              if selections.get(criterion, {}).get(size_key, {}).get("selected") is not None}
+    scores = {
+        criterion: selections[criterion][size_key]["selected"]
+        for criterion in CRITERIA
+        if selections.get(criterion, {}).get(size_key, {}).get("selected") is not None
+    }
     if "EM" not in scores:
         return {"complete": False, "holds": None, "margins": {}}
     margins = {criterion: score - scores["EM"] for criterion, score in scores.items() if criterion != "EM"}
@@ -767,15 +973,30 @@ def check_conclusion(selections: dict, size_key: str) -> dict:
     poor = [margins[c] < WIDE_MARGIN for c in ("DEL1WORD", "DEL1SUBSEQ") if c in margins]
     complete = len(scores) == len(CRITERIA)
     # The weaker, ordinal reading: every good neighbourhood above every poor one.
-    above = (min(scores[c] for c in ("TRANS1", "DELORTRANS1", "LENGTH"))
-             > max(scores[c] for c in ("DEL1WORD", "DEL1SUBSEQ"))) if complete else None
-    converged = all(selections[c][size_key]["converged"] == selections[c][size_key]["trials"] for c in CRITERIA
-                    if size_key in selections.get(c, {}))
+    above = (
+        (
+            min(scores[c] for c in ("TRANS1", "DELORTRANS1", "LENGTH"))
+            > max(scores[c] for c in ("DEL1WORD", "DEL1SUBSEQ"))
+        )
+        if complete
+        else None
+    )
+    converged = all(
+        selections[c][size_key]["converged"] == selections[c][size_key]["trials"]
+        for c in CRITERIA
+        if size_key in selections.get(c, {})
+    )
     current = not any(selections[c][size_key].get("stale") for c in CRITERIA if size_key in selections.get(c, {}))
-    return {"complete": complete, "holds": complete and all(good) and all(poor), "margins": margins,
-            "converged": converged, "current": current,
-            "good_beat_em": all(good) if good else None, "poor_do_not": all(poor) if poor else None,
-            "good_above_poor": above}
+    return {
+        "complete": complete,
+        "holds": complete and all(good) and all(poor),
+        "margins": margins,
+        "converged": converged,
+        "current": current,
+        "good_beat_em": all(good) if good else None,
+        "poor_do_not": all(poor) if poor else None,
+        "good_above_poor": above,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -796,15 +1017,25 @@ def run_figure2(run: RunDirectory, config: dict, progress: bool, on_size=None) -
     study = Study("figure2", corpus, allowed, vocabulary, cache_dir(run), config["num_batches"], progress)
     if config["share_shapes"]:
         share_shapes([study], ["sentence"] + [c for c in CRITERIA if c in NEIGHBOURHOODS])
-    print(f"[figure2] {corpus.source}: {len(corpus.train)} training sentences (pool), {len(corpus.dev)} dev, "
-          f"{len(corpus.tags)} tags, {len(vocabulary)} words", flush=True)
+    print(
+        f"[figure2] {corpus.source}: {len(corpus.train)} training sentences (pool), {len(corpus.dev)} dev, "
+        f"{len(corpus.tags)} tags, {len(vocabulary)} words",
+        flush=True,
+    )
     dev_count = len(corpus.dev)
     rows, data = [], {}
-    summary = lambda: {"source": corpus.source, "synthetic": corpus.synthetic, "num_tags": len(corpus.tags),
-                       "dictionary_sentences": len(corpus.dictionary_text),
-                       "vocabulary": len(vocabulary), "dev_sentences": dev_count,
-                       "dev_words": sum(len(s.labels) for s in corpus.dev), "data": data, "rows": rows,
-                       **_figure2_selections(rows, data)}
+    summary = lambda: {
+        "source": corpus.source,
+        "synthetic": corpus.synthetic,
+        "num_tags": len(corpus.tags),
+        "dictionary_sentences": len(corpus.dictionary_text),
+        "vocabulary": len(vocabulary),
+        "dev_sentences": dev_count,
+        "dev_words": sum(len(s.labels) for s in corpus.dev),
+        "data": data,
+        "rows": rows,
+        **_figure2_selections(rows, data),
+    }
     for size in config["sizes"]:
         count = take_words(corpus.train, size)
         key = _size_key(size)
@@ -822,8 +1053,13 @@ def run_figure2(run: RunDirectory, config: dict, progress: bool, on_size=None) -
 
 
 def _figure2_selections(rows: list, data: dict) -> dict:
-    selections = {criterion: {key: select([r for r in rows if r["criterion"] == criterion and r["size"] == key],
-                                          "ambiguous_accuracy") for key in data} for criterion in CRITERIA}
+    selections = {
+        criterion: {
+            key: select([r for r in rows if r["criterion"] == criterion and r["size"] == key], "ambiguous_accuracy")
+            for key in data
+        }
+        for criterion in CRITERIA
+    }
     return {"selections": selections, "conclusions": {key: check_conclusion(selections, key) for key in data}}
 
 
@@ -835,30 +1071,64 @@ def run_table3(run: RunDirectory, config: dict, progress: bool) -> dict:
     studies = {}
     for dilution in config["dilutions"]:
         rare = rare_words(dilution, vocabulary, corpus.train, corpus.dev)
-        studies[dilution] = Study(f"table3-{dilution.replace(' ', '_').replace('>=', 'ge')}", corpus,
-                                  complete | rare[:, None], vocabulary, cache_dir(run), config["num_batches"],
-                                  progress)
+        studies[dilution] = Study(
+            f"table3-{dilution.replace(' ', '_').replace('>=', 'ge')}",
+            corpus,
+            complete | rare[:, None],
+            vocabulary,
+            cache_dir(run),
+            config["num_batches"],
+            progress,
+        )
     if config["share_shapes"]:
-        share_shapes(list(studies.values()), ["sentence"] + sorted({c for c, _ in config["table3_models"]
-                                                                    if c in NEIGHBOURHOODS}))
+        share_shapes(
+            list(studies.values()),
+            ["sentence"] + sorted({c for c, _ in config["table3_models"] if c in NEIGHBOURHOODS}),
+        )
     rows, data = [], {}
     for dilution, study in studies.items():
         data[dilution] = dictionary_statistics(corpus.train, vocabulary, study.allowed)
         for criterion, spelling in config["table3_models"]:
             for smoothing in smoothing_grid(criterion, config):
                 name = f"table3-{study.name[7:]}-{criterion}{'+spelling' if spelling else ''}-{smoothing:g}"
-                row = _train_unit(run, name, study, criterion, spelling, smoothing, len(corpus.train),
-                                  len(corpus.dev), config, progress)
+                row = _train_unit(
+                    run,
+                    name,
+                    study,
+                    criterion,
+                    spelling,
+                    smoothing,
+                    len(corpus.train),
+                    len(corpus.dev),
+                    config,
+                    progress,
+                )
                 if row is not None:
                     rows.append(row | {"dilution": dilution})
             study.release()  # one model's packs at a time
-    selections = {f"{criterion}{'+spelling' if spelling else ''}": {
-        dilution: select([r for r in rows if r["criterion"] == criterion and r["spelling"] == spelling
-                          and r["dilution"] == dilution], "all_accuracy") for dilution in data}
-        for criterion, spelling in config["table3_models"]}
-    return {"source": corpus.source, "synthetic": corpus.synthetic, "num_tags": len(corpus.tags),
-            "train_words": sum(len(s.labels) for s in corpus.train), "data": data, "rows": rows,
-            "selections": selections}
+    selections = {
+        f"{criterion}{'+spelling' if spelling else ''}": {
+            dilution: select(
+                [
+                    r
+                    for r in rows
+                    if r["criterion"] == criterion and r["spelling"] == spelling and r["dilution"] == dilution
+                ],
+                "all_accuracy",
+            )
+            for dilution in data
+        }
+        for criterion, spelling in config["table3_models"]
+    }
+    return {
+        "source": corpus.source,
+        "synthetic": corpus.synthetic,
+        "num_tags": len(corpus.tags),
+        "train_words": sum(len(s.labels) for s in corpus.train),
+        "data": data,
+        "rows": rows,
+        "selections": selections,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -894,9 +1164,13 @@ def _converged_trials(chosen: dict) -> str | None:
 
 def _units_table(rows: list) -> str:
     """Every trained model: steps, whether and how it converged, wall time."""
-    return markdown_table(["unit", "steps", "converged", "train s"],
-                          [[row["unit"], row["steps"], converged_cell(row["convergence"]), row["train_seconds"]]
-                           for row in sorted(rows, key=lambda row: row["unit"])])
+    return markdown_table(
+        ["unit", "steps", "converged", "train s"],
+        [
+            [row["unit"], row["steps"], converged_cell(row["convergence"]), row["train_seconds"]]
+            for row in sorted(rows, key=lambda row: row["unit"])
+        ],
+    )
 
 
 def _run_time_note(rows: list, num_missing: int) -> str:
@@ -907,10 +1181,12 @@ def _run_time_note(rows: list, num_missing: int) -> str:
     todo = [row for row in rows if row.get("stale")]
     mean = lambda values: sum(values) / max(len(values), 1)
     estimate = sum(mean(em) if row["criterion"] == "EM" else mean(ce) for row in todo) + num_missing * mean(em + ce)
-    return (f"Wall time: {len(rows)} models in {sum(em + ce) / 3600:.1f} h (mean per model: EM {mean(em):.0f} s, "
-            f"CE {mean(ce):.0f} s). The {len(todo)} models of an earlier configuration and {num_missing} not yet "
-            f"run would take about {estimate / 3600:.1f} h at that pace (longer where a model runs past the "
-            f"earlier cap).")
+    return (
+        f"Wall time: {len(rows)} models in {sum(em + ce) / 3600:.1f} h (mean per model: EM {mean(em):.0f} s, "
+        f"CE {mean(ce):.0f} s). The {len(todo)} models of an earlier configuration and {num_missing} not yet "
+        f"run would take about {estimate / 3600:.1f} h at that pace (longer where a model runs past the "
+        f"earlier cap)."
+    )
 
 
 def _table3_table(result: dict, config: dict) -> str:
@@ -926,10 +1202,17 @@ def _table3_table(result: dict, config: dict) -> str:
             row += [chosen.get("selected"), chosen.get("oracle"), "/".join(map(str, paper[criterion, spelling]))]
         stats, (random, ambiguous, per_token) = result["data"][dilution], paper["data"]
         chosen = [result["selections"][model].get(dilution, {}) for model in models]
-        row += [f"{stats['random_all']:.1f} ({random})", f"{stats['ambiguous_tokens']} ({ambiguous})",
-                f"{stats['tags_per_token']:.2f} ({per_token})",
-                _converged_trials({"converged": sum(c.get("converged", 0) for c in chosen),
-                                   "trials": sum(c.get("trials", 0) for c in chosen)})]
+        row += [
+            f"{stats['random_all']:.1f} ({random})",
+            f"{stats['ambiguous_tokens']} ({ambiguous})",
+            f"{stats['tags_per_token']:.2f} ({per_token})",
+            _converged_trials(
+                {
+                    "converged": sum(c.get("converged", 0) for c in chosen),
+                    "trials": sum(c.get("trials", 0) for c in chosen),
+                }
+            ),
+        ]
         rows.append(row)
     return markdown_table(header, rows)
 
@@ -941,15 +1224,23 @@ def _plot_figure2(run: RunDirectory, result: dict) -> str:
     colours = dict(zip(CRITERIA, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     words = {key: stats["tokens"] for key, stats in result["data"].items()}
     for criterion in CRITERIA:
-        points = sorted((words[key], s["selected"], s["oracle"]) for key, s in result["selections"][criterion].items()
-                        if s["selected"] is not None)
+        points = sorted(
+            (words[key], s["selected"], s["oracle"])
+            for key, s in result["selections"][criterion].items()
+            if s["selected"] is not None
+        )
         if points:
             x, selected, oracle = zip(*points)
             left.plot(x, selected, marker="o", color=colours[criterion], label=criterion)
             left.plot(x, oracle, linestyle="--", color=colours[criterion], alpha=0.6)
         paper = sorted(PAPER_FIGURE2[criterion].items())
-        left.scatter([1000 * size for size, _ in paper], [selected for _, (selected, _) in paper], marker="x",
-                     color=colours[criterion], alpha=0.6)
+        left.scatter(
+            [1000 * size for size, _ in paper],
+            [selected for _, (selected, _) in paper],
+            marker="x",
+            color=colours[criterion],
+            alpha=0.6,
+        )
     left.set_xscale("log")
     ticks = sorted(set(words.values()) | {1000 * size for size in PAPER_FIGURE2["TRANS1"]})
     left.set_xticks(ticks, [f"{t / 1000:.1f}K" for t in ticks])
@@ -957,19 +1248,29 @@ def _plot_figure2(run: RunDirectory, result: dict) -> str:
     left.set_xlabel("training words")
     left.set_ylabel("accuracy on ambiguous words (%)")
     data_kind = "synthetic" if result["synthetic"] else "WSJ"
-    left.set_title(f"Smith & Eisner 2005, Figure 2 ({data_kind}): selected (solid), oracle (dashed), "
-                   f"paper selected (x)", fontsize=9)
+    left.set_title(
+        f"Smith & Eisner 2005, Figure 2 ({data_kind}): selected (solid), oracle (dashed), paper selected (x)",
+        fontsize=9,
+    )
     left.legend(fontsize=8)
     # The largest size with any finished trial (the paper plots 96K).
     largest = max({row["size"] for row in result["rows"]} or words, key=words.get)
     for criterion in CRITERIA:
-        points = sorted((r["smoothing"], r["ambiguous_accuracy"]) for r in result["rows"]
-                        if r["criterion"] == criterion and r["size"] == largest)
+        points = sorted(
+            (r["smoothing"], r["ambiguous_accuracy"])
+            for r in result["rows"]
+            if r["criterion"] == criterion and r["size"] == largest
+        )
         if points:
             right.plot(*zip(*points), marker="o", color=colours[criterion], label=criterion)
             chosen = result["selections"][criterion][largest]
-            right.scatter([chosen["selected_smoothing"]], [chosen["selected"]], s=150, facecolors="none",
-                          edgecolors=colours[criterion])
+            right.scatter(
+                [chosen["selected_smoothing"]],
+                [chosen["selected"]],
+                s=150,
+                facecolors="none",
+                edgecolors=colours[criterion],
+            )
     right.set_xscale("log")
     right.set_xlabel("smoothing (sigma^2 for CE, lambda for EM)")
     right.set_ylabel("accuracy on ambiguous words (%)")
@@ -985,15 +1286,23 @@ def _conclusion_text(result: dict, quick: bool) -> list[str]:
         if not check["complete"]:
             lines.append(f"- {key}: not all criteria finished yet (margins over EM so far: {margins or 'none'}).")
             continue
-        judged = verdict(check["holds"], quick=quick, converged=check.get("converged", False),
-                         current=check.get("current", True))
+        judged = verdict(
+            check["holds"], quick=quick, converged=check.get("converged", False), current=check.get("current", True)
+        )
         paper = PAPER_FIGURE2.get("EM", {}).get(int(key[:-1]) if key.endswith("K") else None)
-        paper_margins = "" if paper is None else " (paper: " + ", ".join(
-            f"{c} {PAPER_FIGURE2[c][int(key[:-1])][0] - paper[0]:+.1f}" for c in CRITERIA if c != "EM") + ")"
-        lines.append(f"- {key}: {judged}. Selected-model margins over EM: {margins} points{paper_margins} "
-                     f"(TRANS1/DELORTRANS1/LENGTH >= {WIDE_MARGIN:g}: {check['good_beat_em']}; "
-                     f"DEL1WORD/DEL1SUBSEQ < {WIDE_MARGIN:g}: {check['poor_do_not']}; each of TRANS1/"
-                     f"DELORTRANS1/LENGTH above both DEL1WORD and DEL1SUBSEQ: {check['good_above_poor']}).")
+        paper_margins = (
+            ""
+            if paper is None
+            else " (paper: "
+            + ", ".join(f"{c} {PAPER_FIGURE2[c][int(key[:-1])][0] - paper[0]:+.1f}" for c in CRITERIA if c != "EM")
+            + ")"
+        )
+        lines.append(
+            f"- {key}: {judged}. Selected-model margins over EM: {margins} points{paper_margins} "
+            f"(TRANS1/DELORTRANS1/LENGTH >= {WIDE_MARGIN:g}: {check['good_beat_em']}; "
+            f"DEL1WORD/DEL1SUBSEQ < {WIDE_MARGIN:g}: {check['poor_do_not']}; each of TRANS1/"
+            f"DELORTRANS1/LENGTH above both DEL1WORD and DEL1SUBSEQ: {check['good_above_poor']})."
+        )
     return lines
 
 
@@ -1005,27 +1314,40 @@ def check_table3(selections: dict, dilutions, models) -> list[dict]:
     first, last = dilutions[0], dilutions[-1]
     score = lambda model, dilution, kind: selections.get(model, {}).get(dilution, {}).get(kind)
     plain = [c for c in ("TRANS1", "DELORTRANS1", "LENGTH", "EM") if c in models]
-    drops = {c: (score(c, first, "selected") - score(c, last, "selected")) / score(c, first, "selected")
-             for c in plain if None not in (score(c, first, "selected"), score(c, last, "selected"))}
+    drops = {
+        c: (score(c, first, "selected") - score(c, last, "selected")) / score(c, first, "selected")
+        for c in plain
+        if None not in (score(c, first, "selected"), score(c, last, "selected"))
+    }
     length_most = (max(drops, key=drops.get) == "LENGTH") if "LENGTH" in drops and len(drops) == len(plain) else None
     recovered = {}
     for c in ("TRANS1", "DELORTRANS1", "LENGTH"):
         values = (score(c, first, "oracle"), score(c, last, "oracle"), score(f"{c}+spelling", last, "oracle"))
         if None not in values and values[0] > values[1]:
             recovered[c] = (values[2] - values[1]) / (values[0] - values[1])
-    rescue = (recovered["TRANS1"] >= RECOVERS and recovered["DELORTRANS1"] >= RECOVERS
-              and recovered["LENGTH"] < RECOVERS) if len(recovered) == 3 else None
-    return [{"claim": f"without spelling features LENGTH suffers most from a diluted dictionary (largest relative "
-                      f"drop of selected accuracy from '{PAPER_DILUTION_NAMES[first]}' to "
-                      f"'{PAPER_DILUTION_NAMES[last]}')",
-             "numbers": ", ".join(f"{c} {-100 * d:+.1f}%" for c, d in drops.items()) or "-", "holds": length_most,
-             "models": plain},
-            {"claim": f"spelling features rescue TRANS1 and DELORTRANS1 but not LENGTH (share of the oracle accuracy "
-                      f"lost to the '{PAPER_DILUTION_NAMES[last]}' dictionary that spelling features win back: >= "
-                      f"{RECOVERS:g} for TRANS1 and DELORTRANS1, < {RECOVERS:g} for LENGTH)",
-             "numbers": ", ".join(f"{c} {r:.2f}" for c, r in recovered.items()) or "-", "holds": rescue,
-             "models": ["TRANS1", "DELORTRANS1", "LENGTH", "TRANS1+spelling", "DELORTRANS1+spelling",
-                        "LENGTH+spelling"]}]
+    rescue = (
+        (recovered["TRANS1"] >= RECOVERS and recovered["DELORTRANS1"] >= RECOVERS and recovered["LENGTH"] < RECOVERS)
+        if len(recovered) == 3
+        else None
+    )
+    return [
+        {
+            "claim": f"without spelling features LENGTH suffers most from a diluted dictionary (largest relative "
+            f"drop of selected accuracy from '{PAPER_DILUTION_NAMES[first]}' to "
+            f"'{PAPER_DILUTION_NAMES[last]}')",
+            "numbers": ", ".join(f"{c} {-100 * d:+.1f}%" for c, d in drops.items()) or "-",
+            "holds": length_most,
+            "models": plain,
+        },
+        {
+            "claim": f"spelling features rescue TRANS1 and DELORTRANS1 but not LENGTH (share of the oracle accuracy "
+            f"lost to the '{PAPER_DILUTION_NAMES[last]}' dictionary that spelling features win back: >= "
+            f"{RECOVERS:g} for TRANS1 and DELORTRANS1, < {RECOVERS:g} for LENGTH)",
+            "numbers": ", ".join(f"{c} {r:.2f}" for c, r in recovered.items()) or "-",
+            "holds": rescue,
+            "models": ["TRANS1", "DELORTRANS1", "LENGTH", "TRANS1+spelling", "DELORTRANS1+spelling", "LENGTH+spelling"],
+        },
+    ]
 
 
 def _table3_findings(result: dict, config: dict, quick: bool) -> list[str]:
@@ -1033,17 +1355,24 @@ def _table3_findings(result: dict, config: dict, quick: bool) -> list[str]:
     every smoothing trial it reads converged) and the paper's numbers."""
     dilutions = config["dilutions"]
     models = [f"{c}{'+spelling' if s else ''}" for c, s in config["table3_models"]]
-    paper = {f"{c}{'+spelling' if s else ''}": {d: dict(zip(("selected", "oracle"), PAPER_TABLE3[d][c, s]))
-                                               for d in PAPER_TABLE3} for c, s in TABLE3_MODELS}
+    paper = {
+        f"{c}{'+spelling' if s else ''}": {
+            d: dict(zip(("selected", "oracle"), PAPER_TABLE3[d][c, s])) for d in PAPER_TABLE3
+        }
+        for c, s in TABLE3_MODELS
+    }
     ours, theirs = check_table3(result["selections"], dilutions, models), check_table3(paper, dilutions, models)
     lines = []
     for claim, reference in zip(ours, theirs):
         chosen = [result["selections"].get(m, {}).get(d, {}) for m in claim["models"] for d in dilutions]
         converged = all(c.get("trials") and c["converged"] == c["trials"] for c in chosen)
-        judged = verdict(claim["holds"], quick=quick, converged=converged,
-                         current=not any(c.get("stale") for c in chosen))
-        lines.append(f"- {claim['claim']}: {judged}; ours {claim['numbers']}; paper {reference['numbers']} "
-                     f"({'holds' if reference['holds'] else 'does not hold'} on its numbers).")
+        judged = verdict(
+            claim["holds"], quick=quick, converged=converged, current=not any(c.get("stale") for c in chosen)
+        )
+        lines.append(
+            f"- {claim['claim']}: {judged}; ours {claim['numbers']}; paper {reference['numbers']} "
+            f"({'holds' if reference['holds'] else 'does not hold'} on its numbers)."
+        )
     return lines
 
 
@@ -1056,6 +1385,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         raise ValueError(f"unknown tasks {sorted(unknown)}; choose from figure2, table3")
     results = {}
     if "figure2" in tasks:
+
         def partial_report(result):
             write_report(run, config, quick, {"figure2": result})
 
@@ -1079,7 +1409,7 @@ def missing_units(run: RunDirectory, config: dict, tasks) -> dict:
                         missing.setdefault(f"Figure 2, {_size_key(size)}", []).append(f"{criterion} {smoothing:g}")
     if "table3" in tasks:
         for dilution in config["dilutions"]:
-            slug = dilution.replace(' ', '_').replace('>=', 'ge')
+            slug = dilution.replace(" ", "_").replace(">=", "ge")
             for criterion, spelling in config["table3_models"]:
                 model = f"{criterion}{'+spelling' if spelling else ''}"
                 for smoothing in smoothing_grid(criterion, config):
@@ -1093,71 +1423,115 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
     `results.json` and `figure2.png` from the finished units in `results`."""
     smoothing = ", ".join(f"{s:g}" for s in config["smoothing"])
     em_smoothing = ", ".join(f"{s:g}" for s in smoothing_grid("EM", config))
-    mode = ("quick (tiny slices of sentences of at most 10 words, few iterations: not comparable to the paper)"
-            if quick else "full")
-    document = ["# Smith & Eisner (2005): contrastive estimation vs EM for unsupervised POS tagging", "",
-                f"Mode: {mode}. "
-                f"Trigram log-linear tagger from theta = 0, L-BFGS (optax.lbfgs) until the relative change of "
-                f"the criterion falls below {config['tol']:g} between steps (the paper's rule; safety cap "
-                f"{config['max_steps']} steps); Gaussian prior sigma^2 in {{{smoothing}}} (inf: unsmoothed). "
-                f"EM: second-order HMM, uniform start, add-lambda with lambda in {{{em_smoothing}}}, to the same "
-                f"rule (cap {config['em_iterations']} iterations). Every trained model, its steps and whether "
-                f"it converged are listed under 'Trained models'. Model selection ('sel.'): the trial with the highest "
-                f"value of its own criterion on {config['dev_words']} unlabelled dev words; 'oracle': the best "
-                f"trial. Accuracy is measured on the (unlabelled) training text itself, as in the paper. "
-                f"Seed {SEED}.", ""]
+    mode = (
+        "quick (tiny slices of sentences of at most 10 words, few iterations: not comparable to the paper)"
+        if quick
+        else "full"
+    )
+    document = [
+        "# Smith & Eisner (2005): contrastive estimation vs EM for unsupervised POS tagging",
+        "",
+        f"Mode: {mode}. "
+        f"Trigram log-linear tagger from theta = 0, L-BFGS (optax.lbfgs) until the relative change of "
+        f"the criterion falls below {config['tol']:g} between steps (the paper's rule; safety cap "
+        f"{config['max_steps']} steps); Gaussian prior sigma^2 in {{{smoothing}}} (inf: unsmoothed). "
+        f"EM: second-order HMM, uniform start, add-lambda with lambda in {{{em_smoothing}}}, to the same "
+        f"rule (cap {config['em_iterations']} iterations). Every trained model, its steps and whether "
+        f"it converged are listed under 'Trained models'. Model selection ('sel.'): the trial with the highest "
+        f"value of its own criterion on {config['dev_words']} unlabelled dev words; 'oracle': the best "
+        f"trial. Accuracy is measured on the (unlabelled) training text itself, as in the paper. "
+        f"Seed {SEED}.",
+        "",
+    ]
     floors = {}
     if "figure2" in results:
         result = results["figure2"]
-        document += [f"## Figure 2: accuracy on ambiguous words (%), {result['source']}", "",
-                     f"{result['num_tags']} tags; tag dictionary: every tag a word has anywhere in the WSJ text "
-                     f"NLTK has (conll2000 train.txt + test.txt and the treebank sample, "
-                     f"{result.get('dictionary_sentences', '?')} sentences); dev set {result['dev_words']} words. "
-                     f"Columns: ours selected, oracle and how many smoothing trials converged per training size, "
-                     f"then the paper's (selected/oracle) at 12K-96K words, whose dictionary came from the whole "
-                     f"Penn Treebank.", "",
-                     _figure2_table(result),
-                     "Ambiguity (average tags per token) here: " + ", ".join(
-                         f"{key} {stats['tags_per_token']:.2f}" for key, stats in
-                         sorted(result["data"].items(), key=lambda item: item[1]["tokens"]))
-                     + f"; the paper's: {PAPER_TAGS_PER_TOKEN} (a 35% random baseline). A smaller dictionary "
-                     f"text leaves fewer tags per word, so our task is easier than the paper's.", "",
-                     f"![figure 2]({os.path.basename(_plot_figure2(run, result))})", "",
-                     "### Conclusion: TRANS1, DELORTRANS1, LENGTH beat EM by a wide margin; DEL1WORD, DEL1SUBSEQ "
-                     "do not", ""] + _conclusion_text(result, quick) + [""]
+        document += (
+            [
+                f"## Figure 2: accuracy on ambiguous words (%), {result['source']}",
+                "",
+                f"{result['num_tags']} tags; tag dictionary: every tag a word has anywhere in the WSJ text "
+                f"NLTK has (conll2000 train.txt + test.txt and the treebank sample, "
+                f"{result.get('dictionary_sentences', '?')} sentences); dev set {result['dev_words']} words. "
+                f"Columns: ours selected, oracle and how many smoothing trials converged per training size, "
+                f"then the paper's (selected/oracle) at 12K-96K words, whose dictionary came from the whole "
+                f"Penn Treebank.",
+                "",
+                _figure2_table(result),
+                "Ambiguity (average tags per token) here: "
+                + ", ".join(
+                    f"{key} {stats['tags_per_token']:.2f}"
+                    for key, stats in sorted(result["data"].items(), key=lambda item: item[1]["tokens"])
+                )
+                + f"; the paper's: {PAPER_TAGS_PER_TOKEN} (a 35% random baseline). A smaller dictionary "
+                f"text leaves fewer tags per word, so our task is easier than the paper's.",
+                "",
+                f"![figure 2]({os.path.basename(_plot_figure2(run, result))})",
+                "",
+                "### Conclusion: TRANS1, DELORTRANS1, LENGTH beat EM by a wide margin; DEL1WORD, DEL1SUBSEQ do not",
+                "",
+            ]
+            + _conclusion_text(result, quick)
+            + [""]
+        )
         for (criterion, size), floor in FLOORS.items():
             chosen = result["selections"][criterion].get(_size_key(size), {}).get("selected")
             floors[f"{criterion} {_size_key(size)} selected"] = {
-                "floor": floor, "ours": chosen, "met": chosen is not None and chosen >= floor,
-                "applies": not quick and not result["synthetic"]}
+                "floor": floor,
+                "ours": chosen,
+                "met": chosen is not None and chosen >= floor,
+                "applies": not quick and not result["synthetic"],
+            }
     if "table3" in results:
         result = results["table3"]
-        document += [f"## Table 3: accuracy on all words (%), {result['train_words']} training words, "
-                     f"{result['num_tags']} coarse tags, {result['source']}", "",
-                     "Dictionaries: complete; rare words allowed every tag, rare = unseen in the first half of "
-                     "the training sentences (the paper: its first 500 sentences, about half), or count <= 1, "
-                     "or count <= 2 in training + dev text. Spelling features: 1-3 character suffixes, "
-                     "capital, hyphen, digit. Coarse tags: our reconstruction of the paper's 17 "
-                     "(`COARSE_TAGS`; the paper lists only RB* -> ADV).", "",
-                     _table3_table(result, config), "",
-                     "### Table 3 claims (judged only when every smoothing trial they read converged)", ""]
+        document += [
+            f"## Table 3: accuracy on all words (%), {result['train_words']} training words, "
+            f"{result['num_tags']} coarse tags, {result['source']}",
+            "",
+            "Dictionaries: complete; rare words allowed every tag, rare = unseen in the first half of "
+            "the training sentences (the paper: its first 500 sentences, about half), or count <= 1, "
+            "or count <= 2 in training + dev text. Spelling features: 1-3 character suffixes, "
+            "capital, hyphen, digit. Coarse tags: our reconstruction of the paper's 17 "
+            "(`COARSE_TAGS`; the paper lists only RB* -> ADV).",
+            "",
+            _table3_table(result, config),
+            "",
+            "### Table 3 claims (judged only when every smoothing trial they read converged)",
+            "",
+        ]
         document += _table3_findings(result, config, quick) + [""]
     trained = [row for result in results.values() for row in result["rows"]]
     document += stale_note(trained)
     missing = missing_units(run, config, tuple(results))
     if trained:
-        document += ["## Trained models", "", _run_time_note(trained, sum(map(len, missing.values()))), "",
-                     _units_table(trained)]
+        document += [
+            "## Trained models",
+            "",
+            _run_time_note(trained, sum(map(len, missing.values()))),
+            "",
+            _units_table(trained),
+        ]
     if missing:
-        document += ["## Missing units", "",
-                     f"{sum(len(names) for names in missing.values())} trained models are not finished (the run "
-                     "was stopped, or is still going; a rerun of the same command resumes and fills them in). "
-                     "Cells that depend on them are blank ('-') or use fewer smoothing trials:", ""]
+        document += [
+            "## Missing units",
+            "",
+            f"{sum(len(names) for names in missing.values())} trained models are not finished (the run "
+            "was stopped, or is still going; a rerun of the same command resumes and fills them in). "
+            "Cells that depend on them are blank ('-') or use fewer smoothing trials:",
+            "",
+        ]
         document += [f"- {group}: {', '.join(names)}" for group, names in missing.items()] + [""]
     document += floors_section(floors, "issue 7; real corpus, full run only", "units missing")
     run.write_text("results.md", "\n".join(document) + "\n")
-    summary = {"quick": quick, "seed": SEED, "config": config, "tasks": results, "floors": floors,
-               "wide_margin": WIDE_MARGIN, "missing_units": missing}
+    summary = {
+        "quick": quick,
+        "seed": SEED,
+        "config": config,
+        "tasks": results,
+        "floors": floors,
+        "wide_margin": WIDE_MARGIN,
+        "missing_units": missing,
+    }
     run.write_json("results.json", summary)
     return summary
 
@@ -1167,8 +1541,9 @@ def write_report(run: RunDirectory, config: dict, quick: bool, results: dict) ->
 # ---------------------------------------------------------------------------
 
 
-def profile_objective(criterion: str = "TRANS1", words: int = 12000, num_batches: int = FULL["num_batches"],
-                      steps: int = 3) -> dict:
+def profile_objective(
+    criterion: str = "TRANS1", words: int = 12000, num_batches: int = FULL["num_batches"], steps: int = 3
+) -> dict:
     """Time one CE objective value + gradient and a few L-BFGS steps on the
     first `words` training words (real corpus, `FULL` settings; lattices
     built here, not cached), and count the padded work of the packs:
@@ -1180,6 +1555,7 @@ def profile_objective(criterion: str = "TRANS1", words: int = 12000, num_batches
     vocabulary = vocabulary_of(corpus.train + corpus.dev)
     allowed = tag_dictionary(corpus.dictionary_text, vocabulary, corpus.tags)
     import tempfile
+
     with tempfile.TemporaryDirectory() as directory:
         study = Study("profile", corpus, allowed, vocabulary, directory, num_batches, False)
         count = take_words(corpus.train, words)
@@ -1189,8 +1565,14 @@ def profile_objective(criterion: str = "TRANS1", words: int = 12000, num_batches
     stats["real_arcs"] = int(sum(np.asarray(t.lattice.arc_valid).sum() for t in packs))
     stats["scan_cells"] = int(sum(block.size for t in packs for block in t.lattice.level_arcs))
     stats["scan_steps"] = int(sum(t.lattice.num_levels for t in packs))
-    stats["packs"] = [dict(lattices=int(t.lattice.num_lattices), levels=t.lattice.num_levels,
-                           blocks=[tuple(block.shape[1:]) for block in t.lattice.level_arcs]) for t in packs]
+    stats["packs"] = [
+        dict(
+            lattices=int(t.lattice.num_lattices),
+            levels=t.lattice.num_levels,
+            blocks=[tuple(block.shape[1:]) for block in t.lattice.level_arcs],
+        )
+        for t in packs
+    ]
     params = tagging.init_params(len(corpus.tags), len(vocabulary), order=2)
     weight = jnp.asarray(1.0, jnp.float32)
     value_and_grad = jax.jit(jax.value_and_grad(lambda p, d, w: loss(p, d) + regularisers.l2(p, w)))
@@ -1207,8 +1589,9 @@ def profile_objective(criterion: str = "TRANS1", words: int = 12000, num_batches
     loop = optimizers.init_loop((params, _LBFGS.init(params)), 100, jnp.float32)
     first = optimizers.drive(make_step, loop, (data, weight), stop=stop, until=1, progress=False)
     stats["lbfgs_first_step_with_compile"] = first.compile_seconds + first.run_seconds
-    more = optimizers.drive(make_step, first.loop, (data, weight), stop=stop, until=1 + steps, chunk_steps=steps,
-                            progress=False)
+    more = optimizers.drive(
+        make_step, first.loop, (data, weight), stop=stop, until=1 + steps, chunk_steps=steps, progress=False
+    )
     stats["lbfgs_seconds_per_step"] = more.run_seconds / steps
     for key, value in stats.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}", flush=True)

@@ -86,7 +86,7 @@ def planted_model(seed: int, scheme: str, words_per_label: int = 400, ambiguity:
     suffix_pool = [_stem(rng)[:2] + rng.choice(list(LETTERS)) for _ in range(4 * L)]
     lexicons = []
     for index, label in enumerate(labels):
-        suffixes = suffix_pool[3 * index: 3 * index + 3]
+        suffixes = suffix_pool[3 * index : 3 * index + 3]
         capital = (0.9 if label != "O" else 0.1) if scheme == "iob" else float(rng.choice([0.02, 0.1, 0.6]))
         lexicons.append(_lexicon(rng, index, words_per_label, suffixes, capital))
     for index in range(L):  # borrow words from other labels: ambiguous types
@@ -98,8 +98,9 @@ def planted_model(seed: int, scheme: str, words_per_label: int = 400, ambiguity:
     return PlantedModel(labels, start, transitions, tuple(map(tuple, lexicons)), tuple(zipf for _ in labels))
 
 
-def sample_sentences(model: PlantedModel, rng: np.random.Generator, count: int,
-                     mean_length: float = 14.0) -> list[tuple[list[str], list[str]]]:
+def sample_sentences(
+    model: PlantedModel, rng: np.random.Generator, count: int, mean_length: float = 14.0
+) -> list[tuple[list[str], list[str]]]:
     """`count` sentences `(tokens, tags)` sampled from the planted model."""
     sentences = []
     for _ in range(count):

@@ -56,8 +56,9 @@ def _as_sentences(pairs) -> list:
     return [corpora.Sentence(tuple((word,) for word in words), tuple(tags)) for words, tags in pairs]
 
 
-def load_task(task: str, num_train: int | None, num_test: int | None, seed: int = 0, *,
-              num_dev: int | None = 0) -> TaskData:
+def load_task(
+    task: str, num_train: int | None, num_test: int | None, seed: int = 0, *, num_dev: int | None = 0
+) -> TaskData:
     """NER (CoNLL-2002 Spanish, train -> esp.testb, development esp.testa)
     or POS (conll2000 WSJ, train.txt -> test.txt, development the NLTK
     treebank sample: WSJ sections 00-01, disjoint from conll2000's 15-18 and
@@ -82,8 +83,15 @@ def load_task(task: str, num_train: int | None, num_test: int | None, seed: int 
         pairs_train, pairs_test, _ = synthetic.synthetic_corpus(seed, scheme, num_train or 3000, num_test or 1000)
         train, test = _as_sentences(pairs_train), _as_sentences(pairs_test)
         # Development sentences: the same planted model, a third generator stream.
-        dev = _as_sentences(synthetic.sample_sentences(synthetic.planted_model(seed, scheme), np.random.default_rng(
-            [seed, 3]), num_dev or 1000)) if num_dev != 0 else []
+        dev = (
+            _as_sentences(
+                synthetic.sample_sentences(
+                    synthetic.planted_model(seed, scheme), np.random.default_rng([seed, 3]), num_dev or 1000
+                )
+            )
+            if num_dev != 0
+            else []
+        )
         source = f"synthetic planted model ({scheme}, seed {seed}): no corpus under NLTK_DATA"
     if num_train is not None and num_train < len(train):
         train = [train[i] for i in np.sort(corpora.shuffled(len(train), seed)[:num_train])]
@@ -146,8 +154,10 @@ def encode_task(data: TaskData, feature_sets, num_buckets: int) -> EncodedTask:
         extractor = presets.preset(FEATURE_SETS[set_name])
         index = features.build_index([extractor(sentence.tokens) for sentence in data.train])
         num_features = max(num_features, index.num_unigram)
-        packed[set_name] = {split: features.pack(features.encode(index, extractor, sentences), labels[split],
-                                                 num_buckets) for split, sentences in splits.items()}
+        packed[set_name] = {
+            split: features.pack(features.encode(index, extractor, sentences), labels[split], num_buckets)
+            for split, sentences in splits.items()
+        }
     out = {}
     for split in splits:
         # Bucketing depends on the lengths only: every feature set has the same buckets.
@@ -170,10 +180,12 @@ def init_params(num_features: int, num_labels: int, dtype=jnp.float32) -> Linear
 def _per_sentence_loss(loss: str, scores, bucket: Bucket) -> jax.Array:
     # The real semiring is the fast CPU path; marginals from it are
     # differentiable again, which the pointwise losses need.
-    function = {"sequential log": sequence.sequence_log_loss,
-                "sequential exp": sequence.log_sequence_exp_loss,
-                "pointwise log": pointwise.pointwise_log_loss,
-                "pointwise exp": pointwise.pointwise_exp_loss}[loss]
+    function = {
+        "sequential log": sequence.sequence_log_loss,
+        "sequential exp": sequence.log_sequence_exp_loss,
+        "pointwise log": pointwise.pointwise_log_loss,
+        "pointwise exp": pointwise.pointwise_exp_loss,
+    }[loss]
     return function(scores, bucket.labels, bucket.lengths, semiring=semirings.Real)
 
 
@@ -218,9 +230,19 @@ def _objective_of(loss: str, l2_weight: float):
 _LBFGS = optax.lbfgs()
 
 
-def train(params: LinearChainModel, buckets: list, weights: list, loss: str, *, l2_weight: float, max_steps: int,
-          stop: optimizers.StopRule, checkpoint_dir: str | None, progress: bool,
-          chunk_steps: int = 50) -> TrainResult:
+def train(
+    params: LinearChainModel,
+    buckets: list,
+    weights: list,
+    loss: str,
+    *,
+    l2_weight: float,
+    max_steps: int,
+    stop: optimizers.StopRule,
+    checkpoint_dir: str | None,
+    progress: bool,
+    chunk_steps: int = 50,
+) -> TrainResult:
     """Minimise `objective` with `optax.lbfgs` through the driver
     (`optimizers.train`) until the stop rule `stop` (a relative change of
     the objective, `optimizers.relative_change_below` or
@@ -229,15 +251,25 @@ def train(params: LinearChainModel, buckets: list, weights: list, loss: str, *, 
     each, so that an interrupted run resumes from its last chunk. The
     checkpoints are removed once the run is done."""
     data = (tuple(buckets), tuple(jnp.asarray(w, params.emission.dtype) for w in weights))
-    result = optimizers.train(_objective_of(loss, l2_weight), params, _LBFGS, data, max_steps=max_steps,
-                              stop=stop, chunk_steps=min(chunk_steps, max_steps),
-                              checkpoint_dir=checkpoint_dir, progress=progress, description=loss,
-                              settings=["altun2003", loss, l2_weight, repr(stop)])
+    result = optimizers.train(
+        _objective_of(loss, l2_weight),
+        params,
+        _LBFGS,
+        data,
+        max_steps=max_steps,
+        stop=stop,
+        chunk_steps=min(chunk_steps, max_steps),
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        description=loss,
+        settings=["altun2003", loss, l2_weight, repr(stop)],
+    )
     if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     steps = int(result.num_steps)
-    return TrainResult(result.params, np.asarray(result.trace)[:steps], steps, result.compile_seconds,
-                       result.run_seconds)
+    return TrainResult(
+        result.params, np.asarray(result.trace)[:steps], steps, result.compile_seconds, result.run_seconds
+    )
 
 
 @jax.jit
@@ -286,6 +318,7 @@ def shuffled_perceptron_epochs(data):
             rows = jax.random.permutation(key, bucket.lengths.shape[0])
             shuffled = optimizers.SequenceData(bucket.ids[rows], bucket.labels[rows], bucket.lengths[rows])
             return optimizers.perceptron_epoch_fn(lambda model, ids: model(ids), shuffled)(state, step)
+
         return epoch
 
     def step_fn(state, step):
@@ -317,8 +350,9 @@ class PerceptronRun(NamedTuple):
     seconds: float
 
 
-def train_perceptron(params: LinearChainModel, buckets: list, *, max_epochs: int, patience: int, seed: int,
-                     dev_score, progress: bool) -> PerceptronRun:
+def train_perceptron(
+    params: LinearChainModel, buckets: list, *, max_epochs: int, patience: int, seed: int, dev_score, progress: bool
+) -> PerceptronRun:
     """Averaged perceptron, shuffled each epoch (`seed`), through the driver
     until its development score (`dev_score(params) -> float`, higher is
     better) has not improved for `patience` epochs (or an epoch without
@@ -333,12 +367,20 @@ def train_perceptron(params: LinearChainModel, buckets: list, *, max_epochs: int
             best.update(params=averaged, epoch=len(scores))
         return len(scores) - best["epoch"] >= patience
 
-    run = optimizers.drive(shuffled_perceptron_epochs, loop, (tuple(buckets), jnp.asarray(seed, jnp.uint32)),
-                           stop=optimizers.no_mistakes, progress=progress, description="perceptron",
-                           callback=after_epoch)
+    run = optimizers.drive(
+        shuffled_perceptron_epochs,
+        loop,
+        (tuple(buckets), jnp.asarray(seed, jnp.uint32)),
+        stop=optimizers.no_mistakes,
+        progress=progress,
+        description="perceptron",
+        callback=after_epoch,
+    )
     steps = int(run.loop.step)
     mistakes = [int(m) for m in np.asarray(run.loop.trace)[:steps]]
-    stopped_by = ("patience" if len(scores) - best["epoch"] >= patience else
-                  "no mistakes" if mistakes[-1] == 0 else "epoch cap")
-    return PerceptronRun(best["params"], mistakes, scores, best["epoch"], stopped_by,
-                         run.compile_seconds + run.run_seconds)
+    stopped_by = (
+        "patience" if len(scores) - best["epoch"] >= patience else "no mistakes" if mistakes[-1] == 0 else "epoch cap"
+    )
+    return PerceptronRun(
+        best["params"], mistakes, scores, best["epoch"], stopped_by, run.compile_seconds + run.run_seconds
+    )

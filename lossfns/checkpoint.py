@@ -115,10 +115,15 @@ def _leaf_record(path, leaf):
         leaf = jax.random.key_data(leaf)
     array = np.asarray(leaf)
     if array.dtype == object:
-        raise TypeError(f"checkpoint leaves must be arrays or numbers, got {type(leaf).__name__} "
-                        f"at {jax.tree_util.keystr(path)}")
-    description = {"path": jax.tree_util.keystr(path), "shape": list(array.shape),
-                   "dtype": array.dtype.name, "key_impl": key_impl}
+        raise TypeError(
+            f"checkpoint leaves must be arrays or numbers, got {type(leaf).__name__} at {jax.tree_util.keystr(path)}"
+        )
+    description = {
+        "path": jax.tree_util.keystr(path),
+        "shape": list(array.shape),
+        "dtype": array.dtype.name,
+        "key_impl": key_impl,
+    }
     return description, array
 
 
@@ -164,16 +169,15 @@ def unpack_file(path: Path, data: bytes, kind: FileKind = CHECKPOINT):
         raise error(f"{noun} is truncated ({len(data)} bytes, inside the header size)")
     (header_size,) = _SIZE.unpack_from(data, len(kind.magic))
     if len(data) < start + header_size:
-        raise error(f"{noun} is truncated: header of {header_size} bytes, "
-                    f"file has {len(data) - start} after the magic")
+        raise error(f"{noun} is truncated: header of {header_size} bytes, file has {len(data) - start} after the magic")
     try:
-        header = json.loads(data[start:start + header_size].decode("utf-8"))
+        header = json.loads(data[start : start + header_size].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as problem:
         raise error(f"{noun} is corrupted: unreadable header ({problem})") from None
     if not isinstance(header, dict) or header.get(kind.version_key) != kind.version:
         version = header.get(kind.version_key) if isinstance(header, dict) else None
         raise error(f"{noun} has format version {version!r}; this lossfns reads version {kind.version}")
-    payload = data[start + header_size:]
+    payload = data[start + header_size :]
     expected = header.get("payload_bytes")
     if not isinstance(expected, int):
         raise error(f"{noun} is corrupted: header has no payload size")
@@ -261,24 +265,33 @@ def load(path: PathLike, like):
     expected, _ = _describe(like)
     stored = header["leaves"]
     if len(stored) != len(expected):
-        raise CheckpointError(f"checkpoint {path} holds {len(stored)} leaves; `like` has {len(expected)} "
-                              f"(stored structure {header['structure']})")
+        raise CheckpointError(
+            f"checkpoint {path} holds {len(stored)} leaves; `like` has {len(expected)} "
+            f"(stored structure {header['structure']})"
+        )
     for want, got in zip(expected, stored):
         if want != got:
-            raise CheckpointError(f"checkpoint {path} does not match `like` at leaf {want['path']}: expected "
-                                  f"shape {tuple(want['shape'])} dtype {want['dtype']}, stored {got['path']} "
-                                  f"shape {tuple(got['shape'])} dtype {got['dtype']}")
+            raise CheckpointError(
+                f"checkpoint {path} does not match `like` at leaf {want['path']}: expected "
+                f"shape {tuple(want['shape'])} dtype {want['dtype']}, stored {got['path']} "
+                f"shape {tuple(got['shape'])} dtype {got['dtype']}"
+            )
     sizes = [int(np.prod(d["shape"], dtype=np.int64)) * jnp.dtype(d["dtype"]).itemsize for d in stored]
     if sum(sizes) != len(payload):
-        raise CheckpointError(f"checkpoint {path}: header does not match its payload: its leaves take "
-                              f"{sum(sizes)} bytes, the payload has {len(payload)}")
+        raise CheckpointError(
+            f"checkpoint {path}: header does not match its payload: its leaves take "
+            f"{sum(sizes)} bytes, the payload has {len(payload)}"
+        )
     templates, treedef = jax.tree_util.tree_flatten(like)
     leaves, offset = [], 0
     for template, description in zip(templates, stored):
         dtype = jnp.dtype(description["dtype"])
         size = int(np.prod(description["shape"], dtype=np.int64)) * dtype.itemsize
-        array = np.frombuffer(payload, dtype, count=size // dtype.itemsize if dtype.itemsize else 0,
-                              offset=offset).reshape(description["shape"]).copy()
+        array = (
+            np.frombuffer(payload, dtype, count=size // dtype.itemsize if dtype.itemsize else 0, offset=offset)
+            .reshape(description["shape"])
+            .copy()
+        )
         offset += size
         leaves.append(_like_leaf(template, array, description["key_impl"]))
     return jax.tree_util.tree_unflatten(treedef, leaves)
@@ -380,9 +393,11 @@ class DirectoryLock:
             holder = handle.read().strip()
             handle.close()
             who = f"process {holder}" if holder.isdigit() else "another process"
-            raise CheckpointError(f"checkpoint directory {self.directory} is in use by another training run "
-                                  f"({who} holds the lock {self.path}); wait for it to finish, or use "
-                                  "another directory") from None
+            raise CheckpointError(
+                f"checkpoint directory {self.directory} is in use by another training run "
+                f"({who} holds the lock {self.path}); wait for it to finish, or use "
+                "another directory"
+            ) from None
         except BaseException:
             handle.close()
             raise

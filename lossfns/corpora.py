@@ -45,8 +45,13 @@ class Sentence(NamedTuple):
 # ---------------------------------------------------------------------------
 
 
-def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: int = -1,
-                observation_columns: Sequence[int] | None = None) -> list[Sentence]:
+def parse_conll(
+    lines: Iterable[str],
+    *,
+    source: str = "<lines>",
+    label_column: int = -1,
+    observation_columns: Sequence[int] | None = None,
+) -> list[Sentence]:
     """Parse whitespace-separated CoNLL columns; blank lines end sentences and
     `-DOCSTART-` lines (document markers) are skipped. A UTF-8 byte-order
     mark at the start of the first line is dropped.
@@ -67,8 +72,9 @@ def parse_conll(lines: Iterable[str], *, source: str = "<lines>", label_column: 
     return _parse_columns(lines, source, label_column, observation_columns)[0]
 
 
-def _parse_columns(lines: Iterable[str], source: str, label_column: int | None,
-                   observation_columns: Sequence[int] | None):
+def _parse_columns(
+    lines: Iterable[str], source: str, label_column: int | None, observation_columns: Sequence[int] | None
+):
     """`(sentences, rows, texts)`: `parse_conll`'s sentences (all columns
     observations and labels `()` when `label_column` is None), per sentence
     the 0-based indices of its lines, and every line without its line end."""
@@ -103,26 +109,36 @@ def _parse_columns(lines: Iterable[str], source: str, label_column: int | None,
         if width is None:
             width, width_line = len(fields), number
             if width < least:
-                raise ValueError(f"{source}:{number}: expected at least 2 columns (observation and label), "
-                                 f"got {line.rstrip()!r}")
+                raise ValueError(
+                    f"{source}:{number}: expected at least 2 columns (observation and label), got {line.rstrip()!r}"
+                )
             if label_column is None:
                 label_index = None
             elif -width <= label_column < width:
                 label_index = label_column % width
             else:
                 label_index = -1
-            keep = (list(observation_columns) if observation_columns is not None
-                    else [i for i in range(width) if i != label_index])
+            keep = (
+                list(observation_columns)
+                if observation_columns is not None
+                else [i for i in range(width) if i != label_index]
+            )
             if label_index == -1 or any(not -width <= i < width for i in keep):
-                raise ValueError(f"{source}:{number}: too few columns ({width}) for label column "
-                                 f"{label_column} and observation columns {observation_columns}: "
-                                 f"{line.rstrip()!r}")
+                raise ValueError(
+                    f"{source}:{number}: too few columns ({width}) for label column "
+                    f"{label_column} and observation columns {observation_columns}: "
+                    f"{line.rstrip()!r}"
+                )
         if len(fields) != width:
-            like = ("the previous lines of this sentence" if rows
-                    else f"the previous sentences of this file (line {width_line} has {width})")
+            like = (
+                "the previous lines of this sentence"
+                if rows
+                else f"the previous sentences of this file (line {width_line} has {width})"
+            )
             hint = " (a missing label column?)" if len(fields) < width else ""
-            raise ValueError(f"{source}:{number}: expected {width} columns like {like}, got {len(fields)}"
-                             f"{hint}: {line.rstrip()!r}")
+            raise ValueError(
+                f"{source}:{number}: expected {width} columns like {like}, got {len(fields)}{hint}: {line.rstrip()!r}"
+            )
         rows.append(tuple(fields[i] for i in keep))
         if label_index is not None:
             labels.append(fields[label_index])
@@ -131,13 +147,18 @@ def _parse_columns(lines: Iterable[str], source: str, label_column: int | None,
     return sentences, sentence_rows, texts
 
 
-def read_conll(path: str, *, label_column: int = -1, observation_columns: Sequence[int] | None = None,
-               encoding: str = "utf-8") -> list[Sentence]:
+def read_conll(
+    path: str, *, label_column: int = -1, observation_columns: Sequence[int] | None = None, encoding: str = "utf-8"
+) -> list[Sentence]:
     """Read a CoNLL column file (see `parse_conll`); bytes that are not valid
     in `encoding` raise a ValueError naming `path:line`."""
     hint = ", or pass read_conll(..., encoding='latin-1') (the file's encoding)"
-    return parse_conll(read_lines(path, encoding, hint=hint), source=path, label_column=label_column,
-                       observation_columns=observation_columns)
+    return parse_conll(
+        read_lines(path, encoding, hint=hint),
+        source=path,
+        label_column=label_column,
+        observation_columns=observation_columns,
+    )
 
 
 class ColumnFile(NamedTuple):
@@ -170,8 +191,7 @@ def read_column_file(path, *, labelled: bool, encoding: str = "utf-8") -> Column
     (file:line, columns checked file-wide, invalid bytes)."""
     path = os.fspath(path)
     hint = ", or pass encoding='latin-1' (the file's encoding)"
-    sentences, rows, texts = _parse_columns(read_lines(path, encoding, hint=hint), path, -1 if labelled else None,
-                                            None)
+    sentences, rows, texts = _parse_columns(read_lines(path, encoding, hint=hint), path, -1 if labelled else None, None)
     return ColumnFile(tuple(texts), tuple(sentences), tuple(rows), path)
 
 
@@ -188,9 +208,11 @@ def read_lines(path, encoding: str = "utf-8", *, hint: str = "") -> io.StringIO:
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise ValueError(f"{path}:{line}: byte {data[error.start]:#04x} at column {column} is not valid "
-                         f"{encoding} ({error.reason}); is the file in another encoding (e.g. latin-1)? "
-                         f"Convert it to {encoding}{hint}") from None
+        raise ValueError(
+            f"{path}:{line}: byte {data[error.start]:#04x} at column {column} is not valid "
+            f"{encoding} ({error.reason}); is the file in another encoding (e.g. latin-1)? "
+            f"Convert it to {encoding}{hint}"
+        ) from None
     return io.StringIO(text, newline=None)
 
 
@@ -225,7 +247,7 @@ def split_archive(path: str) -> tuple[str, str] | None:
             return None
         archive = path[: found + 4]
         if os.path.isfile(archive):
-            return archive, normal[found + 5:]
+            return archive, normal[found + 5 :]
         start = found + 1
 
 
@@ -241,13 +263,27 @@ def nltk_default_path() -> list[str]:
     path = []
     if "APPENGINE_RUNTIME" not in os.environ and os.path.expanduser("~/") != "~/":
         path.append(os.path.expanduser("~/nltk_data"))
-    prefixed = [os.path.join(sys.prefix, "nltk_data"), os.path.join(sys.prefix, "share", "nltk_data"),
-                os.path.join(sys.prefix, "lib", "nltk_data")]
+    prefixed = [
+        os.path.join(sys.prefix, "nltk_data"),
+        os.path.join(sys.prefix, "share", "nltk_data"),
+        os.path.join(sys.prefix, "lib", "nltk_data"),
+    ]
     if os.name == "nt":
-        return path + prefixed + [os.path.join(os.environ.get("APPDATA", "C:\\"), "nltk_data"),
-                                  r"C:\nltk_data", r"D:\nltk_data", r"E:\nltk_data"]
-    return path + prefixed + ["/usr/share/nltk_data", "/usr/local/share/nltk_data", "/usr/lib/nltk_data",
-                              "/usr/local/lib/nltk_data"]
+        return (
+            path
+            + prefixed
+            + [
+                os.path.join(os.environ.get("APPDATA", "C:\\"), "nltk_data"),
+                r"C:\nltk_data",
+                r"D:\nltk_data",
+                r"E:\nltk_data",
+            ]
+        )
+    return (
+        path
+        + prefixed
+        + ["/usr/share/nltk_data", "/usr/local/share/nltk_data", "/usr/lib/nltk_data", "/usr/local/lib/nltk_data"]
+    )
 
 
 def data_path() -> list[str]:
@@ -258,7 +294,7 @@ def data_path() -> list[str]:
     NLTK itself is never imported here."""
     roots = [os.path.expanduser(root) for root in os.environ.get("NLTK_DATA", "").split(os.pathsep) if root]
     loaded = sys.modules.get("nltk.data")
-    for root in (list(getattr(loaded, "path", ())) if loaded is not None else nltk_default_path()):
+    for root in list(getattr(loaded, "path", ())) if loaded is not None else nltk_default_path():
         if root and root not in roots:
             roots.append(root)
     return roots
@@ -292,7 +328,7 @@ def _find_in(roots: Sequence[str], parts: Sequence[str]) -> str | None:
                 return path
             continue
         else:
-            archive, inner = os.path.join(root, *parts[: zipped + 1]), list(parts[zipped + 1:])
+            archive, inner = os.path.join(root, *parts[: zipped + 1]), list(parts[zipped + 1 :])
             if not os.path.isfile(archive):
                 continue
         member = _in_archive(archive, "/".join(inner))
@@ -323,10 +359,12 @@ def find_data(*parts: str) -> str:
     if found is not None:
         return found
     package = parts[min(1, len(parts) - 1)]  # the second component, or the only one
-    raise FileNotFoundError(f"{'/'.join(parts)} not found (plain or zipped) in NLTK's data path: "
-                            f"NLTK_DATA={os.environ.get('NLTK_DATA', '')!r}, then {roots}; install it with "
-                            f"`python -m nltk.downloader {package}` or set NLTK_DATA to a directory holding the "
-                            "NLTK data layout")
+    raise FileNotFoundError(
+        f"{'/'.join(parts)} not found (plain or zipped) in NLTK's data path: "
+        f"NLTK_DATA={os.environ.get('NLTK_DATA', '')!r}, then {roots}; install it with "
+        f"`python -m nltk.downloader {package}` or set NLTK_DATA to a directory holding the "
+        "NLTK data layout"
+    )
 
 
 CONLL2002_SPLITS = ("esp.train", "esp.testa", "esp.testb", "ned.train", "ned.testa", "ned.testb")
@@ -408,7 +446,9 @@ def map_labels(sentences: Sequence[Sentence], mapping: dict[str, str]) -> list[S
 # ---------------------------------------------------------------------------
 
 
-def length_buckets(lengths: Sequence[int] | np.ndarray, num_buckets: int = 4, multiple: int = 8) -> list[tuple[np.ndarray, int]]:
+def length_buckets(
+    lengths: Sequence[int] | np.ndarray, num_buckets: int = 4, multiple: int = 8
+) -> list[tuple[np.ndarray, int]]:
     """Group sequence indices into at most `num_buckets` buckets of similar
     length, so that only a few padded shapes are ever compiled.
 

@@ -50,8 +50,11 @@ def check_lengths(lengths, max_length: int, name: str = "lengths") -> None:
     """Inside `checked`: fail unless every length lies in `[0, max_length]`."""
     lengths = jnp.asarray(lengths)
     bad = (lengths < 0) | (lengths > max_length)
-    checkify.check(~jnp.any(bad), f"{name} must lie in [0, {max_length}] (the number of positions T), "
-                   "got {} (inside jit)", _first(lengths, bad))
+    checkify.check(
+        ~jnp.any(bad),
+        f"{name} must lie in [0, {max_length}] (the number of positions T), got {{}} (inside jit)",
+        _first(lengths, bad),
+    )
 
 
 def check_labels(labels, num_labels: int, lengths, name: str = "labels") -> None:
@@ -59,8 +62,11 @@ def check_labels(labels, num_labels: int, lengths, name: str = "labels") -> None
     labels = jnp.asarray(labels)
     inside = jnp.arange(labels.shape[-1]) < jnp.asarray(lengths)[..., None]
     bad = inside & ((labels < 0) | (labels >= num_labels))
-    checkify.check(~jnp.any(bad), f"{name} must lie in [0, {num_labels}) inside each sequence's length, "
-                   "got {} (inside jit)", _first(labels, bad))
+    checkify.check(
+        ~jnp.any(bad),
+        f"{name} must lie in [0, {num_labels}) inside each sequence's length, got {{}} (inside jit)",
+        _first(labels, bad),
+    )
 
 
 def check_chain_inputs(potentials, lengths=None, labels=None, **options) -> None:
@@ -105,6 +111,7 @@ def checked(fn: Callable, *, validate: Callable | None = None, errors=DEFAULT_ER
             if validate is not None:
                 validate(*args, **dict(options))
             return fn(*args, **dict(options))
+
         return jax.jit(checkify.checkify(body, errors=errors))
 
     @functools.wraps(fn)

@@ -23,8 +23,11 @@ REMOVED_IN = "0.3"
 def warn_renamed(owner: str, old: str, new: str, *, stacklevel: int = 3) -> None:
     """Warn that `owner`'s `old` is now spelled `new` (`owner`: a full
     `lossfns.` name, e.g. `"lossfns.losses.hamming_loss"`)."""
-    warnings.warn(f"{owner}: {old!r} is deprecated and will be removed in lossfns {REMOVED_IN}; use {new!r}",
-                  DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"{owner}: {old!r} is deprecated and will be removed in lossfns {REMOVED_IN}; use {new!r}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def renamed_arguments(**renames: str) -> Callable:

@@ -49,8 +49,10 @@ class HMMParams(NamedTuple):
 def _check(params: HMMParams):
     K = params.log_emission.shape[0]
     if params.log_transition.shape not in ((K + 1, K), (K + 1, K + 1, K)):
-        raise ValueError(f"log_transition must have shape [K + 1, K] or [K + 1, K + 1, K] with K = {K} "
-                         f"(from log_emission [K, V]), got {params.log_transition.shape}")
+        raise ValueError(
+            f"log_transition must have shape [K + 1, K] or [K + 1, K + 1, K] with K = {K} "
+            f"(from log_emission [K, V]), got {params.log_transition.shape}"
+        )
 
 
 def potentials(params: HMMParams, words) -> FactoredPotentials:
@@ -65,8 +67,9 @@ def potentials(params: HMMParams, words) -> FactoredPotentials:
     state = jnp.arange((K + 1) * K)
     previous, current = state // K, state % K
     chained = previous[None, :] == current[:, None]
-    transitions = jnp.where(chained, params.log_transition[previous[:, None], current[:, None], current[None, :]],
-                            -jnp.inf)
+    transitions = jnp.where(
+        chained, params.log_transition[previous[:, None], current[:, None], current[None, :]], -jnp.inf
+    )
     start = jnp.where(previous == K, params.log_transition[K, K, current], -jnp.inf)
     return FactoredPotentials(emit[..., current], transitions, start)
 
@@ -85,8 +88,10 @@ def _prepare(params, words, lengths):
         bad = inside & ((values < 0) | (values >= V))
         if bad.any():  # a gather would clamp them silently
             index = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"words must lie in [0, {V}) (the vocabulary of log_emission [K, V]) inside each "
-                             f"length, got {int(values[index])} at index {index}")
+            raise ValueError(
+                f"words must lie in [0, {V}) (the vocabulary of log_emission [K, V]) inside each "
+                f"length, got {int(values[index])} at index {index}"
+            )
     return words, lengths
 
 
@@ -113,8 +118,9 @@ def _total_and_counts(params, words, lengths):
     return jax.value_and_grad(lambda p: jnp.sum(_log_likelihood(p, words, lengths)))(params)
 
 
-def supervised_counts(words, tags, lengths, num_tags: int, vocabulary_size: int, *, order: int = 1,
-                      dtype=jnp.float32) -> HMMParams:
+def supervised_counts(
+    words, tags, lengths, num_tags: int, vocabulary_size: int, *, order: int = 1, dtype=jnp.float32
+) -> HMMParams:
     """Transition and emission counts of tagged sentences `tags [..., T]`
     (the gradient of the score of the given state sequences)."""
     K = num_tags
@@ -147,21 +153,34 @@ def _normalize(counts, allowed):
 def m_step(counts: HMMParams, smoothing: float = 0.0, tag_dictionary=None) -> HMMParams:
     """M-step with add-lambda smoothing: `P = (count + lambda) / sum(count + lambda)`
     per conditioning context; emissions outside `tag_dictionary [V, K]` stay 0."""
-    allowed = jnp.ones(counts.log_emission.shape, bool) if tag_dictionary is None else jnp.asarray(tag_dictionary, bool).T
+    allowed = (
+        jnp.ones(counts.log_emission.shape, bool) if tag_dictionary is None else jnp.asarray(tag_dictionary, bool).T
+    )
     if allowed.shape != counts.log_emission.shape:
-        raise ValueError(f"tag_dictionary must have shape [V, K] = {counts.log_emission.shape[::-1]}, "
-                         f"got {allowed.shape[::-1]}")
+        raise ValueError(
+            f"tag_dictionary must have shape [V, K] = {counts.log_emission.shape[::-1]}, got {allowed.shape[::-1]}"
+        )
     return _m_step(counts, smoothing, allowed)
 
 
 @jax.jit
 def _m_step(counts, smoothing, allowed):
-    return HMMParams(_normalize(counts.log_transition + smoothing, jnp.ones(counts.log_transition.shape, bool)),
-                     _normalize(counts.log_emission + smoothing, allowed))
+    return HMMParams(
+        _normalize(counts.log_transition + smoothing, jnp.ones(counts.log_transition.shape, bool)),
+        _normalize(counts.log_emission + smoothing, allowed),
+    )
 
 
-def initial_params(num_tags: int, vocabulary_size: int, *, order: int = 1, tag_dictionary=None, key=None,
-                   noise: float = 0.0, dtype=jnp.float32) -> HMMParams:
+def initial_params(
+    num_tags: int,
+    vocabulary_size: int,
+    *,
+    order: int = 1,
+    tag_dictionary=None,
+    key=None,
+    noise: float = 0.0,
+    dtype=jnp.float32,
+) -> HMMParams:
     """Uniform transitions and, per tag, uniform emissions over the words the
     dictionary allows (Merialdo's start); `noise > 0` with a `key` perturbs
     the counts to break the symmetry of a dictionary-free start."""
@@ -177,8 +196,9 @@ def initial_params(num_tags: int, vocabulary_size: int, *, order: int = 1, tag_d
     return m_step(counts, 0.0, tag_dictionary)
 
 
-def em(params: HMMParams, words, lengths=None, *, iterations: int = 10, smoothing: float = 0.0,
-       tag_dictionary=None) -> tuple[HMMParams, list[float]]:
+def em(
+    params: HMMParams, words, lengths=None, *, iterations: int = 10, smoothing: float = 0.0, tag_dictionary=None
+) -> tuple[HMMParams, list[float]]:
     """Run EM; returns the final parameters and the total log-likelihood
     before each iteration's M-step (non-decreasing when `smoothing = 0`)."""
     words, lengths = _prepare(params, words, lengths)

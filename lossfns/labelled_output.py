@@ -30,10 +30,15 @@ OUTSIDE = "O"
 """The label outside every chunk (IOB2's `O`)."""
 
 
-def write_labelled(file: ColumnFile, labels: Sequence[Sequence[Sequence[str]]], out: TextIO, *,
-                   sequence_scores: Sequence[Sequence[float]] | None = None,
-                   token_scores: Sequence[Sequence[Sequence[float]]] | None = None,
-                   separator: str | None = None) -> None:
+def write_labelled(
+    file: ColumnFile,
+    labels: Sequence[Sequence[Sequence[str]]],
+    out: TextIO,
+    *,
+    sequence_scores: Sequence[Sequence[float]] | None = None,
+    token_scores: Sequence[Sequence[Sequence[float]]] | None = None,
+    separator: str | None = None,
+) -> None:
     """Write `file`'s lines to `out` with the predicted labels appended.
 
     labels: per sentence of `file`, `[N][T]` label strings (N >= 1 label
@@ -79,21 +84,29 @@ def _write_sentence(file, s, labels, sequence_scores, token_scores, separator, o
 
 def _check_shapes(file, labels, sequence_scores, token_scores) -> None:
     if len(labels) != len(file.sentences):
-        raise ValueError(f"labels must hold one [N][T] entry per sentence of {file.source} "
-                         f"({len(file.sentences)}), got {len(labels)}")
+        raise ValueError(
+            f"labels must hold one [N][T] entry per sentence of {file.source} "
+            f"({len(file.sentences)}), got {len(labels)}"
+        )
     for s, (sentence, rows, sequences) in enumerate(zip(file.sentences, file.rows, labels)):
         where = f"sentence {s} ({file.source}:{rows[0] + 1})"
         if isinstance(sequences, str) or not sequences or any(isinstance(q, str) for q in sequences):
-            raise ValueError(f"labels[{s}] must be [N][T] label strings (N >= 1 sequences) for {where}, "
-                             f"got {sequences!r:.60}")
+            raise ValueError(
+                f"labels[{s}] must be [N][T] label strings (N >= 1 sequences) for {where}, got {sequences!r:.60}"
+            )
         for name, scores in (("sequence_scores", sequence_scores), ("token_scores", token_scores)):
             if scores is not None and len(scores[s]) != len(sequences):
-                raise ValueError(f"{name}[{s}] must hold one entry per label sequence ({len(sequences)}) of "
-                                 f"{where}, got {len(scores[s])}")
+                raise ValueError(
+                    f"{name}[{s}] must hold one entry per label sequence ({len(sequences)}) of "
+                    f"{where}, got {len(scores[s])}"
+                )
         for n, sequence in enumerate(sequences):
             if len(sequence) != len(sentence.tokens):
-                raise ValueError(f"labels[{s}][{n}] has {len(sequence)} labels for the {len(sentence.tokens)} "
-                                 f"tokens of {where}")
+                raise ValueError(
+                    f"labels[{s}][{n}] has {len(sequence)} labels for the {len(sentence.tokens)} tokens of {where}"
+                )
             if token_scores is not None and len(token_scores[s][n]) != len(sentence.tokens):
-                raise ValueError(f"token_scores[{s}][{n}] has {len(token_scores[s][n])} scores for the "
-                                 f"{len(sentence.tokens)} tokens of {where}")
+                raise ValueError(
+                    f"token_scores[{s}][{n}] has {len(token_scores[s][n])} scores for the "
+                    f"{len(sentence.tokens)} tokens of {where}"
+                )

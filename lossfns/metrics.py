@@ -50,8 +50,7 @@ _STARTS = {("B", "B"), ("I", "B"), ("O", "B"), ("O", "I"), ("E", "E"), ("E", "I"
 
 def _chunk_ends(previous: str, previous_kind: str, tag: str, kind: str) -> bool:
     """conlleval's endOfChunk: does a chunk end between the previous token and this one?"""
-    return ((previous, tag) in _ENDS or (previous not in ("O", ".") and previous_kind != kind)
-            or previous in ("[", "]"))
+    return (previous, tag) in _ENDS or (previous not in ("O", ".") and previous_kind != kind) or previous in ("[", "]")
 
 
 def _chunk_starts(previous: str, previous_kind: str, tag: str, kind: str) -> bool:
@@ -140,8 +139,14 @@ def entity_scores(gold: Labels, predicted: Labels, *, strict: bool = False) -> E
         total.update(c)
     per_type_counts = {kind: (c["correct"], c["predicted"], c["gold"]) for kind, c in sorted(counts.items())}
     per_type = {kind: _prf(*c) for kind, c in per_type_counts.items()}
-    return EntityScores(*_prf(total["correct"], total["predicted"], total["gold"]),
-                        total["correct"], total["predicted"], total["gold"], per_type, per_type_counts)
+    return EntityScores(
+        *_prf(total["correct"], total["predicted"], total["gold"]),
+        total["correct"],
+        total["predicted"],
+        total["gold"],
+        per_type,
+        per_type_counts,
+    )
 
 
 def _conlleval_counts(gold: Labels, predicted: Labels) -> dict:
@@ -191,19 +196,24 @@ def conlleval_report(gold: Labels, predicted: Labels) -> str:
     """
     scores = entity_scores(gold, predicted)
     tokens = sum(len(g) for g in gold)
-    lines = [f"processed {tokens} tokens with {scores.gold} phrases; found: {scores.predicted} phrases; "
-             f"correct: {scores.correct}."]
+    lines = [
+        f"processed {tokens} tokens with {scores.gold} phrases; found: {scores.predicted} phrases; "
+        f"correct: {scores.correct}."
+    ]
     if tokens:
         precision, recall, f1 = _percentages(scores.correct, scores.predicted, scores.gold)
         # conlleval compares tokens after its split (`B-0` and `B` are both tag B without a type).
         correct_tags = sum(_split(a) == _split(b) for g, p in zip(gold, predicted) for a, b in zip(g, p))
-        lines.append(f"accuracy: {100 * correct_tags / tokens:6.2f}%; "
-                     f"precision: {precision:6.2f}%; recall: {recall:6.2f}%; FB1: {f1:6.2f}")
+        lines.append(
+            f"accuracy: {100 * correct_tags / tokens:6.2f}%; "
+            f"precision: {precision:6.2f}%; recall: {recall:6.2f}%; FB1: {f1:6.2f}"
+        )
     # conlleval lists the types of gold and of predicted chunks, sorted, each
     # once, except after the empty type (false to Perl), which so repeats.
     listed, last = [], None
-    for kind in sorted([k for k, c in scores.per_type_counts.items() if c[2]]
-                       + [k for k, c in scores.per_type_counts.items() if c[1]]):
+    for kind in sorted(
+        [k for k, c in scores.per_type_counts.items() if c[2]] + [k for k, c in scores.per_type_counts.items() if c[1]]
+    ):
         if not last or last != kind:
             listed.append(kind)
         last = kind
@@ -232,8 +242,7 @@ def tag_dictionary(words: Iterable[Sequence[str]], labels: Labels) -> dict[str, 
     return {word: frozenset(tags) for word, tags in table.items()}
 
 
-def ambiguous_accuracy(words: Sequence[Sequence[str]], gold: Labels, predicted: Labels,
-                       dictionary: dict) -> float:
+def ambiguous_accuracy(words: Sequence[Sequence[str]], gold: Labels, predicted: Labels, dictionary: dict) -> float:
     """Token accuracy restricted to ambiguous words: those with more than one
     label in `dictionary` (a word missing from it counts as ambiguous, since
     any label is possible). Smith & Eisner's evaluation measure."""

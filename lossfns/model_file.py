@@ -41,8 +41,9 @@ MAGIC = b"LOSSFNS-TAGGER\n"
 """The bytes every model file starts with."""
 MODEL_FORMAT = 3  # 1: no checksum (refused); 2: dense tables (refused)
 """The model-file format this version writes and reads."""
-MODEL_FILE = checkpoint.FileKind(MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT,
-                                 checkpoint.ModelFileError)
+MODEL_FILE = checkpoint.FileKind(
+    MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT, checkpoint.ModelFileError
+)
 """How model files are framed, versioned and checked (`checkpoint.FileKind`)."""
 
 
@@ -74,10 +75,13 @@ def _arrays(saved: SavedModel) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     rows = np.flatnonzero(np.any(emission != 0, axis=1))
     kept = emission[rows]
     row_of, labels = np.nonzero(kept)
-    arrays = {"emission_indptr": np.searchsorted(row_of, np.arange(rows.size + 1)).astype(np.int32),
-              "emission_labels": labels.astype(_label_dtype(emission.shape[1])),
-              "emission_weights": kept[row_of, labels],
-              "transitions": np.asarray(model.transitions), "start": np.asarray(model.start)}
+    arrays = {
+        "emission_indptr": np.searchsorted(row_of, np.arange(rows.size + 1)).astype(np.int32),
+        "emission_labels": labels.astype(_label_dtype(emission.shape[1])),
+        "emission_weights": kept[row_of, labels],
+        "transitions": np.asarray(model.transitions),
+        "start": np.asarray(model.start),
+    }
     pair = np.asarray(model.pair_emission).ravel()
     arrays["pair_index"] = np.flatnonzero(pair).astype(np.int64)
     arrays["pair_weights"] = pair[arrays["pair_index"]]
@@ -98,12 +102,21 @@ def to_bytes(saved: SavedModel) -> bytes:
         assert unigram is not None and pair is not None  # an index that is not hashed has its tables
         names = sorted(unigram, key=unigram.__getitem__)
         vocabulary = {"unigram": [names[i] for i in rows.tolist()], "pair": sorted(pair, key=pair.__getitem__)}
-    header = {"labels": list(saved.labels), "features": extractor_spec(saved.features),
-              "num_unigram": index.num_unigram if index.hashed else int(rows.size), "num_pair": index.num_pair,
-              "hashed": index.hashed, "vocabulary": vocabulary, "dtype": str(jnp.dtype(model.emission.dtype)),
-              "pair_masked": model.pair_mask is not None, "num_buckets": saved.num_buckets,
-              "arrays": [[name, array.dtype.newbyteorder("<").str, list(array.shape)] for name, array in arrays.items()]}
-    payload = b"".join(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes() for array in arrays.values())
+    header = {
+        "labels": list(saved.labels),
+        "features": extractor_spec(saved.features),
+        "num_unigram": index.num_unigram if index.hashed else int(rows.size),
+        "num_pair": index.num_pair,
+        "hashed": index.hashed,
+        "vocabulary": vocabulary,
+        "dtype": str(jnp.dtype(model.emission.dtype)),
+        "pair_masked": model.pair_mask is not None,
+        "num_buckets": saved.num_buckets,
+        "arrays": [[name, array.dtype.newbyteorder("<").str, list(array.shape)] for name, array in arrays.items()],
+    }
+    payload = b"".join(
+        np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes() for array in arrays.values()
+    )
     return checkpoint.pack_file(MODEL_FILE, header, payload)
 
 
@@ -125,8 +138,9 @@ def from_bytes(data: bytes, path="<bytes>") -> SavedModel:
         _check_header(header)
         features = extractor_from_spec(header["features"])
     except (KeyError, TypeError, ValueError) as error:
-        raise checkpoint.ModelFileError(f"model file {path} has an invalid header: "
-                                        f"{type(error).__name__}: {error}") from None
+        raise checkpoint.ModelFileError(
+            f"model file {path} has an invalid header: {type(error).__name__}: {error}"
+        ) from None
     labels = tuple(header["labels"])
     K, K2, L, dtype = header["num_unigram"], header["num_pair"], len(labels), np.dtype(header["dtype"])
     described = f"the header describes {K} features x {L} labels, {K2} pair features, {header['dtype']}"
@@ -134,14 +148,16 @@ def from_bytes(data: bytes, path="<bytes>") -> SavedModel:
         arrays = _read_arrays(header["arrays"], payload)
         model = _model(arrays, header, K, K2, L, dtype)
     except ValueError as error:
-        raise checkpoint.ModelFileError(f"model file {path}: header does not match its weights: {described}; "
-                                        f"{error}") from None
+        raise checkpoint.ModelFileError(
+            f"model file {path}: header does not match its weights: {described}; {error}"
+        ) from None
     if header["hashed"]:
         index = FeatureIndex.hashed_index(K, K2)
     else:
         vocabulary = header["vocabulary"]
-        index = FeatureIndex(dict(zip(vocabulary["unigram"], range(K))), dict(zip(vocabulary["pair"], range(K2))),
-                             K, K2)
+        index = FeatureIndex(
+            dict(zip(vocabulary["unigram"], range(K))), dict(zip(vocabulary["pair"], range(K2))), K, K2
+        )
     return SavedModel(labels, features, index, model, header["num_buckets"])
 
 
@@ -150,13 +166,18 @@ def _read_arrays(described: list, payload: bytes) -> dict:
     counts = [int(np.prod(shape, dtype=np.int64)) for _, _, shape in described]
     offsets = np.cumsum([0] + [count * np.dtype(dtype).itemsize for count, (_, dtype, _) in zip(counts, described)])
     if offsets[-1] != len(payload):
-        raise ValueError(f"the arrays it lists take {offsets[-1]} bytes of weights, the file holds {len(payload)} bytes")
-    return {name: np.frombuffer(payload, np.dtype(dtype), count, int(offset)).reshape(shape)
-            for (name, dtype, shape), count, offset in zip(described, counts, offsets)}
+        raise ValueError(
+            f"the arrays it lists take {offsets[-1]} bytes of weights, the file holds {len(payload)} bytes"
+        )
+    return {
+        name: np.frombuffer(payload, np.dtype(dtype), count, int(offset)).reshape(shape)
+        for (name, dtype, shape), count, offset in zip(described, counts, offsets)
+    }
 
 
 def _model(arrays: dict, header: dict, K: int, K2: int, L: int, dtype) -> LinearChainModel:
     """The `LinearChainModel` of the stored arrays, every index checked in range."""
+
     def check(name, shape=None, kind=None, bound=None):
         array = arrays[name]
         if (shape is not None and array.shape != shape) or (kind is not None and array.dtype.kind != kind):
@@ -179,8 +200,9 @@ def _model(arrays: dict, header: dict, K: int, K2: int, L: int, dtype) -> Linear
     transitions, start = check("transitions", (L, L)), check("start", (L,))
     if any(a.dtype != dtype for a in (weights, transitions, start, arrays["pair_weights"])):
         raise ValueError(f"weights are not all {dtype}")
-    model = LinearChainModel(jnp.asarray(emission), jnp.asarray(transitions), jnp.asarray(start),
-                             jnp.asarray(pair.reshape(K2, L, L)))
+    model = LinearChainModel(
+        jnp.asarray(emission), jnp.asarray(transitions), jnp.asarray(start), jnp.asarray(pair.reshape(K2, L, L))
+    )
     if header["pair_masked"]:
         mask = np.zeros(K2 * L * L, bool)
         mask[check("pair_mask_index", kind="i", bound=K2 * L * L)] = True
@@ -192,6 +214,7 @@ def _check_header(header: dict) -> None:
     """Raise ValueError/TypeError/KeyError when a header is not
     self-consistent (checked beyond the checksum: the header is also what
     builds the feature index the weights are read against)."""
+
     def count(name):
         value = header[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -207,17 +230,26 @@ def _check_header(header: dict) -> None:
     if count("num_buckets") < 1:
         raise ValueError(f"num_buckets must be an int >= 1, got {header['num_buckets']!r}")
     if not all(isinstance(header[flag], bool) for flag in ("hashed", "pair_masked")):
-        raise ValueError(f"hashed and pair_masked must be true or false, got {header['hashed']!r}, "
-                         f"{header['pair_masked']!r}")
+        raise ValueError(
+            f"hashed and pair_masked must be true or false, got {header['hashed']!r}, {header['pair_masked']!r}"
+        )
     described = header["arrays"]
     if not isinstance(described, list) or not all(
-            isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], str)
-            and isinstance(a[2], list) and all(isinstance(n, int) and n >= 0 for n in a[2]) for a in described):
+        isinstance(a, list)
+        and len(a) == 3
+        and isinstance(a[0], str)
+        and isinstance(a[1], str)
+        and isinstance(a[2], list)
+        and all(isinstance(n, int) and n >= 0 for n in a[2])
+        for a in described
+    ):
         raise ValueError(f"arrays must be a list of [name, dtype, shape], got {described!r:.80}")
     names = [a[0] for a in described]
-    required = {"emission_indptr", "emission_labels", "emission_weights", "transitions", "start", "pair_index",
-                "pair_weights"} | ({"pair_mask_index"} if header["pair_masked"] else set()) | (
-                {"rows"} if header["hashed"] else set())
+    required = (
+        {"emission_indptr", "emission_labels", "emission_weights", "transitions", "start", "pair_index", "pair_weights"}
+        | ({"pair_mask_index"} if header["pair_masked"] else set())
+        | ({"rows"} if header["hashed"] else set())
+    )
     if set(names) != required or len(names) != len(set(names)):
         raise ValueError(f"arrays must be {sorted(required)}, got {names}")
     for _, dtype, _ in described:
@@ -234,5 +266,6 @@ def _check_header(header: dict) -> None:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError(f"the {name} vocabulary must be a list of strings")
         if len(names) != size or len(set(names)) != size:
-            raise ValueError(f"the {name} vocabulary has {len(names)} entries ({len(set(names))} distinct) "
-                             f"for num_{name} = {size}")
+            raise ValueError(
+                f"the {name} vocabulary has {len(names)} entries ({len(set(names))} distinct) for num_{name} = {size}"
+            )

@@ -84,8 +84,10 @@ def shard_leading_axis(data, mesh: Mesh):
     def check(path, leaf):
         shape = np.shape(leaf)
         if not shape or shape[0] % shards:
-            raise ValueError(f"data leaf {jax.tree_util.keystr(path)} must have a leading axis divisible by the "
-                             f"{shards} shards of the mesh's data axis, got shape {shape}")
+            raise ValueError(
+                f"data leaf {jax.tree_util.keystr(path)} must have a leading axis divisible by the "
+                f"{shards} shards of the mesh's data axis, got shape {shape}"
+            )
 
     jax.tree_util.tree_map_with_path(check, data)
     return _place(data, NamedSharding(mesh, PartitionSpec(data_axis(mesh))))
@@ -115,5 +117,6 @@ def sum_over_shards(fn: Callable, mesh: Mesh) -> Callable:
     # cast to varying, the sparse product's gradient came out summed twice).
     # Unchecked, the gradient of the psum is the sum of the local gradients
     # (tested against one device).
-    return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(axis)),
-                         out_specs=PartitionSpec(), check_vma=False)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(axis)), out_specs=PartitionSpec(), check_vma=False
+    )

@@ -87,20 +87,53 @@ __all__ = ["CRF", "TrainingLog"]
 
 #: What CRFsuite's trainers run when a setting is None (its `-p` defaults), per algorithm.
 DEFAULTS = {
-    "lbfgs": {"c1": 0.0, "c2": 1.0, "num_memories": 6, "epsilon": 1e-5, "period": 10, "delta": 1e-5,
-              "max_iterations": 1000},
-    "l2sgd": {"c2": 1.0, "max_iterations": 1000, "period": 10, "delta": 1e-6, "calibration_eta": 0.1,
-              "calibration_rate": 2.0, "calibration_samples": 1000, "calibration_candidates": 10,
-              "calibration_max_trials": 20},
+    "lbfgs": {
+        "c1": 0.0,
+        "c2": 1.0,
+        "num_memories": 6,
+        "epsilon": 1e-5,
+        "period": 10,
+        "delta": 1e-5,
+        "max_iterations": 1000,
+    },
+    "l2sgd": {
+        "c2": 1.0,
+        "max_iterations": 1000,
+        "period": 10,
+        "delta": 1e-6,
+        "calibration_eta": 0.1,
+        "calibration_rate": 2.0,
+        "calibration_samples": 1000,
+        "calibration_candidates": 10,
+        "calibration_max_trials": 20,
+    },
     "ap": {"max_iterations": 100, "epsilon": 0.0},
 }
 #: CRFsuite's other training algorithms, refused by name.
 UNSUPPORTED_ALGORITHMS = ("pa", "arow")
 #: Every setting of CRFsuite's trainers; each algorithm takes those of `DEFAULTS` and refuses the others unless None.
-TRAINER_SETTINGS = ("c1", "c2", "num_memories", "epsilon", "period", "delta", "linesearch", "max_linesearch",
-                    "calibration_eta", "calibration_rate", "calibration_samples", "calibration_candidates",
-                    "calibration_max_trials", "pa_type", "c", "error_sensitive", "averaging", "variance", "gamma",
-                    "trainer_cls")
+TRAINER_SETTINGS = (
+    "c1",
+    "c2",
+    "num_memories",
+    "epsilon",
+    "period",
+    "delta",
+    "linesearch",
+    "max_linesearch",
+    "calibration_eta",
+    "calibration_rate",
+    "calibration_samples",
+    "calibration_candidates",
+    "calibration_max_trials",
+    "pa_type",
+    "c",
+    "error_sensitive",
+    "averaging",
+    "variance",
+    "gamma",
+    "trainer_cls",
+)
 #: Accepted by lbfgs and not applied (CRFsuite's line search choice).
 LBFGS_ACCEPTED = ("linesearch", "max_linesearch")
 #: lbfgs trains on rows of this many positions, longer sentences in a second bucket (`features.pack_rows`): the
@@ -130,15 +163,19 @@ def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
     if isinstance(y, (str, bytes)) or not hasattr(y, "__len__"):
         raise TypeError(f"{name} must be a list of label sequences, got {type(y).__name__}")
     if len(y) != len(lengths):
-        raise ValueError(f"{name} must hold one label sequence per sentence of X: {len(lengths)} sentences, "
-                         f"got {len(y)} label sequences")
+        raise ValueError(
+            f"{name} must hold one label sequence per sentence of X: {len(lengths)} sentences, "
+            f"got {len(y)} label sequences"
+        )
     out = []
     for s, (labels, length) in enumerate(zip(y, lengths.tolist())):
         if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
             raise TypeError(f"{name}[{s}] must be a sequence of label strings, got {type(labels).__name__}")
         if len(labels) != length:
-            raise ValueError(f"{name}[{s}] must have one label per token: X[{s}] has {length} tokens, "
-                             f"{name}[{s}] has {len(labels)} labels")
+            raise ValueError(
+                f"{name}[{s}] must have one label per token: X[{s}] has {length} tokens, "
+                f"{name}[{s}] has {len(labels)} labels"
+            )
         if not all(isinstance(label, str) for label in labels):
             raise TypeError(f"{name}[{s}] must hold label strings, got {list(labels)!r:.60}")
         out.append(list(labels))
@@ -184,12 +221,37 @@ class CRF(BaseEstimator):
     (`TrainingLog`), `tagger_` (the `Tagger`).
     """
 
-    def __init__(self, algorithm=None, min_freq=None, all_possible_states=None, all_possible_transitions=None,
-                 c1=None, c2=None, max_iterations=None, num_memories=None, epsilon=None, period=None, delta=None,
-                 linesearch=None, max_linesearch=None, calibration_eta=None, calibration_rate=None,
-                 calibration_samples=None, calibration_candidates=None, calibration_max_trials=None, pa_type=None,
-                 c=None, error_sensitive=None, averaging=None, variance=None, gamma=None, verbose=False,
-                 model_filename=None, keep_tempfiles=False, trainer_cls=None):
+    def __init__(
+        self,
+        algorithm=None,
+        min_freq=None,
+        all_possible_states=None,
+        all_possible_transitions=None,
+        c1=None,
+        c2=None,
+        max_iterations=None,
+        num_memories=None,
+        epsilon=None,
+        period=None,
+        delta=None,
+        linesearch=None,
+        max_linesearch=None,
+        calibration_eta=None,
+        calibration_rate=None,
+        calibration_samples=None,
+        calibration_candidates=None,
+        calibration_max_trials=None,
+        pa_type=None,
+        c=None,
+        error_sensitive=None,
+        averaging=None,
+        variance=None,
+        gamma=None,
+        verbose=False,
+        model_filename=None,
+        keep_tempfiles=False,
+        trainer_cls=None,
+    ):
         self.algorithm = algorithm
         self.min_freq = min_freq
         self.all_possible_states = all_possible_states
@@ -225,15 +287,19 @@ class CRF(BaseEstimator):
         """The training algorithm, or a ValueError naming a refused one or a setting it does not take."""
         algorithm = "lbfgs" if self.algorithm is None else self.algorithm
         if algorithm in UNSUPPORTED_ALGORITHMS:
-            raise ValueError(f"algorithm={algorithm!r} is not supported by lossfns.sklearn.CRF; use 'lbfgs' "
-                             "(OWL-QN when c1 > 0), 'l2sgd' or 'ap'")
+            raise ValueError(
+                f"algorithm={algorithm!r} is not supported by lossfns.sklearn.CRF; use 'lbfgs' "
+                "(OWL-QN when c1 > 0), 'l2sgd' or 'ap'"
+            )
         if algorithm not in DEFAULTS:
             raise ValueError(f"algorithm must be 'lbfgs' (or None), 'l2sgd' or 'ap', got {algorithm!r}")
         taken = set(DEFAULTS[algorithm]) | (set(LBFGS_ACCEPTED) if algorithm == "lbfgs" else set())
         for name in TRAINER_SETTINGS:
             if name not in taken and getattr(self, name) is not None:
-                raise ValueError(f"{name} is not a setting of algorithm={algorithm!r} (CRFsuite's other trainers "
-                                 f"take it); it must be None, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} is not a setting of algorithm={algorithm!r} (CRFsuite's other trainers "
+                    f"take it); it must be None, got {getattr(self, name)!r}"
+                )
         return algorithm
 
     def _setting(self, name: str):
@@ -249,18 +315,31 @@ class CRF(BaseEstimator):
         if algorithm == "lbfgs":
             penalty = crfsuite_elastic_net(self._setting("c1"), self._setting("c2"))
             check_scalar("epsilon", self._setting("epsilon"), 0)
-            training = dict(**penalty, tol=self._setting("delta"), period=self._setting("period"),
-                            memory_size=self._setting("num_memories"))
+            training = dict(
+                **penalty,
+                tol=self._setting("delta"),
+                period=self._setting("period"),
+                memory_size=self._setting("num_memories"),
+            )
         elif algorithm == "l2sgd":
-            training = dict(l2=crfsuite_elastic_net(0.0, self._setting("c2"))["l2"], tol=self._setting("delta"),
-                            period=self._setting("period"))
+            training = dict(
+                l2=crfsuite_elastic_net(0.0, self._setting("c2"))["l2"],
+                tol=self._setting("delta"),
+                period=self._setting("period"),
+            )
         else:
             check_scalar("epsilon", self._setting("epsilon"), 0)
             training = {}
-        return Tagger("feature_dicts", **training, max_iterations=self._setting("max_iterations"),
-                      min_count=max(1, math.ceil(min_freq)), observed_pairs_only=not self.all_possible_states,
-                      observed_transitions_only=not self.all_possible_transitions, progress=False,
-                      iob_constraints=False)
+        return Tagger(
+            "feature_dicts",
+            **training,
+            max_iterations=self._setting("max_iterations"),
+            min_count=max(1, math.ceil(min_freq)),
+            observed_pairs_only=not self.all_possible_states,
+            observed_transitions_only=not self.all_possible_transitions,
+            progress=False,
+            iob_constraints=False,
+        )
 
     def fit(self, X, y, X_dev=None, y_dev=None) -> CRF:
         """Train on `X` (sentences of token feature dicts) and `y` (label
@@ -280,26 +359,42 @@ class CRF(BaseEstimator):
         algorithm = self._algorithm()
         if algorithm == "lbfgs":
             stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
-            callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose \
-                else None
+            callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose else None
             tagger.fit_packed(corpus.pack_rows(index, ids, width=ROW_WIDTH), labels, index, callback=callback)
         else:
-            _fit_sentences(tagger, algorithm, corpus, index, labels, ids, self._calibration(algorithm),
-                           self._report if self.verbose else None)
+            _fit_sentences(
+                tagger,
+                algorithm,
+                corpus,
+                index,
+                labels,
+                ids,
+                self._calibration(algorithm),
+                self._report if self.verbose else None,
+            )
         self.tagger_ = tagger
         if self.model_filename is not None:
             tagger.save(self.model_filename)
         dev = None if X_dev is None else self.score(X_dev, y_dev)
-        self.training_log_ = TrainingLog([{"num": i + 1, "loss": loss} for i, loss in enumerate(tagger.history)],
-                                         tagger.status.name, tagger.training_seconds, dev)
+        self.training_log_ = TrainingLog(
+            [{"num": i + 1, "loss": loss} for i, loss in enumerate(tagger.history)],
+            tagger.status.name,
+            tagger.training_seconds,
+            dev,
+        )
         return self
 
     def _calibration(self, algorithm: str) -> dict:
         """The l2sgd learning-rate calibration settings, the ap stop rule's `epsilon`."""
         if algorithm == "ap":
             return {"epsilon": float(self._setting("epsilon"))}
-        names = ("calibration_eta", "calibration_rate", "calibration_samples", "calibration_candidates",
-                 "calibration_max_trials")
+        names = (
+            "calibration_eta",
+            "calibration_rate",
+            "calibration_samples",
+            "calibration_candidates",
+            "calibration_max_trials",
+        )
         settings = {name: self._setting(name) for name in names}
         check_scalar("calibration_eta", settings["calibration_eta"], 0, low_open=True)
         check_scalar("calibration_rate", settings["calibration_rate"], 1, low_open=True)
@@ -350,8 +445,10 @@ class CRF(BaseEstimator):
     def predict_marginals(self, X) -> list:
         """Per sentence, per token, `{label: P(y_t = label | x)}`."""
         labels = self._fitted().labels
-        return [[dict(zip(labels, row.tolist())) for row in np.asarray(sentence, np.float64)]
-                for sentence in self._decode(X, packed.marginals)]
+        return [
+            [dict(zip(labels, row.tolist())) for row in np.asarray(sentence, np.float64)]
+            for sentence in self._decode(X, packed.marginals)
+        ]
 
     def predict_marginals_single(self, xseq) -> list:
         """`predict_marginals([xseq])[0]`."""
@@ -382,8 +479,10 @@ class CRF(BaseEstimator):
         tagger = self._fitted()
         transitions = np.asarray(tagger.model.transitions)
         rows, columns = np.nonzero(transitions)
-        return {(tagger.labels[i], tagger.labels[j]): float(transitions[i, j])
-                for i, j in zip(rows.tolist(), columns.tolist())}
+        return {
+            (tagger.labels[i], tagger.labels[j]): float(transitions[i, j])
+            for i, j in zip(rows.tolist(), columns.tolist())
+        }
 
     # -- pickling -----------------------------------------------------------
 
@@ -397,8 +496,9 @@ class CRF(BaseEstimator):
 
     def __setstate__(self, state):
         if isinstance(state.get("tagger_"), bytes):
-            state = dict(state, tagger_=Tagger.from_saved(model_file.from_bytes(state["tagger_"]),
-                                                          iob_constraints=False))
+            state = dict(
+                state, tagger_=Tagger.from_saved(model_file.from_bytes(state["tagger_"]), iob_constraints=False)
+            )
         super().__setstate__(state)
 
 
@@ -494,9 +594,12 @@ def _sentence_data(corpus, index, ids: list) -> SequenceData:
     unigram_ids, values = corpus.token_arrays(index)
     lengths = corpus.sentence_lengths
     # Every sentence is padded to the longest (one example per row, as the loops index them).
-    check_allocation("the per-sentence training arrays (sentences, longest sentence, features)",
-                     (lengths.size, int(lengths.max(initial=0)), unigram_ids.shape[1]), np.int32,
-                     copies=1 if values is None else 3)
+    check_allocation(
+        "the per-sentence training arrays (sentences, longest sentence, features)",
+        (lengths.size, int(lengths.max(initial=0)), unigram_ids.shape[1]),
+        np.int32,
+        copies=1 if values is None else 3,
+    )
     positions = ragged_rows(np.arange(int(lengths.sum())), lengths, -1)
     real = positions[..., None] >= 0
     sentence_ids = np.where(real, unigram_ids[positions], -1).astype(np.int32)
@@ -520,8 +623,9 @@ def _initial_model(tagger: Tagger, sentences: SequenceData, num_features: int, n
     return model
 
 
-def _fit_sentences(tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict,
-                   callback) -> None:
+def _fit_sentences(
+    tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict, callback
+) -> None:
     """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"l2sgd"`)
     on the library's loops (`optimizers.perceptron_epoch_fn`,
     `optimizers.epoch_step_fn` with `optimizers.sgd_l1`, run by `optimizers.drive`)."""
@@ -534,16 +638,19 @@ def _fit_sentences(tagger: Tagger, algorithm: str, corpus, index, labels: tuple,
         inner = perceptron_init(weights)
     else:
         if not tagger.l2 > 0:
-            raise ValueError(f"c2 must be > 0 for algorithm='l2sgd' (its learning rate is 1 / (c2 t)), got "
-                             f"{tagger.l2 / 2}")
+            raise ValueError(
+                f"c2 must be > 0 for algorithm='l2sgd' (its learning rate is 1 / (c2 t)), got {tagger.l2 / 2}"
+            )
         rate = _calibrated_rate(tagger.l2, weights, data, settings, model.pair_support)
         # CRFsuite's eta_t = 1 / (lambda (t0 + t)), lambda = 2 c2 / N, t0 = 1 / (lambda eta_0), for the
         # per-sentence loss; sgd_l1 steps on N times it (the corpus sum), so its rate is eta_t / N.
         t0 = total / (tagger.l2 * rate)
         optimizer = sgd_l1(lambda count: 1.0 / (tagger.l2 * (t0 + count)), 0.0, tagger.l2)
         make_step = SgdEpochs(optimizer, elastic_net_penalty(0.0, tagger.l2), model.pair_support)
-        stop, inner = relative_improvement_below(tagger.tol, tagger.period), (weights, optimizer.init(weights),
-                                                                               jax.random.PRNGKey(0))
+        stop, inner = (
+            relative_improvement_below(tagger.tol, tagger.period),
+            (weights, optimizer.init(weights), jax.random.PRNGKey(0)),
+        )
     loop = init_loop(inner, tagger.max_iterations, float_dtype(weights))
     result = drive(make_step, loop, data, stop=stop, callback=callback, progress=False)
     final = result.loop
@@ -565,9 +672,17 @@ def _calibrated_rate(l2: float, weights, data, settings: dict, pair_support) -> 
     eta, factor = settings["calibration_eta"], settings["calibration_rate"]
     up = min(settings["calibration_candidates"], settings["calibration_max_trials"])
     down = max(settings["calibration_max_trials"] - up, 0)
-    candidates = [eta * factor ** k for k in range(up)] + [eta / factor ** k for k in range(1, down + 1)]
+    candidates = [eta * factor**k for k in range(up)] + [eta / factor**k for k in range(1, down + 1)]
     fun = functools.partial(_sentence_loss, structure, pair_support, losses.sequence_log_loss)
     total = len(sentences.lengths)
-    rate = calibrate_learning_rate(fun, weights, sentences, 0.0, key=jax.random.PRNGKey(1), l2=l2,
-                                   sample_size=settings["calibration_samples"], candidates=candidates)
+    rate = calibrate_learning_rate(
+        fun,
+        weights,
+        sentences,
+        0.0,
+        key=jax.random.PRNGKey(1),
+        l2=l2,
+        sample_size=settings["calibration_samples"],
+        candidates=candidates,
+    )
     return float(rate) * total

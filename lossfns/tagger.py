@@ -118,8 +118,15 @@ class Tagger:
 
     # -- training -----------------------------------------------------------
 
-    def fit(self, sentences: Sequence[Sentence], *, checkpoint_dir=None, checkpoint_every: int = 10,
-            callback: Callable | None = None, mesh: jax.sharding.Mesh | None = None) -> Tagger:
+    def fit(
+        self,
+        sentences: Sequence[Sentence],
+        *,
+        checkpoint_dir=None,
+        checkpoint_every: int = 10,
+        callback: Callable | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+    ) -> Tagger:
         """Index features, build a zero model and train it on `sentences`.
 
         checkpoint_dir: save the training state there every `checkpoint_every`
@@ -140,12 +147,23 @@ class Tagger:
         labels = tuple(sorted({label for s in sentences for label in s.labels}))
         index = features.build_index(extracted, min_count=self.min_count, hash_size=self.hash_size)
         encoded, ids = [index.encode(f) for f in extracted], features.label_ids(sentences, labels)
-        shards = None if mesh is None else features.pack_shards(encoded, ids, index.num_unigram, parallel.num_shards(mesh))
-        return self._train(self._pack(encoded, ids), labels, index, shards, mesh, checkpoint_dir, checkpoint_every,
-                           callback)
+        shards = (
+            None if mesh is None else features.pack_shards(encoded, ids, index.num_unigram, parallel.num_shards(mesh))
+        )
+        return self._train(
+            self._pack(encoded, ids), labels, index, shards, mesh, checkpoint_dir, checkpoint_every, callback
+        )
 
-    def fit_packed(self, packed_corpus: PackedCorpus, labels: Sequence[str], index: FeatureIndex, *,
-                   checkpoint_dir=None, checkpoint_every: int = 10, callback: Callable | None = None) -> Tagger:
+    def fit_packed(
+        self,
+        packed_corpus: PackedCorpus,
+        labels: Sequence[str],
+        index: FeatureIndex,
+        *,
+        checkpoint_dir=None,
+        checkpoint_every: int = 10,
+        callback: Callable | None = None,
+    ) -> Tagger:
         """Train on a labelled corpus already indexed and packed by the
         caller (e.g. `features.dicts.AttributeCorpus.pack_rows`: feature
         dicts; rows for the default log-loss, buckets for a custom `loss`),
@@ -159,8 +177,11 @@ class Tagger:
         """The masks from `packed_corpus`, then the driver on it (or on `shards`, one block per device of `mesh`)."""
         self.labels, self.index = labels, index
         K, K2, L = index.num_unigram, index.num_pair, len(labels)
-        self.model = (LinearChainModel.observed(features.padded_buckets(packed_corpus), K, L, K2, dtype=self.dtype)
-                      if self.observed_pairs_only else LinearChainModel.zeros(K, L, K2, dtype=self.dtype))
+        self.model = (
+            LinearChainModel.observed(features.padded_buckets(packed_corpus), K, L, K2, dtype=self.dtype)
+            if self.observed_pairs_only
+            else LinearChainModel.zeros(K, L, K2, dtype=self.dtype)
+        )
         if self.observed_transitions_only:
             self.model = self.model.with_transition_mask(features.observed_transitions(packed_corpus, len(labels)))
         structure = self.model.structure()
@@ -168,15 +189,29 @@ class Tagger:
             data = TrainingData(features.corpus_arrays(packed_corpus, self.index.num_unigram), structure)
         else:  # one copy of the masks per block
             count = jax.tree_util.tree_leaves(shards)[0].shape[0]
-            data = TrainingData(shards, jax.tree_util.tree_map(
-                lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure))
-        training = elastic_net_training(self.l1, self.l2, self.optimizer, memory_size=self.memory_size,
-                                        regularizer=self.regularizer)  # optimizer, regularizer and penalty
+            data = TrainingData(
+                shards,
+                jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure),
+            )
+        training = elastic_net_training(
+            self.l1, self.l2, self.optimizer, memory_size=self.memory_size, regularizer=self.regularizer
+        )  # optimizer, regularizer and penalty
         objective = self.objective() if mesh is None else parallel.single_block(self.objective())
-        result = train(objective, self.model.weights(), data=data, **training._asdict(), max_steps=self.max_iterations,
-                       stop=relative_improvement_below(self.tol, self.period), mesh=mesh, checkpoint_dir=checkpoint_dir,
-                       checkpoint_every=checkpoint_every, settings=self._settings(), callback=callback,
-                       description="Tagger.fit", progress=self.max_iterations > 20 if self.progress is None else self.progress)
+        result = train(
+            objective,
+            self.model.weights(),
+            data=data,
+            **training._asdict(),
+            max_steps=self.max_iterations,
+            stop=relative_improvement_below(self.tol, self.period),
+            mesh=mesh,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            settings=self._settings(),
+            callback=callback,
+            description="Tagger.fit",
+            progress=self.max_iterations > 20 if self.progress is None else self.progress,
+        )
         trace = np.asarray(result.trace)[: int(result.num_steps)]
         self.history = [float(value) for value in trace if np.isfinite(value)]
         self.status, self.training_seconds = Status(int(result.status)), result.compile_seconds + result.run_seconds
@@ -247,8 +282,14 @@ class Tagger:
         corpus, buckets = self._decode(sentences, packed.kbest, check_int("k", k))
         paths = features.in_corpus_order(corpus, [labels for _, labels in buckets], time_axis=2)
         scores = features.in_corpus_order(corpus, [scores for scores, _ in buckets], time_axis=None)
-        return [[(tuple(self.labels[j] for j in path), float(score)) for path, score in zip(rows, values)
-                 if np.isfinite(score)] for rows, values in zip(paths, scores)]
+        return [
+            [
+                (tuple(self.labels[j] for j in path), float(score))
+                for path, score in zip(rows, values)
+                if np.isfinite(score)
+            ]
+            for rows, values in zip(paths, scores)
+        ]
 
     def predict_marginals(self, sentences: Sequence[Sentence]) -> list[np.ndarray]:
         """Per sentence, `P(y_t = labels[j] | x)` as `[T, L]` (`self.labels` order)."""
@@ -259,8 +300,12 @@ class Tagger:
         predicted = self.predict(sentences)
         gold = [s.labels for s in sentences]
         scores = metrics.entity_scores(gold, predicted)
-        return {"token_accuracy": metrics.token_accuracy(gold, predicted), "precision": scores.precision,
-                "recall": scores.recall, "f1": scores.f1}
+        return {
+            "token_accuracy": metrics.token_accuracy(gold, predicted),
+            "precision": scores.precision,
+            "recall": scores.recall,
+            "f1": scores.f1,
+        }
 
     # -- persistence --------------------------------------------------------
 

@@ -36,7 +36,7 @@ def enumerate_sequences(potentials, length: int):
     """
     psi = _per_position(potentials)
     L = psi.shape[-1]
-    labels = np.array(list(itertools.product(range(L), repeat=length)), dtype=np.int64).reshape(L ** length, length)
+    labels = np.array(list(itertools.product(range(L), repeat=length)), dtype=np.int64).reshape(L**length, length)
     previous = np.concatenate([np.zeros((labels.shape[0], 1), np.int64), labels[:, :-1]], axis=1)
     with np.errstate(invalid="ignore"):
         scores = psi[np.arange(length)[None, :], previous, labels].sum(axis=1)
@@ -68,8 +68,9 @@ def _log_sum_exp(scores):
 
 def log_partition(potentials, lengths=None) -> np.ndarray:
     """`log Z` per chain by enumeration, `[...]`."""
-    return _batched(lambda p, n: _log_sum_exp(enumerate_sequences(p, n)[1]), potentials, lengths,
-                    out_shape_fn=lambda T, L: ())
+    return _batched(
+        lambda p, n: _log_sum_exp(enumerate_sequences(p, n)[1]), potentials, lengths, out_shape_fn=lambda T, L: ()
+    )
 
 
 def _probabilities(p, n):
@@ -81,6 +82,7 @@ def _probabilities(p, n):
 
 def marginals(potentials, lengths=None) -> np.ndarray:
     """Edge marginals `[..., T, L, L]` (row 0 at t = 0) by enumeration."""
+
     def one(p, n):
         T, L = p.shape[0], p.shape[-1]
         out = np.zeros((T, L, L))
@@ -91,6 +93,7 @@ def marginals(potentials, lengths=None) -> np.ndarray:
                 out[t, previous, label] += prob
                 previous = label
         return out
+
     return _batched(one, potentials, lengths, out_shape_fn=lambda T, L: (T, L, L))
 
 
@@ -105,6 +108,7 @@ def viterbi(potentials, lengths=None):
     Ties go to the lexicographically smallest sequence... of the enumeration
     order; compare scores, not labels, when ties are possible.
     """
+
     def one(p, n):
         labels, scores = enumerate_sequences(p, n)
         out = -np.ones(p.shape[0], np.int64)
@@ -112,31 +116,40 @@ def viterbi(potentials, lengths=None):
         if np.isfinite(scores[best]):
             out[:n] = labels[best]
         return np.concatenate([[scores[best]], out])
+
     both = _batched(one, potentials, lengths, out_shape_fn=lambda T, L: (T + 1,))
     return both[..., 0], both[..., 1:].astype(np.int64)
 
 
 def kbest_scores(potentials, lengths=None, k: int = 1) -> np.ndarray:
     """The k best sequence scores `[..., k]`, -inf where fewer exist."""
+
     def one(p, n):
         scores = np.sort(enumerate_sequences(p, n)[1])[::-1][:k]
         return np.concatenate([scores, np.full(k - scores.size, -np.inf)])
+
     return _batched(one, potentials, lengths, out_shape_fn=lambda T, L: (k,))
 
 
 def entropy(potentials, lengths=None) -> np.ndarray:
     """Entropy of the sequence distribution `[...]` by enumeration."""
+
     def one(p, n):
         _, _, probs = _probabilities(p, n)
         positive = probs[probs > 0]
         return -(positive * np.log(positive)).sum()
+
     return _batched(one, potentials, lengths, out_shape_fn=lambda T, L: ())
 
 
 def count_paths(potentials, lengths=None) -> np.ndarray:
     """Number of sequences with a finite score `[...]`."""
-    return _batched(lambda p, n: np.isfinite(enumerate_sequences(p, n)[1]).sum().astype(np.float64),
-                    potentials, lengths, out_shape_fn=lambda T, L: ())
+    return _batched(
+        lambda p, n: np.isfinite(enumerate_sequences(p, n)[1]).sum().astype(np.float64),
+        potentials,
+        lengths,
+        out_shape_fn=lambda T, L: (),
+    )
 
 
 def sequence_score(potentials, labels, lengths=None) -> np.ndarray:
@@ -199,15 +212,19 @@ def reference_row_log_partition(potentials, starts=None, lengths=None) -> jax.Ar
         _, totals = jax.lax.scan(step, jnp.zeros(edges.shape[-1], edges.dtype), (edges, first, starts, valid, ends))
         return jnp.sum(totals)
 
-    flat = lambda x, core: x.reshape((-1,) + x.shape[x.ndim - core:])
-    out = jax.vmap(one)(flat(jnp.broadcast_to(edges, batch_shape + edges.shape[-3:]), 3),
-                        flat(jnp.broadcast_to(first, batch_shape + first.shape[-2:]), 2),
-                        flat(starts, 1), lengths.reshape(-1))
+    flat = lambda x, core: x.reshape((-1,) + x.shape[x.ndim - core :])
+    out = jax.vmap(one)(
+        flat(jnp.broadcast_to(edges, batch_shape + edges.shape[-3:]), 3),
+        flat(jnp.broadcast_to(first, batch_shape + first.shape[-2:]), 2),
+        flat(starts, 1),
+        lengths.reshape(-1),
+    )
     return out.reshape(batch_shape)
 
 
-def check_gradients(fn, args, order: int = 2, modes=("fwd", "rev"), eps: float = 1e-4,
-                    atol: float = 1e-5, rtol: float = 1e-5) -> None:
+def check_gradients(
+    fn, args, order: int = 2, modes=("fwd", "rev"), eps: float = 1e-4, atol: float = 1e-5, rtol: float = 1e-5
+) -> None:
     """Finite-difference check of `fn`'s derivatives up to `order` (float64).
 
     Requires `jax.config.update("jax_enable_x64", True)`; raises on mismatch.

@@ -44,8 +44,10 @@ def check_finite_or_neg_inf(name: str, x) -> None:
     if np.isnan(value).any():
         raise ValueError(f"{name} contains NaN at index {tuple(int(i) for i in np.argwhere(np.isnan(value))[0])}")
     if np.isposinf(value).any():
-        raise ValueError(f"{name} contains +inf at index {tuple(int(i) for i in np.argwhere(np.isposinf(value))[0])}; "
-                         "only -inf (a forbidden choice) is allowed")
+        raise ValueError(
+            f"{name} contains +inf at index {tuple(int(i) for i in np.argwhere(np.isposinf(value))[0])}; "
+            "only -inf (a forbidden choice) is allowed"
+        )
 
 
 def check_int(name: str, value, minimum: int = 1) -> int:
@@ -100,8 +102,10 @@ def as_int_array(name: str, x, value) -> jax.Array:
             lossy = (value < info.min) | (value > info.max)
             if lossy.any():
                 where = _first_index(lossy)
-                raise ValueError(f"{name} must fit in {target.name} (JAX's integer type; jax_enable_x64 is off), "
-                                 f"got {value[where].item()} at index {where}")
+                raise ValueError(
+                    f"{name} must fit in {target.name} (JAX's integer type; jax_enable_x64 is off), "
+                    f"got {value[where].item()} at index {where}"
+                )
     return jnp.asarray(x)
 
 
@@ -120,8 +124,9 @@ def as_lengths(lengths, batch_shape: tuple[int, ...], max_length: int, name: str
     value = integer_values(name, lengths, f"an integer array of shape {tuple(batch_shape)}")
     shape = tuple(np.shape(lengths)) if value is None else value.shape
     if shape != tuple(batch_shape):
-        raise ValueError(f"{name} must have shape {tuple(batch_shape)} (the batch shape of the potentials), "
-                         f"got shape {shape}")
+        raise ValueError(
+            f"{name} must have shape {tuple(batch_shape)} (the batch shape of the potentials), got shape {shape}"
+        )
     if value is not None and value.size and (value.min() < 0 or value.max() > max_length):
         bad = value[(value < 0) | (value > max_length)].flat[0]
         raise ValueError(f"{name} must lie in [0, {max_length}] (the number of positions T), got {int(bad)}")
@@ -141,14 +146,17 @@ def as_labels(labels, shape: tuple[int, ...], num_labels: int, lengths, name: st
         bad = inside & ((value < 0) | (value >= num_labels))
         if bad.any():
             where = _first_index(bad)
-            raise ValueError(f"{name} must lie in [0, {num_labels}) inside each sequence's length, "
-                             f"got {int(value[where])} at index {where}")
+            raise ValueError(
+                f"{name} must lie in [0, {num_labels}) inside each sequence's length, "
+                f"got {int(value[where])} at index {where}"
+            )
     return as_int_array(name, labels, value)
 
 
 def available_memory_bytes() -> int | None:
     """Physical memory available now (Linux `sysconf`), or `None` if unknown."""
     import os
+
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -160,12 +168,15 @@ def check_allocation(name: str, shape: tuple[int, ...], dtype, copies: int = 1) 
     of `shape` that cannot fit in the memory available now, rather than let the
     process be killed by the kernel mid-allocation."""
     import math
+
     needed = math.prod(shape) * np.dtype(dtype).itemsize * copies
     available = available_memory_bytes()
     if available is not None and needed > available:
-        raise MemoryError(f"{name} of shape {tuple(shape)} ({np.dtype(dtype).name}, x{copies}) needs "
-                          f"{needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is available; "
-                          "use fewer features (a larger min_count or hashing) or fewer labels")
+        raise MemoryError(
+            f"{name} of shape {tuple(shape)} ({np.dtype(dtype).name}, x{copies}) needs "
+            f"{needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is available; "
+            "use fewer features (a larger min_count or hashing) or fewer labels"
+        )
 
 
 def check_float_dtype(name: str, dtype) -> None:
@@ -175,5 +186,7 @@ def check_float_dtype(name: str, dtype) -> None:
     except TypeError:
         given = None
     if given is None or not jnp.issubdtype(given, jnp.floating):
-        raise TypeError(f"{name} must be a floating-point dtype (jnp.float32 or jnp.float64), "
-                        f"got {given.name if given is not None else repr(dtype)}")
+        raise TypeError(
+            f"{name} must be a floating-point dtype (jnp.float32 or jnp.float64), "
+            f"got {given.name if given is not None else repr(dtype)}"
+        )

@@ -10,8 +10,9 @@ import signal
 # (measured: 40% less time on compilation-bound test files). Set before the
 # backend starts; experiments run as subprocesses inherit it. Semantics are
 # unchanged (both are XLA's own code generators for the same HLO).
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+).strip()
 
 import jax
 import pytest
@@ -20,8 +21,12 @@ from hypothesis import HealthCheck, settings
 jax.config.update("jax_enable_x64", True)
 
 settings.register_profile(
-    "ci", max_examples=int(os.environ.get("LOSSFNS_HYPOTHESIS_EXAMPLES", "25")), deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
+    "ci",
+    max_examples=int(os.environ.get("LOSSFNS_HYPOTHESIS_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
 settings.load_profile("ci")
 
 
@@ -64,7 +69,6 @@ def no_corpora(monkeypatch, tmp_path):
     monkeypatch.setenv("NLTK_DATA", str(tmp_path))
     monkeypatch.setattr(lossfns.corpora, "data_path", lambda: [str(tmp_path)])
     return tmp_path
-
 
 
 def _memory_mappings() -> int | None:

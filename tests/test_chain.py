@@ -41,9 +41,11 @@ def problems(draw, factored=None, forbidden=False):
         return np.where(rng.random(x.shape) < 0.2, -np.inf, x) if forbidden else x
 
     if is_factored:
-        potentials = FactoredPotentials(jnp.asarray(rng.normal(size=batch_shape + (T, L)) * scale),
-                                        jnp.asarray(forbid(rng.normal(size=(L, L)) * scale)),
-                                        jnp.asarray(rng.normal(size=(L,)) * scale))
+        potentials = FactoredPotentials(
+            jnp.asarray(rng.normal(size=batch_shape + (T, L)) * scale),
+            jnp.asarray(forbid(rng.normal(size=(L, L)) * scale)),
+            jnp.asarray(rng.normal(size=(L,)) * scale),
+        )
     else:
         potentials = jnp.asarray(forbid(rng.normal(size=batch_shape + (T, L, L)) * scale))
     return potentials, lengths
@@ -57,8 +59,9 @@ def assert_close(actual, expected, atol=1e-8):
 @given(problem=problems(forbidden=True))
 def test_log_partition_log_and_real_match_enumeration(algorithm, problem):
     potentials, lengths = problem
-    assert_close(jitted("log_partition", algorithm=algorithm)(potentials, lengths),
-                 testing.log_partition(potentials, lengths))
+    assert_close(
+        jitted("log_partition", algorithm=algorithm)(potentials, lengths), testing.log_partition(potentials, lengths)
+    )
 
 
 def test_real_traces_to_the_program_of_log():
@@ -67,15 +70,19 @@ def test_real_traces_to_the_program_of_log():
     the enumeration and gradient checks of `Log` hold for it to the bit."""
     rng = np.random.default_rng(10)
     dense = jnp.asarray(rng.normal(size=(2, 4, 3, 3)))
-    factored = FactoredPotentials(jnp.asarray(rng.normal(size=(2, 4, 3))),
-                                  jnp.asarray(rng.normal(size=(3, 3))).at[0, 2].set(-jnp.inf),
-                                  jnp.asarray([0.0, 0.0, -jnp.inf]))
+    factored = FactoredPotentials(
+        jnp.asarray(rng.normal(size=(2, 4, 3))),
+        jnp.asarray(rng.normal(size=(3, 3))).at[0, 2].set(-jnp.inf),
+        jnp.asarray([0.0, 0.0, -jnp.inf]),
+    )
     lengths = jnp.asarray([4, 2], jnp.int32)
     for algorithm in ALGORITHMS:
         for potentials in (dense, factored):
+
             def program(semiring):
                 log_z = lambda p: jnp.sum(chain.log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
                 return str(jax.make_jaxpr(jax.value_and_grad(log_z))(potentials))
+
             assert program(semirings.Real) == program(semirings.Log), algorithm
 
 
@@ -83,13 +90,19 @@ def test_real_traces_to_the_program_of_log():
 @given(problem=problems(forbidden=True))
 def test_max_kmax_entropy_counting_match_enumeration(algorithm, problem):
     potentials, lengths = problem
-    assert_close(jitted("forward", semirings.Max, algorithm=algorithm)(potentials, lengths),
-                 testing.viterbi(potentials, lengths)[0])
-    assert_close(jitted("forward", semirings.KMax(3), algorithm=algorithm)(potentials, lengths),
-                 testing.kbest_scores(potentials, lengths, 3))
+    assert_close(
+        jitted("forward", semirings.Max, algorithm=algorithm)(potentials, lengths),
+        testing.viterbi(potentials, lengths)[0],
+    )
+    assert_close(
+        jitted("forward", semirings.KMax(3), algorithm=algorithm)(potentials, lengths),
+        testing.kbest_scores(potentials, lengths, 3),
+    )
     assert_close(jitted("entropy", algorithm=algorithm)(potentials, lengths), testing.entropy(potentials, lengths))
-    assert_close(jitted("forward", semirings.Counting, algorithm=algorithm)(potentials, lengths),
-                 testing.count_paths(potentials, lengths))
+    assert_close(
+        jitted("forward", semirings.Counting, algorithm=algorithm)(potentials, lengths),
+        testing.count_paths(potentials, lengths),
+    )
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -104,7 +117,9 @@ def test_marginals_match_enumeration_and_sum_to_one(algorithm, problem):
     sums = np.asarray(nodes).sum(-1)
     assert_close(sums, np.where(inside & reachable, 1.0, 0.0))
     if not isinstance(potentials, FactoredPotentials):
-        assert_close(jitted("marginals", algorithm=algorithm)(potentials, lengths), testing.marginals(potentials, lengths))
+        assert_close(
+            jitted("marginals", algorithm=algorithm)(potentials, lengths), testing.marginals(potentials, lengths)
+        )
 
 
 @given(problem=problems(factored=True))
@@ -133,7 +148,9 @@ def test_viterbi_matches_enumeration_and_own_score(problem):
     assert np.all(np.asarray(labels)[past] == -1)
     rescored = jitted("score")(potentials, jnp.maximum(labels, 0), lengths)
     assert_close(np.where(reachable, rescored, 0.0), np.where(reachable, best, 0.0))
-    assert_close(testing.sequence_score(potentials, np.maximum(labels, 0), lengths)[reachable], np.asarray(best)[reachable])
+    assert_close(
+        testing.sequence_score(potentials, np.maximum(labels, 0), lengths)[reachable], np.asarray(best)[reachable]
+    )
 
 
 @given(problem=problems())
@@ -152,8 +169,12 @@ def test_kbest_paths_are_distinct_and_scored(problem):
                 path = tuple(flat_labels[b, j, : flat_lengths[b]])
                 assert path not in seen
                 seen.add(path)
-                assert_close(testing.sequence_score(psi[b], np.asarray(path + (0,) * (psi.shape[1] - len(path))),
-                                                    flat_lengths[b]), flat_scores[b, j])
+                assert_close(
+                    testing.sequence_score(
+                        psi[b], np.asarray(path + (0,) * (psi.shape[1] - len(path))), flat_lengths[b]
+                    ),
+                    flat_scores[b, j],
+                )
 
 
 def test_score_matches_direct_sum():
@@ -162,26 +183,35 @@ def test_score_matches_direct_sum():
     lengths = jnp.asarray([[5, 3, 0], [1, 2, 4]], jnp.int32)
     labels = jnp.asarray(rng.integers(0, 4, size=(2, 3, 5)), jnp.int32)
     labels = jnp.where(jnp.arange(5) < lengths[..., None], labels, -1)
-    assert_close(chain.score(potentials, labels, lengths), testing.sequence_score(potentials, np.maximum(labels, 0), lengths))
+    assert_close(
+        chain.score(potentials, labels, lengths), testing.sequence_score(potentials, np.maximum(labels, 0), lengths)
+    )
 
 
 def test_samples_follow_the_distribution():
     rng = np.random.default_rng(2)
     potentials = jnp.asarray(rng.normal(size=(3, 3, 3)))
     lengths = jnp.asarray(3, jnp.int32)
-    draws = jax.jit(jax.vmap(lambda k: chain.sample(k, potentials, lengths)))(jax.random.split(jax.random.PRNGKey(0), 20000))
+    draws = jax.jit(jax.vmap(lambda k: chain.sample(k, potentials, lengths)))(
+        jax.random.split(jax.random.PRNGKey(0), 20000)
+    )
     codes = np.asarray(draws) @ np.array([9, 3, 1])
     frequencies = np.bincount(codes, minlength=27) / codes.size
     labels, scores = testing.enumerate_sequences(potentials, 3)
     probabilities = np.exp(scores - testing.log_partition(potentials, lengths))
     np.testing.assert_allclose(frequencies[labels @ np.array([9, 3, 1])], probabilities, atol=0.015)
     short = chain.sample(jax.random.PRNGKey(1), jnp.stack([potentials] * 2), jnp.asarray([0, 2], jnp.int32))
-    assert np.all(np.asarray(short)[0] == -1) and np.all(np.asarray(short)[1, 2:] == -1) and np.all(np.asarray(short)[1, :2] >= 0)
+    assert (
+        np.all(np.asarray(short)[0] == -1)
+        and np.all(np.asarray(short)[1, 2:] == -1)
+        and np.all(np.asarray(short)[1, :2] >= 0)
+    )
 
 
 # ---------------------------------------------------------------------------
 # jit, vmap and looped variants agree
 # ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_batched_vmapped_and_looped_agree(algorithm):
@@ -216,9 +246,11 @@ class JitVariants(chex.TestCase):
             eager = fn(potentials, lengths)
             varied = self.variant(fn)(potentials, lengths)
             looped = [fn(potentials[b], lengths[b]) for b in range(3)]
-            for leaf_eager, leaf_varied, *leaf_looped in zip(jax.tree_util.tree_leaves(eager),
-                                                              jax.tree_util.tree_leaves(varied),
-                                                              *[jax.tree_util.tree_leaves(x) for x in looped]):
+            for leaf_eager, leaf_varied, *leaf_looped in zip(
+                jax.tree_util.tree_leaves(eager),
+                jax.tree_util.tree_leaves(varied),
+                *[jax.tree_util.tree_leaves(x) for x in looped],
+            ):
                 np.testing.assert_allclose(leaf_varied, leaf_eager, rtol=1e-9, err_msg=name)
                 np.testing.assert_allclose(np.stack(leaf_looped), leaf_eager, rtol=1e-9, err_msg=name)
 
@@ -226,6 +258,7 @@ class JitVariants(chex.TestCase):
 # ---------------------------------------------------------------------------
 # Gradients
 # ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_log_partition_gradients_order_two(algorithm):
@@ -241,12 +274,20 @@ def test_marginals_entropy_and_factored_gradients_order_two():
     potentials = jnp.asarray(rng.normal(size=(3, 3, 3)))
     lengths = jnp.asarray(3, jnp.int32)
     weights = jnp.asarray(rng.normal(size=(3, 3)))
-    testing.check_gradients(jax.jit(lambda p: jnp.sum(chain.node_marginals(p, lengths) * weights)), (potentials,), order=2)
+    testing.check_gradients(
+        jax.jit(lambda p: jnp.sum(chain.node_marginals(p, lengths) * weights)), (potentials,), order=2
+    )
     testing.check_gradients(jax.jit(lambda p: chain.entropy(p, lengths)), (potentials,), order=2)
     unary, transitions = jnp.asarray(rng.normal(size=(4, 3))), jnp.asarray(rng.normal(size=(3, 3)))
-    testing.check_gradients(jax.jit(
-        lambda u, a: chain.log_partition(FactoredPotentials(u, a), jnp.asarray(3, jnp.int32), semiring=semirings.Real)),
-        (unary, transitions), order=2)
+    testing.check_gradients(
+        jax.jit(
+            lambda u, a: chain.log_partition(
+                FactoredPotentials(u, a), jnp.asarray(3, jnp.int32), semiring=semirings.Real
+            )
+        ),
+        (unary, transitions),
+        order=2,
+    )
 
 
 def test_forbidden_transitions_give_finite_values_and_gradients():
@@ -265,15 +306,19 @@ def test_forbidden_transitions_give_finite_values_and_gradients():
         second = jax.jit(jax.grad(lambda u: jnp.sum(jax.grad(fn)(u, transitions, start) ** 2)))(unary)
         assert np.all(np.isfinite(np.asarray(second)))
     dense = chain.materialize(FactoredPotentials(unary, transitions, start))
-    assert_close(chain.log_partition(FactoredPotentials(unary, transitions, start), lengths),
-                 testing.log_partition(dense, lengths))
+    assert_close(
+        chain.log_partition(FactoredPotentials(unary, transitions, start), lengths),
+        testing.log_partition(dense, lengths),
+    )
 
 
 def test_everything_forbidden_gives_minus_inf_and_zero_gradients():
     potentials = jnp.full((2, 3, 3), -jnp.inf)
     lengths = jnp.asarray(2, jnp.int32)
     for semiring in (semirings.Log, semirings.Real):
-        value, grad = jax.jit(jax.value_and_grad(lambda p: chain.log_partition(p, lengths, semiring=semiring)))(potentials)
+        value, grad = jax.jit(jax.value_and_grad(lambda p: chain.log_partition(p, lengths, semiring=semiring)))(
+            potentials
+        )
         assert value == -np.inf
         assert np.all(np.asarray(grad) == 0.0)
     best, labels = chain.viterbi(potentials, lengths)
@@ -295,6 +340,7 @@ def test_padding_with_nan_and_inf_does_not_leak():
 # float32 accuracy on long sequences
 # ---------------------------------------------------------------------------
 
+
 @functools.cache
 def _long_problem(T=10_000, L=9):
     rng = np.random.default_rng(9)
@@ -304,14 +350,17 @@ def _long_problem(T=10_000, L=9):
 @pytest.mark.slow
 def test_float32_long_sequence_matches_float64():  # (Real runs the same computation: see above)
     unary, transitions = _long_problem()
-    run = jax.jit(lambda u, a: (chain.log_partition(FactoredPotentials(u, a)),
-                                chain.node_marginals(FactoredPotentials(u, a))))
+    run = jax.jit(
+        lambda u, a: (chain.log_partition(FactoredPotentials(u, a)), chain.node_marginals(FactoredPotentials(u, a)))
+    )
     log_z64, marginals64 = run(jnp.asarray(unary, jnp.float64), jnp.asarray(transitions, jnp.float64))
     log_z32, marginals32 = run(jnp.asarray(unary, jnp.float32), jnp.asarray(transitions, jnp.float32))
     assert log_z32.dtype == jnp.float32
     assert abs(float(log_z32) - float(log_z64)) <= 1e-6 * abs(float(log_z64))
     assert np.max(np.abs(np.asarray(marginals32, np.float64) - np.asarray(marginals64))) <= 1e-5
-    dense32 = jnp.asarray(chain.materialize(FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions))), jnp.float32)
+    dense32 = jnp.asarray(
+        chain.materialize(FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions))), jnp.float32
+    )
     log_z_dense = jax.jit(lambda p: chain.log_partition(p))(dense32)
     assert abs(float(log_z_dense) - float(log_z64)) <= 1e-6 * abs(float(log_z64))
 
@@ -320,31 +369,56 @@ def test_float32_long_sequence_matches_float64():  # (Real runs the same computa
 # Bad input
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: chain.log_partition(jnp.zeros((3, 3))), "potentials must have shape"),
-    (lambda: chain.log_partition(jnp.zeros((2, 3, 4))), "potentials must have shape"),
-    (lambda: chain.log_partition(jnp.zeros((2, 5, 3, 3)), jnp.asarray([1, 2, 3], jnp.int32)), "lengths must have shape"),
-    (lambda: chain.log_partition(jnp.zeros((2, 5, 3, 3)), jnp.asarray([1, 6], jnp.int32)), r"lengths must lie in \[0, 5\]"),
-    (lambda: chain.log_partition(jnp.zeros((2, 5, 3, 3)), jnp.asarray([-1, 2], jnp.int32)), r"lengths must lie in \[0, 5\]"),
-    (lambda: chain.log_partition(FactoredPotentials(jnp.zeros((5, 3)), jnp.zeros((4, 4)))), "transitions must have shape"),
-    (lambda: chain.log_partition(FactoredPotentials(jnp.zeros((5, 3)), jnp.zeros((3, 3)), jnp.zeros(2))), "start must have shape"),
-    (lambda: chain.log_partition(jnp.full((2, 3, 3), jnp.nan)), "potentials contains NaN"),
-    (lambda: chain.log_partition(jnp.full((2, 3, 3), jnp.inf)), r"potentials contains \+inf"),
-    (lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.asarray([0, 1, 3, 0, 0], jnp.int32)), r"labels must lie in \[0, 3\)"),
-    (lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.asarray([0, 1], jnp.int32)), "labels must have shape"),
-    (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), algorithm="fast"), "algorithm must be one of"),
-    (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), semiring=semirings.Max), "semiring must be Log or Real"),
-])
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: chain.log_partition(jnp.zeros((3, 3))), "potentials must have shape"),
+        (lambda: chain.log_partition(jnp.zeros((2, 3, 4))), "potentials must have shape"),
+        (
+            lambda: chain.log_partition(jnp.zeros((2, 5, 3, 3)), jnp.asarray([1, 2, 3], jnp.int32)),
+            "lengths must have shape",
+        ),
+        (
+            lambda: chain.log_partition(jnp.zeros((2, 5, 3, 3)), jnp.asarray([1, 6], jnp.int32)),
+            r"lengths must lie in \[0, 5\]",
+        ),
+        (
+            lambda: chain.log_partition(jnp.zeros((2, 5, 3, 3)), jnp.asarray([-1, 2], jnp.int32)),
+            r"lengths must lie in \[0, 5\]",
+        ),
+        (
+            lambda: chain.log_partition(FactoredPotentials(jnp.zeros((5, 3)), jnp.zeros((4, 4)))),
+            "transitions must have shape",
+        ),
+        (
+            lambda: chain.log_partition(FactoredPotentials(jnp.zeros((5, 3)), jnp.zeros((3, 3)), jnp.zeros(2))),
+            "start must have shape",
+        ),
+        (lambda: chain.log_partition(jnp.full((2, 3, 3), jnp.nan)), "potentials contains NaN"),
+        (lambda: chain.log_partition(jnp.full((2, 3, 3), jnp.inf)), r"potentials contains \+inf"),
+        (
+            lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.asarray([0, 1, 3, 0, 0], jnp.int32)),
+            r"labels must lie in \[0, 3\)",
+        ),
+        (lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.asarray([0, 1], jnp.int32)), "labels must have shape"),
+        (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), algorithm="fast"), "algorithm must be one of"),
+        (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), semiring=semirings.Max), "semiring must be Log or Real"),
+    ],
+)
 def test_bad_input_raises_value_error_naming_the_argument(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: chain.log_partition(jnp.zeros((5, 3, 3), jnp.int32)), "potentials must be a floating-point array"),
-    (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), jnp.asarray(2.0)), "lengths must be an integer array"),
-    (lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.zeros(5)), "labels must be an integer array"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: chain.log_partition(jnp.zeros((5, 3, 3), jnp.int32)), "potentials must be a floating-point array"),
+        (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), jnp.asarray(2.0)), "lengths must be an integer array"),
+        (lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.zeros(5)), "labels must be an integer array"),
+    ],
+)
 def test_bad_types_raise_type_error(call, message):
     with pytest.raises(TypeError, match=message):
         call()
@@ -363,9 +437,12 @@ def test_padding_may_hold_anything_inside_the_lengths_nothing_but_scores():
     labels = jnp.array([[0, 1, -1], [1, 1, 0]])
     clean = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 2, 2)))
     for potentials, padded in (
-            (clean, clean.at[0, 2].set(jnp.nan).at[0, 2, 0, 1].set(jnp.inf)),
-            (FactoredPotentials(clean[..., 0, :], clean[0, 0]),
-             FactoredPotentials(clean[..., 0, :].at[0, 2].set(jnp.nan), clean[0, 0]))):
+        (clean, clean.at[0, 2].set(jnp.nan).at[0, 2, 0, 1].set(jnp.inf)),
+        (
+            FactoredPotentials(clean[..., 0, :], clean[0, 0]),
+            FactoredPotentials(clean[..., 0, :].at[0, 2].set(jnp.nan), clean[0, 0]),
+        ),
+    ):
         loss = lambda p: jnp.sum(losses.sequence_log_loss(p, labels, lengths))
         np.testing.assert_allclose(loss(padded), loss(potentials), rtol=1e-12)
         gradient = jax.grad(loss)(padded)

@@ -51,13 +51,20 @@ def _initial_state(seed):
     """Everything a resume needs: parameters, optimizer state, RNG key, data position."""
     init_key, shuffle_key = jax.random.split(jax.random.key(seed + 1))
     emission_key, transition_key = jax.random.split(init_key)
-    params = {"emissions": 0.1 * jax.random.normal(emission_key, (VOCABULARY, NUM_LABELS)),
-              "transitions": 0.1 * jax.random.normal(transition_key, (NUM_LABELS, NUM_LABELS)),
-              "start": jnp.zeros((NUM_LABELS,))}
+    params = {
+        "emissions": 0.1 * jax.random.normal(emission_key, (VOCABULARY, NUM_LABELS)),
+        "transitions": 0.1 * jax.random.normal(transition_key, (NUM_LABELS, NUM_LABELS)),
+        "start": jnp.zeros((NUM_LABELS,)),
+    }
     order_key, key = jax.random.split(shuffle_key)
-    return {"params": params, "opt_state": OPTIMIZER.init(params), "key": key,
-            "order": jax.random.permutation(order_key, NUM_SENTENCES),
-            "position": jnp.zeros((), jnp.int32), "step": jnp.zeros((), jnp.int32)}
+    return {
+        "params": params,
+        "opt_state": OPTIMIZER.init(params),
+        "key": key,
+        "order": jax.random.permutation(order_key, NUM_SENTENCES),
+        "position": jnp.zeros((), jnp.int32),
+        "step": jnp.zeros((), jnp.int32),
+    }
 
 
 def _loss(params, tokens, labels, lengths):
@@ -80,13 +87,19 @@ def _training_step(data, state):
     batch = jax.lax.dynamic_slice(state["order"], (state["position"],), (BATCH,))
     grads = jax.grad(_loss)(state["params"], tokens[batch], labels[batch], lengths[batch])
     updates, opt_state = OPTIMIZER.update(grads, state["opt_state"], state["params"])
-    state = dict(state, params=optax.apply_updates(state["params"], updates), opt_state=opt_state,
-                 position=state["position"] + BATCH, step=state["step"] + 1)
+    state = dict(
+        state,
+        params=optax.apply_updates(state["params"], updates),
+        opt_state=opt_state,
+        position=state["position"] + BATCH,
+        step=state["step"] + 1,
+    )
 
     def reshuffle(state):
         key, order_key = jax.random.split(state["key"])
-        return dict(state, key=key, order=jax.random.permutation(order_key, NUM_SENTENCES),
-                    position=jnp.zeros((), jnp.int32))
+        return dict(
+            state, key=key, order=jax.random.permutation(order_key, NUM_SENTENCES), position=jnp.zeros((), jnp.int32)
+        )
 
     return jax.lax.cond(state["position"] >= NUM_SENTENCES, reshuffle, lambda state: state, state)
 
@@ -109,8 +122,18 @@ def train(directory, out, *, seed, steps, every):
 
 
 def training_command(directory, out, seed, steps=30, every=4):
-    return [sys.executable, str(SCRIPT), str(directory), str(out), "--seed", str(seed),
-            "--steps", str(steps), "--every", str(every)]
+    return [
+        sys.executable,
+        str(SCRIPT),
+        str(directory),
+        str(out),
+        "--seed",
+        str(seed),
+        "--steps",
+        str(steps),
+        "--every",
+        str(every),
+    ]
 
 
 def _main():
@@ -133,6 +156,7 @@ def _environment():
 # ---------------------------------------------------------------------------
 # Tests
 # ---------------------------------------------------------------------------
+
 
 def _example_tree():
     params = {"w": jnp.arange(6, dtype=jnp.float32).reshape(2, 3), "b": jnp.array([1.5, -jnp.inf], jnp.float64)}
@@ -235,12 +259,15 @@ def test_trailing_garbage_missing_file_and_foreign_file_are_rejected(tmp_path):
     _assert_rejected(foreign, tree, "not a lossfns checkpoint")
 
 
-@pytest.mark.parametrize("like, word", [
-    ({"w": np.arange(5, dtype=np.float64), "step": 3}, "dtype"),
-    ({"w": np.arange(4, dtype=np.float32), "step": 3}, "shape"),
-    ({"v": np.arange(5, dtype=np.float32), "step": 3}, "['v']"),
-    ({"w": np.arange(5, dtype=np.float32)}, "leaves"),
-])
+@pytest.mark.parametrize(
+    "like, word",
+    [
+        ({"w": np.arange(5, dtype=np.float64), "step": 3}, "dtype"),
+        ({"w": np.arange(4, dtype=np.float32), "step": 3}, "shape"),
+        ({"v": np.arange(5, dtype=np.float32), "step": 3}, "['v']"),
+        ({"w": np.arange(5, dtype=np.float32)}, "leaves"),
+    ],
+)
 def test_structure_mismatch_names_the_leaf(tmp_path, like, word):
     _, path, _ = _saved_bytes(tmp_path)
     _assert_rejected(path, like, word)
@@ -289,8 +316,8 @@ def test_latest_checkpoint_ignores_temporaries_and_skips_damaged_files(tmp_path)
 
 def _header_and_payload(data):
     start = len(checkpoint.MAGIC) + 8
-    size = int.from_bytes(data[len(checkpoint.MAGIC):start], "little")
-    return data[:start + size], data[start + size:]
+    size = int.from_bytes(data[len(checkpoint.MAGIC) : start], "little")
+    return data[: start + size], data[start + size :]
 
 
 def test_payload_of_one_checkpoint_under_the_header_of_another_is_rejected(tmp_path):
@@ -327,8 +354,14 @@ def test_a_save_killed_mid_write_keeps_the_previous_file_and_the_lock_cleans_up(
     path = checkpoint.save(checkpoint.checkpoint_path(tmp_path, 3), tree)
     data = path.read_bytes()
     environment = dict(_environment(), PYTHONPATH=str(SCRIPT.parents[1]))
-    process = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(path)], env=environment, capture_output=True,
-                             check=False, text=True, timeout=120)
+    process = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, str(path)],
+        env=environment,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
     assert process.returncode == -9 and process.stdout.strip() == "killing", process
     assert path.read_bytes() == data
     orphans = [p for p in tmp_path.iterdir() if p != path]
@@ -358,8 +391,10 @@ def test_two_writers_on_one_directory(tmp_path):
     prunes undisturbed, and leaves the directory free."""
     directory = tmp_path / "run"
     with checkpoint.DirectoryLock(directory):
-        with (pytest.raises(checkpoint.CheckpointError, match=f"checkpoint directory {directory} is in use"),
-              checkpoint.DirectoryLock(directory)):
+        with (
+            pytest.raises(checkpoint.CheckpointError, match=f"checkpoint directory {directory} is in use"),
+            checkpoint.DirectoryLock(directory),
+        ):
             pass
         for step in (1, 2, 3):
             checkpoint.save(checkpoint.checkpoint_path(directory, step), {"w": jnp.zeros(2)})
@@ -372,8 +407,13 @@ def _kill_at(directory, out, seed, kill_step):
     """Start a run and SIGKILL it right after it reports `kill_step`."""
     from tests.conftest import sigkill_after  # not at the top: this file also runs as the training script
 
-    process = subprocess.Popen(training_command(directory, out, seed), env=_environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        training_command(directory, out, seed),
+        env=_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
     def wait_until_due():
         for line in process.stdout:

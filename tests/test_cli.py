@@ -60,8 +60,27 @@ def files(tmp_path_factory):
     for name, text in (("train.conll", TRAIN), ("test.conll", TEST), ("ner.pattern", PATTERN)):
         (directory / name).write_text(text)
     model = directory / "model"
-    assert cli.main(["train", "-p", str(directory / "ner.pattern"), "-1", "0.01", "-2", "0.1", "-i", "30",
-                     "--quiet", "-d", str(directory / "test.conll"), str(directory / "train.conll"), str(model)]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "-p",
+                str(directory / "ner.pattern"),
+                "-1",
+                "0.01",
+                "-2",
+                "0.1",
+                "-i",
+                "30",
+                "--quiet",
+                "-d",
+                str(directory / "test.conll"),
+                str(directory / "train.conll"),
+                str(model),
+            ]
+        )
+        == 0
+    )
     return directory, model
 
 
@@ -115,16 +134,19 @@ def test_nbest_scores_and_posteriors(files, capsys):
     assert cells == expected
 
 
-@pytest.mark.parametrize("arguments, words", [
-    (["train", "-a", "sgd-l1", "-p", "p", "t", "m"], ["-a/--algo", "sgd-l1"]),
-    (["train", "-a", "lbfgs", "-p", "p", "t", "m"], ["-a/--algo", "-1 0"]),
-    (["train", "-a", "newton", "-p", "p", "t", "m"], ["-a/--algo", "newton"]),
-    (["train", "--maxiter=-3", "-p", "p", "t", "m"], ["-i/--maxiter", "-3"]),
-    (["train", "t", "m"], ["-p/--pattern"]),
-    (["label", "-m", "m", "--nbest", "0", "x"], ["-n/--nbest", "0"]),
-    (["label", "-m", "m", "--post", "--nbest", "2", "x"], ["-p/--post", "--nbest"]),
-    (["label", "x"], ["-m/--model"]),
-])
+@pytest.mark.parametrize(
+    "arguments, words",
+    [
+        (["train", "-a", "sgd-l1", "-p", "p", "t", "m"], ["-a/--algo", "sgd-l1"]),
+        (["train", "-a", "lbfgs", "-p", "p", "t", "m"], ["-a/--algo", "-1 0"]),
+        (["train", "-a", "newton", "-p", "p", "t", "m"], ["-a/--algo", "newton"]),
+        (["train", "--maxiter=-3", "-p", "p", "t", "m"], ["-i/--maxiter", "-3"]),
+        (["train", "t", "m"], ["-p/--pattern"]),
+        (["label", "-m", "m", "--nbest", "0", "x"], ["-n/--nbest", "0"]),
+        (["label", "-m", "m", "--post", "--nbest", "2", "x"], ["-p/--post", "--nbest"]),
+        (["label", "x"], ["-m/--model"]),
+    ],
+)
 def test_bad_options_are_argparse_errors_naming_the_option(arguments, words, capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(arguments)
@@ -144,5 +166,7 @@ def test_missing_files_are_clear_errors(files, capsys):
 
 def test_the_console_script_entry_point_runs(files):
     """`python -m lossfns` is the same command line (a subprocess: its own exit status)."""
-    done = subprocess.run([sys.executable, "-m", "lossfns", "label", "--help"], capture_output=True, check=False, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "lossfns", "label", "--help"], capture_output=True, check=False, text=True
+    )
     assert done.returncode == 0 and "--nbest" in done.stdout

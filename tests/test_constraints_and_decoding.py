@@ -24,11 +24,16 @@ from lossfns.lattices.sparse_chain import SparsePotentials, to_dense
 from lossfns.models import constrain
 from lossfns.tagger import Tagger
 
-LABELS = {"IOB2": ("O", "B-A", "I-A", "B-B", "I-B"),
-          "IOBES": ("O", "B-A", "I-A", "E-A", "S-A", "S-B"),
-          "BILOU": ("O", "B-A", "I-A", "L-A", "U-A", "U-B")}
-PATTERNS = {"IOB2": r"(?:O |B-(\w+) (?:I-\1 )*)*", "IOBES": r"(?:O |S-\w+ |B-(\w+) (?:I-\1 )*E-\1 )*",
-            "BILOU": r"(?:O |U-\w+ |B-(\w+) (?:I-\1 )*L-\1 )*"}
+LABELS = {
+    "IOB2": ("O", "B-A", "I-A", "B-B", "I-B"),
+    "IOBES": ("O", "B-A", "I-A", "E-A", "S-A", "S-B"),
+    "BILOU": ("O", "B-A", "I-A", "L-A", "U-A", "U-B"),
+}
+PATTERNS = {
+    "IOB2": r"(?:O |B-(\w+) (?:I-\1 )*)*",
+    "IOBES": r"(?:O |S-\w+ |B-(\w+) (?:I-\1 )*E-\1 )*",
+    "BILOU": r"(?:O |U-\w+ |B-(\w+) (?:I-\1 )*L-\1 )*",
+}
 
 
 def valid(scheme: str, sequence) -> bool:
@@ -36,8 +41,11 @@ def valid(scheme: str, sequence) -> bool:
 
 
 def moves_accept(moves, sequence) -> bool:
-    return (not sequence or (moves.start[sequence[0]] and moves.end[sequence[-1]]
-                             and all(moves.transitions[a, b] for a, b in itertools.pairwise(sequence))))
+    return not sequence or (
+        moves.start[sequence[0]]
+        and moves.end[sequence[-1]]
+        and all(moves.transitions[a, b] for a, b in itertools.pairwise(sequence))
+    )
 
 
 @pytest.mark.parametrize("scheme", sorted(LABELS))
@@ -79,8 +87,9 @@ def test_constrain_sets_exactly_the_invalid_sequences_to_minus_inf(form):
     elif form == "sparse":
         previous, following = np.nonzero(rng.random((L, L)) < 0.5)
         pairs = rng.normal(size=(4, T, previous.size))
-        potentials = SparsePotentials(jnp.asarray(unary), jnp.asarray(pairs), jnp.asarray(previous),
-                                      jnp.asarray(following), jnp.asarray(start))
+        potentials = SparsePotentials(
+            jnp.asarray(unary), jnp.asarray(pairs), jnp.asarray(previous), jnp.asarray(following), jnp.asarray(start)
+        )
         dense = lambda p: np.asarray(to_dense(p))
     else:
         potentials = jnp.asarray(rng.normal(size=(4, T, L, L)))
@@ -101,8 +110,9 @@ def _corpus(size=40, seed=0):
     sentences = []
     for _ in range(size):
         ws = [words[int(i)] for i in rng.integers(0, 10, size=rng.integers(1, 7))]
-        tags = ["B-X" if w in ("w1", "w2") else "I-X" if i and ws[i - 1] in ("w1", "w2") else "O"
-                for i, w in enumerate(ws)]
+        tags = [
+            "B-X" if w in ("w1", "w2") else "I-X" if i and ws[i - 1] in ("w1", "w2") else "O" for i, w in enumerate(ws)
+        ]
         sentences.append(Sentence(tuple((w,) for w in ws), tuple(tags)))
     return sentences
 
@@ -111,8 +121,9 @@ def _corpus(size=40, seed=0):
 def tagger():
     # Pair features (the sparse form) and few iterations: a model that is
     # unsure, so k-best and marginals are far from one-hot.
-    return Tagger("U00:%x[0,0]\nU01:%x[-1,0]\nB\nB01:%x[0,0]\n", l2=1.0, max_iterations=6, tol=0.0,
-                  num_buckets=2, progress=False).fit(_corpus())
+    return Tagger(
+        "U00:%x[0,0]\nU01:%x[-1,0]\nB\nB01:%x[0,0]\n", l2=1.0, max_iterations=6, tol=0.0, num_buckets=2, progress=False
+    ).fit(_corpus())
 
 
 def _enumerated(tagger, sentence):
@@ -128,8 +139,11 @@ def _enumerated(tagger, sentence):
 
 def test_predict_kbest_and_marginals_match_enumeration_of_valid_sequences(tagger):
     sentences = _corpus(8, seed=5) + [Sentence((), ())]
-    best, kbest, marginals = (tagger.predict(sentences), tagger.predict_kbest(sentences, 4),
-                              tagger.predict_marginals(sentences))
+    best, kbest, marginals = (
+        tagger.predict(sentences),
+        tagger.predict_kbest(sentences, 4),
+        tagger.predict_marginals(sentences),
+    )
     assert len(best) == len(kbest) == len(marginals) == len(sentences)
     for sentence, top, candidates, probabilities in zip(sentences, best, kbest, marginals):
         if not sentence.tokens:

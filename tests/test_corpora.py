@@ -38,11 +38,14 @@ def test_parse_conll_splits_sentences_and_columns():
     assert pos[0] == Sentence((("El",), ("Abogado",), ("General",)), ("DA", "NC", "AQ"))
 
 
-@pytest.mark.parametrize("text, line", [
-    ("a B O\nb C\n", 2),             # fewer columns than the sentence's first line
-    ("a B O\n\nsolo\n", 3),          # a single column: no label
-    ("a B O\nb C D E\n", 2),         # more columns
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("a B O\nb C\n", 2),  # fewer columns than the sentence's first line
+        ("a B O\n\nsolo\n", 3),  # a single column: no label
+        ("a B O\nb C D E\n", 2),  # more columns
+    ],
+)
 def test_malformed_lines_name_file_and_line(tmp_path, text, line):
     path = tmp_path / "bad.conll"
     path.write_text(text, encoding="utf-8")
@@ -65,8 +68,11 @@ def _only(monkeypatch, tmp_path, nltk_data=None):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
     monkeypatch.delitem(sys.modules, "nltk.data", raising=False)
-    monkeypatch.setattr(corpora, "nltk_default_path",
-                        lambda: [str(tmp_path / "home" / "nltk_data"), str(tmp_path / "prefix" / "nltk_data")])
+    monkeypatch.setattr(
+        corpora,
+        "nltk_default_path",
+        lambda: [str(tmp_path / "home" / "nltk_data"), str(tmp_path / "prefix" / "nltk_data")],
+    )
 
 
 def test_find_data_error_names_the_search_path(monkeypatch, tmp_path):
@@ -84,13 +90,15 @@ def test_default_path_is_nltks_own():
     nltk_data = pytest.importorskip("nltk.data")
     defaults = corpora.nltk_default_path()
     # nltk.data.path is NLTK_DATA's directories, then these (nothing else is added in the tests).
-    assert nltk_data.path[-len(defaults):] == defaults
+    assert nltk_data.path[-len(defaults) :] == defaults
 
 
 SPANISH = "El DA O\nAbogado NC B-PER\nGeneral AQ I-PER\n\nMadrid NP B-LOC\n"
 # The Dutch layout: article markers directly before a sentence's first line.
-DUTCH = ("-DOCSTART- -DOCSTART- O\nDe Art O\nMorgen N B-ORG\n\n-DOCSTART- -DOCSTART- O\nJan N B-PER\n"
-         "zegt V O\n\nGent N B-LOC\n")
+DUTCH = (
+    "-DOCSTART- -DOCSTART- O\nDe Art O\nMorgen N B-ORG\n\n-DOCSTART- -DOCSTART- O\nJan N B-PER\n"
+    "zegt V O\n\nGent N B-LOC\n"
+)
 
 
 def _zipped_conll2002(root, files):
@@ -119,8 +127,12 @@ def test_zipped_corpus_is_read_in_place(monkeypatch, tmp_path):
 
 
 def test_zipped_files_keep_every_reader_error(monkeypatch, tmp_path):
-    files = {"bad": "El DA O\nrey NC O\n\nMadrid NP\n", "latin": "El DA O\nEspaña NP B-LOC\n".encode("latin-1"),
-             "bom": "\ufeffEl DA O\n".encode("utf-8"), "tpl": "U00:%x[0,0]\nX\n"}
+    files = {
+        "bad": "El DA O\nrey NC O\n\nMadrid NP\n",
+        "latin": "El DA O\nEspaña NP B-LOC\n".encode("latin-1"),
+        "bom": "\ufeffEl DA O\n".encode("utf-8"),
+        "tpl": "U00:%x[0,0]\nX\n",
+    }
     root = _zipped_conll2002(tmp_path / "data", files)
     _only(monkeypatch, tmp_path, str(root))
     inside = str(root / "corpora" / "conll2002.zip" / "conll2002")
@@ -176,8 +188,9 @@ def test_conll2002_matches_nltks_reader(split):
     expected = [(tuple((w, p) for w, p, _ in s), tuple(n for _, _, n in s)) for s in reader.iob_sents(split)]
     ours = corpora.conll2002(split)
     assert [(s.tokens, s.labels) for s in ours] == [e for e in expected if e[0]]
-    assert {label for s in ours for label in s.labels} <= {"O"} | {f"{p}-{t}" for p in "BI"
-                                                                   for t in ("PER", "LOC", "ORG", "MISC")}
+    assert {label for s in ours for label in s.labels} <= {"O"} | {
+        f"{p}-{t}" for p in "BI" for t in ("PER", "LOC", "ORG", "MISC")
+    }
 
 
 def test_conll2002_spanish():
@@ -339,8 +352,10 @@ def test_zipped_treebank_through_nltk(monkeypatch, tmp_path):
     pytest.importorskip("nltk")
     (tmp_path / "data" / "corpora").mkdir(parents=True)
     with zipfile.ZipFile(tmp_path / "data" / "corpora" / "treebank.zip", "w") as archive:
-        archive.writestr("treebank/combined/wsj_0001.mrg",
-                         "( (S (NP-SBJ (NNP Pierre) (NNP Vinken)) (VP (VBD joined) (-NONE- *-1)) (. .)) )\n")
+        archive.writestr(
+            "treebank/combined/wsj_0001.mrg",
+            "( (S (NP-SBJ (NNP Pierre) (NNP Vinken)) (VP (VBD joined) (-NONE- *-1)) (. .)) )\n",
+        )
     _only(monkeypatch, tmp_path, str(tmp_path / "data"))
     assert corpora.treebank() == [Sentence((("Pierre",), ("Vinken",), ("joined",), (".",)), ("NNP", "NNP", "VBD", "."))]
 
@@ -351,12 +366,13 @@ def test_zipped_treebank_through_nltk(monkeypatch, tmp_path):
 
 
 def test_column_file_keeps_lines_and_gold(tmp_path):
-    path = _write(tmp_path, "in.conll", (b"-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\n"
-                                         b"Madrid NP B-LOC\n"))
+    path = _write(tmp_path, "in.conll", (b"-DOCSTART- -X- O\n\nEl DA O\nrey NC B-PER\n\n\nMadrid NP B-LOC\n"))
     checked = corpora.read_column_file(path, labelled=True)
     assert checked.lines == ("-DOCSTART- -X- O", "", "El DA O", "rey NC B-PER", "", "", "Madrid NP B-LOC")
-    assert checked.sentences == (Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),
-                                 Sentence((("Madrid", "NP"),), ("B-LOC",)))
+    assert checked.sentences == (
+        Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),
+        Sentence((("Madrid", "NP"),), ("B-LOC",)),
+    )
     assert checked.rows == ((2, 3), (6,)) and checked.labelled and checked.source == path
     plain = corpora.read_column_file(path, labelled=False)
     assert plain.sentences[0] == Sentence((("El", "DA", "O"), ("rey", "NC", "B-PER")), ())

@@ -64,8 +64,10 @@ def oracle(semiring, path_scores):
 
 def no_path_cases():
     """All arcs forbidden; a final state that no arc reaches."""
-    return [([(0, 1, 0), (0, 1, 1), (1, 2, 0), (0, 2, 2)], [2], 3, np.full(4, -np.inf)),
-            ([(0, 1, 0), (1, 2, 0)], [3], 4, np.array([0.5, 1.0]))]
+    return [
+        ([(0, 1, 0), (0, 1, 1), (1, 2, 0), (0, 2, 2)], [2], 3, np.full(4, -np.inf)),
+        ([(0, 1, 0), (1, 2, 0)], [3], 4, np.array([0.5, 1.0])),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +149,9 @@ def test_log_partition_gradients():
     lattice = _diamond()
     scores = jnp.asarray(np.random.default_rng(1).normal(size=6))
     for semiring in (semirings.Log, semirings.Real):
-        check_grads(lambda s: dag.log_partition(lattice, s, semiring=semiring), (scores,), order=1,
-                    modes=("rev",), eps=1e-5)
+        check_grads(
+            lambda s: dag.log_partition(lattice, s, semiring=semiring), (scores,), order=1, modes=("rev",), eps=1e-5
+        )
 
 
 def test_entropy_gradients():
@@ -206,12 +209,16 @@ def test_float32_long_chain_matches_float64():
 def test_large_scores_do_not_overflow_real():
     lattice = _diamond()
     scores = jnp.asarray([500.0, 400.0, 300.0, 900.0, 200.0, -300.0])
-    np.testing.assert_allclose(dag.log_partition(lattice, scores, semiring=semirings.Real),
-                               dag.log_partition(lattice, scores), rtol=1e-12)
+    np.testing.assert_allclose(
+        dag.log_partition(lattice, scores, semiring=semirings.Real), dag.log_partition(lattice, scores), rtol=1e-12
+    )
 
 
-@pytest.mark.parametrize("semiring", [semirings.Log, semirings.Real, semirings.Entropy, semirings.Max,
-                                      semirings.KMax(3)], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "semiring",
+    [semirings.Log, semirings.Real, semirings.Entropy, semirings.Max, semirings.KMax(3)],
+    ids=lambda s: s.name,
+)
 def test_gradients_are_finite_and_zero_without_paths(semiring, random_batch):
     """The batch ends with lattices without a finite path (their values are
     checked against the oracle above): their gradients must be exactly 0."""
@@ -223,7 +230,7 @@ def test_gradients_are_finite_and_zero_without_paths(semiring, random_batch):
         total = lambda s: jnp.sum(jnp.where(jnp.isfinite(v := jitted_forward(semiring)(lattices, s)), v, 0.0))
     grad = np.asarray(jax.jit(jax.grad(total))(scores))
     assert np.isfinite(grad).all()
-    assert not grad[-len(no_path_cases()):].any()
+    assert not grad[-len(no_path_cases()) :].any()
 
 
 def test_viterbi_without_path():
@@ -243,8 +250,9 @@ def test_from_string_and_candidate_lists():
     assert dag.enumerate_strings(dag.from_string([4, 2, 4])) == [(4, 2, 4)]
     candidates = [[1, 2, 3], [1, 2], [], [1, 2]]
     assert sorted(dag.enumerate_strings(dag.from_strings(candidates))) == sorted(map(tuple, candidates))
-    assert sorted(dag.enumerate_strings(dag.from_strings(candidates, deterministic=True))) == \
-        sorted(set(map(tuple, candidates)))
+    assert sorted(dag.enumerate_strings(dag.from_strings(candidates, deterministic=True))) == sorted(
+        set(map(tuple, candidates))
+    )
     # Candidate i's arcs are contiguous: scoring candidate 0 = the sum of its arcs' scores.
     lattice = dag.from_strings(candidates)
     assert (0, 1, 2) in dag.enumerate_paths(lattice) and (3, 4) in dag.enumerate_paths(lattice)
@@ -325,7 +333,7 @@ def test_packed_forward_matches_enumeration(semiring, random_pack):
     for (arcs, final, _, arc_scores), value in zip(cases, got):
         path_scores = [sum(arc_scores[list(p)]) for p in oracle_paths(arcs, final)]
         np.testing.assert_allclose(value, oracle(semiring, path_scores), rtol=1e-9, atol=1e-9)
-    for value in got[len(cases):]:  # padding rows: the empty string, score 0
+    for value in got[len(cases) :]:  # padding rows: the empty string, score 0
         np.testing.assert_allclose(value, oracle(semiring, [0.0]))
 
 
@@ -335,13 +343,14 @@ def test_packed_gradients_and_viterbi_match_stacked(random_pack):
     stacked = dag.stack([dag.from_arcs(arcs, final, num_states) for arcs, final, num_states, _ in cases])
     stacked_scores = jnp.asarray(np.stack([np.pad(s, (0, stacked.src.shape[-1] - len(s))) for *_, s in cases]))
     for semiring in (semirings.Log, semirings.Real):
-        total = lambda s: jnp.sum(jnp.where(jnp.isfinite(v := dag.packed_log_partition(packed, s, semiring=semiring)),
-                                            v, 0.0))
+        total = lambda s: jnp.sum(
+            jnp.where(jnp.isfinite(v := dag.packed_log_partition(packed, s, semiring=semiring)), v, 0.0)
+        )
         marginals = np.asarray(jax.grad(total)(scores))
         assert np.isfinite(marginals).all()
         expected = dag.arc_marginals(stacked, stacked_scores)  # one batched call: one compilation
         for i, (arcs, *_) in enumerate(cases):
-            np.testing.assert_allclose(marginals[offsets[i]:offsets[i + 1]], expected[i, :len(arcs)], atol=1e-9)
+            np.testing.assert_allclose(marginals[offsets[i] : offsets[i + 1]], expected[i, : len(arcs)], atol=1e-9)
     best, best_arcs, best_symbols = dag.packed_viterbi(packed, scores)
     expected_best, expected_paths, expected_symbols = dag.viterbi(stacked, stacked_scores)
     for i in range(len(cases)):
@@ -355,9 +364,14 @@ def test_pack_sizes_blocks_and_errors(random_pack):
     cases, packed, scores = random_pack
     lattices = [dag.from_arcs(a, f, n) for a, f, n, _ in cases]
     sizes = dag.packed_sizes(packed)
-    bigger = dict(sizes, num_arcs=sizes["num_arcs"] + 5, num_levels=sizes["num_levels"] + 2,
-                  width=tuple(w + 1 for w in sizes["width"]), num_finals=sizes["num_finals"] + 1,
-                  num_states=sizes["num_states"] + 3)
+    bigger = dict(
+        sizes,
+        num_arcs=sizes["num_arcs"] + 5,
+        num_levels=sizes["num_levels"] + 2,
+        width=tuple(w + 1 for w in sizes["width"]),
+        num_finals=sizes["num_finals"] + 1,
+        num_states=sizes["num_states"] + 3,
+    )
     wide = dag.pack(lattices, **bigger)
     # Packs of other lattices padded to the same sizes have the same shapes (one compiled program).
     assert jax.tree_util.tree_map(np.shape, dag.pack(lattices[:-1], **bigger)) == jax.tree_util.tree_map(np.shape, wide)
@@ -366,8 +380,9 @@ def test_pack_sizes_blocks_and_errors(random_pack):
     for semiring in PACKABLE:
         expected = dag.packed_forward(semiring, packed, scores)
         np.testing.assert_allclose(dag.packed_forward(semiring, wide, padded_scores), expected, rtol=1e-12)
-        np.testing.assert_allclose(dag.packed_forward(semiring, one_block, scores)[:len(cases)],
-                                   expected[:len(cases)], rtol=1e-12)
+        np.testing.assert_allclose(
+            dag.packed_forward(semiring, one_block, scores)[: len(cases)], expected[: len(cases)], rtol=1e-12
+        )
     with pytest.raises(ValueError, match=r"use dag\.stack"):
         dag.packed_forward(semirings.Entropy, packed, scores)
     with pytest.raises(ValueError, match="num_lattices"):
@@ -388,8 +403,9 @@ def test_a_state_far_behind_its_level_that_wins_later_is_exact():
     scores = jnp.array([0.0, -200.0, 0.0, 300.0, 0.0, 0.0], jnp.float32)
     for semiring in (semirings.Log, semirings.Real):
         np.testing.assert_allclose(dag.log_partition(lattice, scores, semiring=semiring), 100.0, rtol=1e-6)
-        np.testing.assert_allclose(jax.jit(lambda s: dag.log_partition(lattice, s, semiring=semiring))(scores), 100.0,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            jax.jit(lambda s: dag.log_partition(lattice, s, semiring=semiring))(scores), 100.0, rtol=1e-6
+        )
         marginals = dag.arc_marginals(lattice, scores, semiring=semiring)
         np.testing.assert_allclose(marginals, [0.0, 1.0, 0.0, 1.0, 0.0, 1.0], atol=1e-6)
     np.testing.assert_allclose(dag.packed_log_partition(dag.pack([lattice]), scores), [100.0], rtol=1e-6)

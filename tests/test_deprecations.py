@@ -29,9 +29,11 @@ def _old_and_new(old, new, message):
 
 def test_hamming_loss_gold_is_labels():
     predicted, gold = np.array([[0, 2, 2, 5]]), np.array([[0, 1, 2, -1]])
-    before, after = _old_and_new(lambda: losses.hamming_loss(predicted, gold=gold, lengths=np.array([3])),
-                                 lambda: losses.hamming_loss(predicted, labels=gold, lengths=np.array([3])),
-                                 r"^lossfns\.losses\..*hamming_loss: 'gold' is deprecated .* use 'labels'")
+    before, after = _old_and_new(
+        lambda: losses.hamming_loss(predicted, gold=gold, lengths=np.array([3])),
+        lambda: losses.hamming_loss(predicted, labels=gold, lengths=np.array([3])),
+        r"^lossfns\.losses\..*hamming_loss: 'gold' is deprecated .* use 'labels'",
+    )
     np.testing.assert_array_equal(before, after)
     np.testing.assert_array_equal(after, [1])
 
@@ -46,9 +48,11 @@ def _reranking_inputs():
 
 def test_reranking_data_valid_is_mask():
     features, reference, mask = _reranking_inputs()
-    before, after = _old_and_new(lambda: optimizers.reranking_data(features, reference, valid=mask),
-                                 lambda: optimizers.reranking_data(features, reference, mask=mask),
-                                 r"^lossfns\.optimizers\..*reranking_data: 'valid' .* use 'mask'")
+    before, after = _old_and_new(
+        lambda: optimizers.reranking_data(features, reference, valid=mask),
+        lambda: optimizers.reranking_data(features, reference, mask=mask),
+        r"^lossfns\.optimizers\..*reranking_data: 'valid' .* use 'mask'",
+    )
     for old, new in zip(before, after):
         np.testing.assert_array_equal(old, new)
     np.testing.assert_array_equal(after.mask, mask)
@@ -60,9 +64,11 @@ def test_sparse_reranking_data_valid_is_mask():
     _, _, mask = _reranking_inputs()
     baseline = np.arange(12.0).reshape(3, 4)
     entries = (np.array([0, 1, 2]), np.array([1, 3, 0]), np.array([1, 1, 2]), np.array([0.5, 2.0, -1.0]))
-    before, after = _old_and_new(lambda: optimizers.sparse_reranking_data(baseline, entries, valid=mask),
-                                 lambda: optimizers.sparse_reranking_data(baseline, entries, mask=mask),
-                                 r"sparse_reranking_data: 'valid' .* use 'mask'")
+    before, after = _old_and_new(
+        lambda: optimizers.sparse_reranking_data(baseline, entries, valid=mask),
+        lambda: optimizers.sparse_reranking_data(baseline, entries, mask=mask),
+        r"sparse_reranking_data: 'valid' .* use 'mask'",
+    )
     for old, new in zip(before, after):
         np.testing.assert_array_equal(old, new)
     assert after.entry_value.shape == (2,)  # the entry of the missing candidate (1, 3) is dropped
@@ -96,14 +102,24 @@ def test_the_error_filter_catches_old_spellings_and_nothing_else():
     assert [str(w.message) for w in caught] == ["another library's deprecation"]
 
 
-@pytest.mark.parametrize("package, name, module", [
-    ("optimizers", "advance", "minimize"), ("optimizers", "CONVERGED", "minimize"),
-    ("optimizers", "sequence_exp_loss", "sequence_boosting"), ("optimizers", "SgdL1State", "sgd_l1"),
-    ("features", "check_sentences", "corpus"), ("features", "ragged_rows", "index")])
+@pytest.mark.parametrize(
+    "package, name, module",
+    [
+        ("optimizers", "advance", "minimize"),
+        ("optimizers", "CONVERGED", "minimize"),
+        ("optimizers", "sequence_exp_loss", "sequence_boosting"),
+        ("optimizers", "SgdL1State", "sgd_l1"),
+        ("features", "check_sentences", "corpus"),
+        ("features", "ragged_rows", "index"),
+    ],
+)
 def test_names_made_internal_are_still_found_with_a_warning(package, name, module):
     found_in = importlib.import_module(f"lossfns.{package}")
-    with pytest.warns(DeprecationWarning, match=rf"^lossfns\.{package}: '{name}' .* "
-                                                rf"use 'lossfns\.{package}\.{module}\.{name}'"):
+    with pytest.warns(
+        DeprecationWarning,
+        match=rf"^lossfns\.{package}: '{name}' .* "
+        rf"use 'lossfns\.{package}\.{module}\.{name}'",
+    ):
         found = getattr(found_in, name)
     assert found is getattr(importlib.import_module(f"lossfns.{package}.{module}"), name)
     assert name not in found_in.__all__
@@ -124,9 +140,11 @@ def test_run_reranker_num_steps_is_max_steps():
     features, reference, mask = _reranking_inputs()
     data = optimizers.reranking_data(features, reference, mask=mask)
     step_fn = optimizers.fslr_step_fn(data, 0.1)
-    before, after = _old_and_new(lambda: optimizers.run_reranker(step_fn, data, num_steps=3),
-                                 lambda: optimizers.run_reranker(step_fn, data, max_steps=3),
-                                 r"run_reranker: 'num_steps' .* use 'max_steps'")
+    before, after = _old_and_new(
+        lambda: optimizers.run_reranker(step_fn, data, num_steps=3),
+        lambda: optimizers.run_reranker(step_fn, data, max_steps=3),
+        r"run_reranker: 'num_steps' .* use 'max_steps'",
+    )
     np.testing.assert_array_equal(before.inner.weights, after.inner.weights)
     assert int(after.step) == 3
 
@@ -135,13 +153,17 @@ def test_sequence_boosting_num_rounds_is_max_rounds():
     """The old keyword reaches the new argument (its check names `max_rounds`);
     no run, to spare a compilation (run_reranker above checks a renamed cap's result)."""
     data = optimizers.SequenceData(jnp.zeros((1, 2, 3)), jnp.zeros((1, 2), jnp.int32), jnp.array([2]))
-    with (pytest.warns(DeprecationWarning, match=r"sequence_boosting: 'num_rounds' .* use 'max_rounds'"),
-          pytest.raises(ValueError, match="max_rounds must be")):
+    with (
+        pytest.warns(DeprecationWarning, match=r"sequence_boosting: 'num_rounds' .* use 'max_rounds'"),
+        pytest.raises(ValueError, match="max_rounds must be"),
+    ):
         optimizers.sequence_boosting(lambda theta, x: x, data, 4, num_rounds=0)
 
 
 def test_boosting_data_sequences_is_data():
     """The old keyword reaches `data` (its check names it); no run, to spare a compilation."""
-    with (pytest.warns(DeprecationWarning, match=r"boosting_data: 'sequences' .* use 'data'"),
-          pytest.raises(TypeError, match="data must be a SequenceData")):
+    with (
+        pytest.warns(DeprecationWarning, match=r"boosting_data: 'sequences' .* use 'data'"),
+        pytest.raises(TypeError, match="data must be a SequenceData"),
+    ):
         optimizers.boosting_data(lambda theta, x: x, sequences=(1, 2), num_features=3)

@@ -65,10 +65,15 @@ def test_no_active_features_gives_zeros():
     assert float(out) == 0.0 and not np.any(np.asarray(gradient))
 
 
-@pytest.mark.parametrize("ids, message", [(np.array([[0, K]]), r"ids must lie in \[-1, 7\)"),
-                                          (np.array([[0, -2]]), r"ids must lie in \[-1, 7\)"),
-                                          (np.array([0, 1]), r"ids must be an integer array \[R, F\]"),
-                                          (np.array([[0.5]]), r"ids must be an integer array \[R, F\]")])
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (np.array([[0, K]]), r"ids must lie in \[-1, 7\)"),
+        (np.array([[0, -2]]), r"ids must lie in \[-1, 7\)"),
+        (np.array([0, 1]), r"ids must be an integer array \[R, F\]"),
+        (np.array([[0.5]]), r"ids must be an integer array \[R, F\]"),
+    ],
+)
 def test_bad_ids(ids, message):
     with pytest.raises(ValueError, match=message):
         design_from_ids(ids, K)
@@ -77,8 +82,10 @@ def test_bad_ids(ids, message):
 def test_bucket_layout_matches_positions():
     rng = np.random.default_rng(4)
     lengths = [4, 1, 6, 2, 0, 3, 9]
-    encoded = [([[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)], [[] for _ in range(n)])
-               for n in lengths]
+    encoded = [
+        ([[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)], [[] for _ in range(n)])
+        for n in lengths
+    ]
     packed = pack(encoded, num_buckets=3)
     table = rng.standard_normal((K, 2))
     design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, K))

@@ -52,8 +52,10 @@ def _chain_results(seed):
     batch, T, L = 3, 7, 4
     potentials = jax.random.normal(potentials_key, (batch, T, L, L), jnp.float32)
     potentials = potentials.at[:, :, 1, 2].set(-jnp.inf)  # a forbidden transition
-    factored = FactoredPotentials(jax.random.normal(unary_key, (batch, T, L), jnp.float32),
-                                  jax.random.normal(transitions_key, (L, L), jnp.float32))
+    factored = FactoredPotentials(
+        jax.random.normal(unary_key, (batch, T, L), jnp.float32),
+        jax.random.normal(transitions_key, (L, L), jnp.float32),
+    )
     lengths = jax.random.randint(lengths_key, (batch,), 0, T + 1).at[0].set(T)
     log_z = lambda p: jnp.sum(chain.log_partition(p, lengths, semiring=semirings.Real))
     return {
@@ -77,8 +79,9 @@ def digests(seed: int) -> dict:
 
 def _subprocess():
     environment = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
-    return subprocess.Popen([sys.executable, str(SCRIPT)], env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT)], env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.slow

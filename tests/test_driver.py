@@ -45,8 +45,10 @@ def _relative_change_stops_after(values, tol):
 @pytest.mark.parametrize("tol, period", [(1e-2, 1), (1e-3, 2), (1e-4, 3), (0.0, 2), (1e-6, 1)])
 def test_stop_rules_fire_where_their_definitions_say(tol, period):
     loop = optimizers.init_loop(jnp.zeros(()), len(TRACE), jnp.float64)
-    rules = [(optimizers.relative_improvement_below(tol, period), _crfsuite_stops_after(TRACE, tol, period)),
-             (optimizers.relative_change_below(tol), _relative_change_stops_after(TRACE, tol))]
+    rules = [
+        (optimizers.relative_improvement_below(tol, period), _crfsuite_stops_after(TRACE, tol, period)),
+        (optimizers.relative_change_below(tol), _relative_change_stops_after(TRACE, tol)),
+    ]
     for rule, expected in rules:
         done = run_loop_jit(_replay(TRACE)(None), loop, len(TRACE), rule)
         assert int(done.step) == expected, (rule, expected)
@@ -58,15 +60,19 @@ def test_stop_rules_fire_where_their_definitions_say(tol, period):
 def _crf_objective(params, data):
     """Summed CRF log-loss of factored potentials `features @ weights`."""
     potentials = chain.FactoredPotentials(data["features"] @ params["weights"], params["transitions"])
-    return jnp.sum(chain.log_partition(potentials, data["lengths"])
-                   - chain.score(potentials, data["labels"], data["lengths"]))
+    return jnp.sum(
+        chain.log_partition(potentials, data["lengths"]) - chain.score(potentials, data["labels"], data["lengths"])
+    )
 
 
 @pytest.fixture(scope="module")
 def crf():
     rng = np.random.default_rng(0)
-    data = {"features": rng.normal(size=(6, 5, 4)), "labels": rng.integers(0, 3, size=(6, 5)).astype(np.int32),
-            "lengths": np.array([5, 4, 3, 5, 1, 0], np.int32)}
+    data = {
+        "features": rng.normal(size=(6, 5, 4)),
+        "labels": rng.integers(0, 3, size=(6, 5)).astype(np.int32),
+        "lengths": np.array([5, 4, 3, 5, 1, 0], np.int32),
+    }
     params = {"weights": jnp.zeros((4, 3)), "transitions": jnp.zeros((3, 3))}
     return data, params
 
@@ -77,10 +83,20 @@ def test_train_in_chunks_is_minimize_bit_for_bit(crf, optimizer):
     data, params = crf
     make = {"lbfgs": lambda: optax.lbfgs(), "owlqn": lambda: optimizers.owlqn(0.5, 0.1)}[optimizer]
     penalty = optimizers.elastic_net_penalty(0.5, 0.1) if optimizer == "owlqn" else None
-    whole = optimizers.minimize(functools.partial(_crf_objective, data=data), params, make(), max_steps=15,
-                                tol=1e-12, penalty=penalty)
-    chunked = optimizers.train(_crf_objective, params, make(), data, max_steps=15, penalty=penalty,
-                               stop=optimizers.relative_change_below(1e-12), chunk_steps=4, progress=False)
+    whole = optimizers.minimize(
+        functools.partial(_crf_objective, data=data), params, make(), max_steps=15, tol=1e-12, penalty=penalty
+    )
+    chunked = optimizers.train(
+        _crf_objective,
+        params,
+        make(),
+        data,
+        max_steps=15,
+        penalty=penalty,
+        stop=optimizers.relative_change_below(1e-12),
+        chunk_steps=4,
+        progress=False,
+    )
     assert int(whole.num_steps) == int(chunked.num_steps) > 5
     np.testing.assert_array_equal(np.asarray(whole.trace), np.asarray(chunked.trace))
     for a, b in zip(jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(chunked.params)):
@@ -96,8 +112,17 @@ def test_callback_sees_every_chunk_and_can_stop_the_run(crf):
         reports.append(report)
         return report.step >= 5  # a host-side rule: stop after 5 steps
 
-    result = optimizers.train(_crf_objective, params, optax.lbfgs(), data, max_steps=30, callback=callback,
-                              stop=optimizers.relative_change_below(0.0), chunk_steps=2, progress=False)
+    result = optimizers.train(
+        _crf_objective,
+        params,
+        optax.lbfgs(),
+        data,
+        max_steps=30,
+        callback=callback,
+        stop=optimizers.relative_change_below(0.0),
+        chunk_steps=2,
+        progress=False,
+    )
     assert [r.step for r in reports] == [2, 4, 6] and int(result.num_steps) == 6
     assert int(result.status) == optimizers.Status.CONVERGED
     np.testing.assert_array_equal(reports[-1].trace, np.asarray(result.trace)[:6])
@@ -107,17 +132,36 @@ def test_callback_sees_every_chunk_and_can_stop_the_run(crf):
 
 def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(crf, tmp_path):
     data, params = crf
-    run = functools.partial(optimizers.train, _crf_objective, params, optax.lbfgs(), max_steps=12,
-                            stop=optimizers.relative_change_below(0.0), progress=False, settings={"run": 1})
+    run = functools.partial(
+        optimizers.train,
+        _crf_objective,
+        params,
+        optax.lbfgs(),
+        max_steps=12,
+        stop=optimizers.relative_change_below(0.0),
+        progress=False,
+        settings={"run": 1},
+    )
     straight = run(data)
     first = run(data, checkpoint_dir=tmp_path, until=5, checkpoint_every=2)
-    assert int(first.num_steps) == 5 and checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 5)
+    assert int(first.num_steps) == 5 and checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(
+        tmp_path, 5
+    )
     other = dict(data, labels=(data["labels"] + 1) % 3)
     with pytest.raises(checkpoint.CheckpointError, match="other data or other training settings"):
         run(other, checkpoint_dir=tmp_path)
     with pytest.raises(checkpoint.CheckpointError, match="other data or other training settings"):
-        optimizers.train(_crf_objective, params, optax.lbfgs(), data, max_steps=12, checkpoint_dir=tmp_path,
-                         stop=optimizers.relative_change_below(0.0), progress=False, settings={"run": 2})
+        optimizers.train(
+            _crf_objective,
+            params,
+            optax.lbfgs(),
+            data,
+            max_steps=12,
+            checkpoint_dir=tmp_path,
+            stop=optimizers.relative_change_below(0.0),
+            progress=False,
+            settings={"run": 2},
+        )
     resumed = run(data, checkpoint_dir=tmp_path)
     np.testing.assert_array_equal(np.asarray(resumed.trace), np.asarray(straight.trace))
     for a, b in zip(jax.tree_util.tree_leaves(resumed.params), jax.tree_util.tree_leaves(straight.params)):
@@ -153,6 +197,7 @@ def test_a_plain_gradient_transformation_takes_no_extra_arguments():
     `|x|^2` with step 0.25 halves `x` each step."""
     descent = optax.GradientTransformation(
         lambda params: optax.EmptyState(),
-        lambda updates, state, params=None: (jax.tree_util.tree_map(lambda g: -0.25 * g, updates), state))
-    result = optimizers.minimize(lambda x: jnp.sum(x ** 2), jnp.ones(3), descent, max_steps=3)
-    np.testing.assert_allclose(result.params, 0.5 ** 3 * np.ones(3), rtol=1e-12)
+        lambda updates, state, params=None: (jax.tree_util.tree_map(lambda g: -0.25 * g, updates), state),
+    )
+    result = optimizers.minimize(lambda x: jnp.sum(x**2), jnp.ones(3), descent, max_steps=3)
+    np.testing.assert_allclose(result.params, 0.5**3 * np.ones(3), rtol=1e-12)

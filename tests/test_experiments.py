@@ -37,8 +37,18 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def quick_run(tmp_path_factory):
     """`python -m experiments altun2003 --quick` on its NER slice, once."""
     out = tmp_path_factory.mktemp("altun2003-quick")
-    command = [sys.executable, "-m", "experiments", "altun2003", "--quick", "--tasks", "ner", "--no-progress",
-               "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments",
+        "altun2003",
+        "--quick",
+        "--tasks",
+        "ner",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     return out
@@ -55,7 +65,8 @@ def test_quick_run_writes_table_json_plots_and_command(quick_run):
     summary = json.loads((quick_run / "results.json").read_text())
     rows = summary["tasks"]["ner"]["rows"]
     assert {(row["features"], row["loss"]) for row in rows} == {
-        (s, loss) for s in ("S1", "S2", "S3") for loss in tagging.LOSSES + ("perceptron", "boosting")}
+        (s, loss) for s in ("S1", "S2", "S3") for loss in tagging.LOSSES + ("perceptron", "boosting")
+    }
     for row in rows:
         assert 0.0 <= row["score"] <= 100.0 and math.isfinite(row["train_seconds"])
         assert row["nonzero_parameters"] > 0
@@ -109,13 +120,19 @@ def test_unit_settings_decide_whether_a_finished_unit_stands(tmp_path):
     assert run.unit("old2", lambda: {"steps": 7}, {"cap": 99}, legacy=lambda row: row["steps"] < 6)["steps"] == 7
 
 
-@pytest.mark.parametrize("rule", [optimizers.relative_change_below(1e-3), optimizers.relative_improvement_below(1e-2, 3)])
+@pytest.mark.parametrize(
+    "rule", [optimizers.relative_change_below(1e-3), optimizers.relative_improvement_below(1e-2, 3)]
+)
 def test_trace_convergence_fires_where_the_training_loop_stops(rule):
     """Oracle: the library's loop run with the same rule over the same
     objective values stops at the step the stored trace says it met it."""
     values = np.array([10.0, 6.0, 4.0, 3.5, 3.3, 3.29, 3.2899, 3.28989, 3.289889, 3.2898889])
-    loop = optimizers.run_loop(lambda inner, step: (inner, jnp.asarray(values)[step]),
-                               optimizers.init_loop(jnp.zeros(()), values.size, jnp.float64), values.size, rule)
+    loop = optimizers.run_loop(
+        lambda inner, step: (inner, jnp.asarray(values)[step]),
+        optimizers.init_loop(jnp.zeros(()), values.size, jnp.float64),
+        values.size,
+        rule,
+    )
     convergence = trace_convergence(values, rule, 100, "rule")
     assert convergence["met"] and convergence["step"] == int(loop.step) < values.size
     capped = trace_convergence(values[:4], rule, 4, "rule")
@@ -134,8 +151,9 @@ def test_plateau_convergence():
     # Patience of at least the best step: the best lies in the first half.
     late = plateau_convergence(steps, errors, 50, 1000, "plateau", lower_is_better=True, relative_patience=1.0)
     assert late["met"] and late["step"] == 150  # 75 steps after the best
-    late = plateau_convergence(steps[:-1], errors[:-1], 50, 1000, "plateau", lower_is_better=True,
-                               relative_patience=1.0)
+    late = plateau_convergence(
+        steps[:-1], errors[:-1], 50, 1000, "plateau", lower_is_better=True, relative_patience=1.0
+    )
     assert not late["met"] and late["best_step"] == 75 and late["cap"] == 125
     assert "cap 125 reached, best development score at step 75" in converged_cell(late)
     scores = [50.0, 60.0, 61.0, 60.5, 60.9, 59.0]  # higher is better, epochs 1..6
@@ -204,17 +222,26 @@ def test_load_task_falls_back_to_synthetic_without_corpus(no_corpora):
 @pytest.fixture(scope="module")
 def tiny_task():
     pairs, test_pairs, _ = synthetic.synthetic_corpus(1, "iob", 12, 3)
-    data = tagging.TaskData("ner", tagging._as_sentences(pairs), tagging._as_sentences(test_pairs),
-                            synthetic.planted_model(1, "iob").labels, "entity_f1", "synthetic")
+    data = tagging.TaskData(
+        "ner",
+        tagging._as_sentences(pairs),
+        tagging._as_sentences(test_pairs),
+        synthetic.planted_model(1, "iob").labels,
+        "entity_f1",
+        "synthetic",
+    )
     return data, tagging.encode_task(data, ("S1", "S2"), num_buckets=2)
 
 
 def _random_model(encoded, num_labels, seed):
     model = tagging.init_params(encoded.num_features, num_labels, jnp.float64)
     keys = jax.random.split(jax.random.key(seed), 3)
-    return model.__class__(jax.random.normal(keys[0], model.emission.shape, jnp.float64) * 0.3,
-                           jax.random.normal(keys[1], model.transitions.shape, jnp.float64),
-                           jax.random.normal(keys[2], model.start.shape, jnp.float64), model.pair_emission)
+    return model.__class__(
+        jax.random.normal(keys[0], model.emission.shape, jnp.float64) * 0.3,
+        jax.random.normal(keys[1], model.transitions.shape, jnp.float64),
+        jax.random.normal(keys[2], model.start.shape, jnp.float64),
+        model.pair_emission,
+    )
 
 
 def test_sequential_exp_objective_equals_brute_force():
@@ -223,12 +250,20 @@ def test_sequential_exp_objective_equals_brute_force():
     L, _T, K = 3, 4, 5
     key = jax.random.key(7)
     model = tagging.init_params(K, L, jnp.float64)
-    model = model.__class__(jax.random.normal(key, (K, L), jnp.float64), jnp.eye(L) - 0.5, jnp.arange(L) * 0.1,
-                            model.pair_emission)
-    ids = jnp.array([[[0, 1], [2, -1], [3, 4], [1, -1]], [[4, -1], [0, 2], [-1, -1], [-1, -1]],
-                     [[1, 3], [-1, -1], [-1, -1], [-1, -1]]], jnp.int32)
-    bucket = tagging.Bucket(ids, jnp.array([[0, 2, 1, 1], [2, 0, -1, -1], [1, -1, -1, -1]], jnp.int32),
-                            jnp.array([4, 2, 1], jnp.int32))
+    model = model.__class__(
+        jax.random.normal(key, (K, L), jnp.float64), jnp.eye(L) - 0.5, jnp.arange(L) * 0.1, model.pair_emission
+    )
+    ids = jnp.array(
+        [
+            [[0, 1], [2, -1], [3, 4], [1, -1]],
+            [[4, -1], [0, 2], [-1, -1], [-1, -1]],
+            [[1, 3], [-1, -1], [-1, -1], [-1, -1]],
+        ],
+        jnp.int32,
+    )
+    bucket = tagging.Bucket(
+        ids, jnp.array([[0, 2, 1, 1], [2, 0, -1, -1], [1, -1, -1, -1]], jnp.int32), jnp.array([4, 2, 1], jnp.int32)
+    )
     weights = jnp.array([1.0, 1.0, 0.0])
     exp_losses = []
     for b in range(2):
@@ -243,11 +278,15 @@ def test_sequential_exp_objective_equals_brute_force():
     np.testing.assert_allclose(value, expected, rtol=1e-10)
     # The log-loss objective is the plain weighted sum plus the prior.
     log_losses = sequence.sequence_log_loss(model(ids), bucket.labels, bucket.lengths)
-    prior = 0.5 * 0.3 * sum(float(jnp.sum(x ** 2)) for x in (model.emission, model.transitions, model.start))
-    np.testing.assert_allclose(objective(model, (bucket,), (weights,), loss="sequential log", l2_weight=0.3),
-                               float(jnp.sum(log_losses[:2])) + prior, rtol=1e-10)
-    gradient = jax.jit(jax.grad(tagging.objective), static_argnums=(3, 4))(model, (bucket,), (weights,),
-                                                                           "sequential exp", 0.0)
+    prior = 0.5 * 0.3 * sum(float(jnp.sum(x**2)) for x in (model.emission, model.transitions, model.start))
+    np.testing.assert_allclose(
+        objective(model, (bucket,), (weights,), loss="sequential log", l2_weight=0.3),
+        float(jnp.sum(log_losses[:2])) + prior,
+        rtol=1e-10,
+    )
+    gradient = jax.jit(jax.grad(tagging.objective), static_argnums=(3, 4))(
+        model, (bucket,), (weights,), "sequential exp", 0.0
+    )
     assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(gradient))
 
 
@@ -271,8 +310,9 @@ def test_training_resumes_from_checkpoint_bit_identical(tiny_task, tmp_path, mon
     data, encoded = tiny_task
     buckets = encoded.train["S1"]
     weights = [np.ones(bucket.lengths.shape[0]) for bucket in buckets]
-    options = dict(l2_weight=0.1, max_steps=6, stop=optimizers.relative_change_below(0.0), progress=False,
-                   chunk_steps=2)
+    options = dict(
+        l2_weight=0.1, max_steps=6, stop=optimizers.relative_change_below(0.0), progress=False, chunk_steps=2
+    )
     start = tagging.init_params(encoded.num_features, len(data.labels))
     reference = tagging.train(start, buckets, weights, "sequential log", checkpoint_dir=None, **options)
 
@@ -321,9 +361,15 @@ def test_perceptron_stops_on_its_development_plateau(tiny_task):
         return next(scores)
 
     dev_score.models = []
-    fit = tagging.train_perceptron(tagging.init_params(encoded.num_features, len(data.labels)),
-                                   encoded.train["S1"], max_epochs=20, patience=3, seed=0, dev_score=dev_score,
-                                   progress=False)
+    fit = tagging.train_perceptron(
+        tagging.init_params(encoded.num_features, len(data.labels)),
+        encoded.train["S1"],
+        max_epochs=20,
+        patience=3,
+        seed=0,
+        dev_score=dev_score,
+        progress=False,
+    )
     assert fit.dev_scores == [50.0, 60.0, 55.0, 59.0, 58.0] and fit.best_epoch == 2
     assert fit.stopped_by == "patience" and len(fit.mistakes) == 5
     assert fit.params is dev_score.models[1]

@@ -25,8 +25,18 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _quick(name: str, tasks: str, out) -> None:
-    command = [sys.executable, "-m", "experiments", name, "--quick", "--tasks", tasks, "--no-progress",
-               "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments",
+        name,
+        "--quick",
+        "--tasks",
+        tasks,
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
 
@@ -105,8 +115,12 @@ def _dense_reranking_problem(seed, N=12, C=6, K=9):
 
 
 def _run(step_fn, data, num_steps=60):
-    return run_loop(step_fn, init_loop(reranking.reranking_init(data), num_steps, jnp.float64), num_steps,
-                    relative_change_below(0.0))
+    return run_loop(
+        step_fn,
+        init_loop(reranking.reranking_init(data), num_steps, jnp.float64),
+        num_steps,
+        relative_change_below(0.0),
+    )
 
 
 def test_sparse_rerankers_equal_the_library():
@@ -114,16 +128,20 @@ def test_sparse_rerankers_equal_the_library():
     constants: on sparse data, step for step as on dense data; on this
     problem BLasso takes backward steps (its path differs from F-Boosting's)."""
     dense, sparse = _dense_reranking_problem(1)
-    library = {"boosting": reranking.boosting_with_shrinkage_step_fn(dense, gao2006.SHRINKAGE),
-               "fslr": reranking.fslr_step_fn(dense, gao2006.EPSILON),
-               "blasso": reranking.blasso_step_fn(dense, gao2006.EPSILON),
-               "fboosting": reranking.blasso_step_fn(dense, gao2006.EPSILON, backward=False)}
+    library = {
+        "boosting": reranking.boosting_with_shrinkage_step_fn(dense, gao2006.SHRINKAGE),
+        "fslr": reranking.fslr_step_fn(dense, gao2006.EPSILON),
+        "blasso": reranking.blasso_step_fn(dense, gao2006.EPSILON),
+        "fboosting": reranking.blasso_step_fn(dense, gao2006.EPSILON, backward=False),
+    }
     finals = {}
     for method, step_fn in library.items():
         want, got = _run(step_fn, dense), _run(gao2006.step_function(method, sparse, paper=False), sparse)
         np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
         np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
-        np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9, atol=1e-12)  # alpha -> 0: losses' rounding
+        np.testing.assert_allclose(
+            got.inner.alpha, want.inner.alpha, rtol=1e-9, atol=1e-12
+        )  # alpha -> 0: losses' rounding
         finals[method] = np.asarray(got.inner.weights)
     assert not np.allclose(finals["blasso"], finals["fboosting"])
 
@@ -132,8 +150,10 @@ def test_capped_fslr_never_raises_exp_loss():
     """Gao et al.'s FSLR (the optimal step when shorter than epsilon) descends
     monotonically; plain FSLR overshoots on this problem."""
     _, sparse = _dense_reranking_problem(1)
-    traces = {paper: np.asarray(_run(gao2006.step_function("fslr", sparse, paper=paper), sparse).trace)
-              for paper in (True, False)}
+    traces = {
+        paper: np.asarray(_run(gao2006.step_function("fslr", sparse, paper=paper), sparse).trace)
+        for paper in (True, False)
+    }
     assert np.all(np.diff(traces[True]) <= 1e-12)
     assert np.any(np.diff(traces[False]) > 0)
 
@@ -142,8 +162,9 @@ def test_oracle_features_and_differences():
     """The reference is the candidate with the fewest errors (best-ranked on
     ties); the sparse differences are reference minus candidate counts."""
     log_probability = np.array([[-0.1, -1.0, -2.0, -np.inf]])
-    candidates = gao2006.Candidates([np.array([[0, 1], [0, 0], [1, 0], [-1, -1]])], log_probability,
-                                    np.array([[1, 0, 0, 0]]), np.array([2]))
+    candidates = gao2006.Candidates(
+        [np.array([[0, 1], [0, 0], [1, 0], [-1, -1]])], log_probability, np.array([[1, 0, 0, 0]]), np.array([2])
+    )
     reference = gao2006.oracle(candidates)
     assert reference.tolist() == [1]
     sentence = gao2006.Sentence((("The",), ("dog",)), ("A", "A"))

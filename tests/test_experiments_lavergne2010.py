@@ -33,8 +33,18 @@ QUICK_TASKS = ("pos", "blocks", "sparse")
 def quick_run(tmp_path_factory):
     """`python -m experiments lavergne2010 --quick` on QUICK_TASKS, once."""
     out = tmp_path_factory.mktemp("lavergne2010-quick")
-    command = [sys.executable, "-m", "experiments", "lavergne2010", "--quick", "--tasks", ",".join(QUICK_TASKS),
-               "--no-progress", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments",
+        "lavergne2010",
+        "--quick",
+        "--tasks",
+        ",".join(QUICK_TASKS),
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     return out
@@ -51,8 +61,10 @@ def test_quick_run_writes_tables_json_plot_and_command(quick_run):
     summary = json.loads((quick_run / "results.json").read_text())
     tasks = summary["tasks"]
     assert set(tasks) == set(QUICK_TASKS)
-    expected = {"pos": {"OWL-QN", "OWL-QN + fine-tuning", "SGD-L1", "SGD-L1 + fine-tuning"},
-                "blocks": {f"{o}{s}" for o in lavergne2010.OPTIMIZERS for s in ("", " + fine-tuning")}}
+    expected = {
+        "pos": {"OWL-QN", "OWL-QN + fine-tuning", "SGD-L1", "SGD-L1 + fine-tuning"},
+        "blocks": {f"{o}{s}" for o in lavergne2010.OPTIMIZERS for s in ("", " + fine-tuning")},
+    }
     for task, optimizers in expected.items():
         rows = tasks[task]["rows"]
         assert {row["optimizer"] for row in rows} == optimizers
@@ -76,8 +88,11 @@ def test_quick_run_writes_tables_json_plot_and_command(quick_run):
 def test_rows_are_judged_against_the_caps_they_ran_under():
     """A row of the first runs (saved before settings were recorded) that
     stopped at its cap is not converged, though today's cap is higher."""
-    row = {"optimizer": "OWL-QN", "iterations": 80,
-           "curve": [{"step": 70, "objective": 101.0}, {"step": 80, "objective": 100.0}]}
+    row = {
+        "optimizer": "OWL-QN",
+        "iterations": 80,
+        "curve": [{"step": 70, "objective": 101.0}, {"step": 80, "objective": 100.0}],
+    }
     first = lavergne2010.FULL["pos"] | lavergne2010.FIRST_RUN_CAPS["pos"]
     capped = lavergne2010.row_convergence(row, first)
     assert not capped["met"] and capped["cap"] == 80 and capped["last_relative_change"] == pytest.approx(1e-3)

@@ -31,8 +31,9 @@ WORDS = ["the", "Dog", "runs-in", "42"]
 def random_tagger(seed, spelling_size=0):
     rng = np.random.default_rng(seed)
     normal = lambda *shape: jnp.asarray(rng.normal(size=shape))
-    return tagging.TaggerParams(normal(K, V), normal(K + 1, K), normal(K + 1, K + 1, K),
-                                normal(spelling_size, K) if spelling_size else None)
+    return tagging.TaggerParams(
+        normal(K, V), normal(K + 1, K), normal(K + 1, K + 1, K), normal(spelling_size, K) if spelling_size else None
+    )
 
 
 @pytest.mark.parametrize("spelling", [False, True])
@@ -58,8 +59,9 @@ def test_lattice_e_step_equals_the_hmm_module():
     """EM's statistics from the sentence x trigram-tagger lattices (with the
     dictionary) equal `lossfns.hmm`'s dense second-order chain."""
     allowed = np.array([[True, False], [True, True], [True, True], [False, True]])
-    params = hmm.initial_params(K, V, order=2, tag_dictionary=allowed, key=jax.random.PRNGKey(0), noise=1.0,
-                                dtype=jnp.float64)
+    params = hmm.initial_params(
+        K, V, order=2, tag_dictionary=allowed, key=jax.random.PRNGKey(0), noise=1.0, dtype=jnp.float64
+    )
     params = hmm.m_step(hmm.HMMParams(jnp.exp(params.log_transition), jnp.exp(params.log_emission)), 0.0, allowed)
     sentences = [[0, 1, 3, 2], [2, 2, 0], [1]]
     lattices = [tagging.intersect(dag.from_string(s), K, order=2, tag_dictionary=allowed) for s in sentences]
@@ -130,8 +132,9 @@ def test_synthetic_fallback_without_corpus(no_corpora):
     assert sum(len(s.labels) for s in corpus.train) >= 500 and sum(len(s.labels) for s in corpus.dev) >= 100
     assert max(len(s.labels) for s in corpus.train + corpus.dev) <= 10
     vocabulary = se.vocabulary_of(corpus.train + corpus.dev)
-    stats = se.dictionary_statistics(corpus.train, vocabulary,
-                                     se.tag_dictionary(corpus.dictionary_text, vocabulary, corpus.tags))
+    stats = se.dictionary_statistics(
+        corpus.train, vocabulary, se.tag_dictionary(corpus.dictionary_text, vocabulary, corpus.tags)
+    )
     assert stats["ambiguous_tokens"] > 0  # the planted lexicons share words across tags
 
 
@@ -159,7 +162,8 @@ def test_quick_run_writes_tables_json_plot_and_command(quick_run):
     expected = {(size, c, s) for size in sizes for c in se.CRITERIA for s in se.QUICK["smoothing"]}
     assert {(r["size"], r["criterion"], r["smoothing"]) for r in figure2["rows"]} == expected
     assert {(r["dilution"], r["criterion"], r["spelling"]) for r in table3["rows"]} == {
-        (d, c, s) for d in se.QUICK["dilutions"] for c, s in se.QUICK["table3_models"]}
+        (d, c, s) for d in se.QUICK["dilutions"] for c, s in se.QUICK["table3_models"]
+    }
     for row in figure2["rows"] + table3["rows"]:
         assert 0.0 <= row["ambiguous_accuracy"] <= 100.0 and np.isfinite(row["dev_criterion"])
         assert row["steps"] >= 1 and all(np.isfinite(row["trace"]))
@@ -180,8 +184,12 @@ def test_table3_claims_hold_on_the_papers_own_numbers():
     """Oracle: the paper states both Table 3 claims from its Table 3; the
     check applied to those numbers must agree (and a table where LENGTH
     keeps its accuracy must not)."""
-    paper = {f"{c}{'+spelling' if s else ''}": {d: dict(zip(("selected", "oracle"), se.PAPER_TABLE3[d][c, s]))
-                                               for d in se.PAPER_TABLE3} for c, s in se.TABLE3_MODELS}
+    paper = {
+        f"{c}{'+spelling' if s else ''}": {
+            d: dict(zip(("selected", "oracle"), se.PAPER_TABLE3[d][c, s])) for d in se.PAPER_TABLE3
+        }
+        for c, s in se.TABLE3_MODELS
+    }
     models = list(paper)
     suffers, rescue = se.check_table3(paper, se.DILUTIONS, models)
     assert suffers["holds"] is True and rescue["holds"] is True

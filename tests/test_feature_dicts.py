@@ -36,11 +36,20 @@ def test_flatten_is_python_crfsuites(item):
     assert len(dicts.flatten(item)) == len(_crfsuite(item))  # no duplicates in these
 
 
-scalars = st.one_of(st.sampled_from(["a", "b", "a:b", ""]), st.booleans(), st.integers(-3, 3),
-                    st.floats(-2, 2, allow_nan=False).map(lambda x: round(x, 3)))
+scalars = st.one_of(
+    st.sampled_from(["a", "b", "a:b", ""]),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(-2, 2, allow_nan=False).map(lambda x: round(x, 3)),
+)
 keys = st.sampled_from(["k", "w", "a", "pos", "x:y"])
-values = st.recursive(scalars, lambda inner: st.one_of(st.dictionaries(keys, inner, max_size=3),
-                                                       st.lists(st.sampled_from(["p", "q"]), max_size=2)), max_leaves=5)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.dictionaries(keys, inner, max_size=3), st.lists(st.sampled_from(["p", "q"]), max_size=2)
+    ),
+    max_leaves=5,
+)
 items = st.dictionaries(keys, values, max_size=4)
 
 
@@ -50,8 +59,10 @@ def test_random_dicts_read_as_python_crfsuite_and_both_paths_agree(X):
     offsets = np.concatenate([[0], np.cumsum(corpus.token_counts)])
     tokens = [item for sentence in X for item in sentence]
     for n, item in enumerate(tokens):
-        ours = [(corpus.names[a], v) for a, v in zip(corpus.attributes[offsets[n]:offsets[n + 1]],
-                                                      corpus.values[offsets[n]:offsets[n + 1]])]
+        ours = [
+            (corpus.names[a], v)
+            for a, v in zip(corpus.attributes[offsets[n] : offsets[n + 1]], corpus.values[offsets[n] : offsets[n + 1]])
+        ]
         assert sorted(ours) == sorted(dicts.flatten(item))
         summed = {}
         for name, value in ours:  # python-crfsuite's items() keeps the last of a repeated name
@@ -80,8 +91,17 @@ def crfsuite_model(tmp_path_factory):
     X, y = [], []
     for _ in range(30):
         n = int(rng.integers(1, 5))
-        X.append([{"w": str(rng.choice(["a", "b", "c"])), "x": float(rng.normal()), "p": ["s", "t"][: rng.integers(3)],
-                   "n": {"d": float(rng.normal())}} for _ in range(n)])
+        X.append(
+            [
+                {
+                    "w": str(rng.choice(["a", "b", "c"])),
+                    "x": float(rng.normal()),
+                    "p": ["s", "t"][: rng.integers(3)],
+                    "n": {"d": float(rng.normal())},
+                }
+                for _ in range(n)
+            ]
+        )
         y.append([str(rng.choice(["A", "B", "C"])) for _ in range(n)])
     trainer = pycrfsuite.Trainer(verbose=False)
     for xseq, yseq in zip(X, y):
@@ -105,11 +125,18 @@ def test_scores_match_a_crfsuite_model_with_duplicates_and_values(crfsuite_model
     transitions = np.zeros((len(labels), len(labels)))
     for (first, second), weight in info.transitions.items():
         transitions[labels.index(first), labels.index(second)] = weight
-    model = LinearChainModel(jnp.asarray(emission), jnp.asarray(transitions), jnp.zeros(len(labels)),
-                             jnp.zeros((0, len(labels), len(labels))))
+    model = LinearChainModel(
+        jnp.asarray(emission),
+        jnp.asarray(transitions),
+        jnp.zeros(len(labels)),
+        jnp.zeros((0, len(labels), len(labels))),
+    )
     # Repeated names add up in CRFsuite: a list with "s" twice, and "n:d" written two ways.
-    xseq = [{"w": "b", "x": -1.25, "p": ["s", "s"], "n": {"d": 0.5}, "n:d": 2.0},
-            {"w": "a", "x": 3.0, "p": ["t"], "n": {"d": -0.75}}, {"w": "zzz", "x": 0.5, "unseen": 1.0}]
+    xseq = [
+        {"w": "b", "x": -1.25, "p": ["s", "s"], "n": {"d": 0.5}, "n:d": 2.0},
+        {"w": "a", "x": 3.0, "p": ["t"], "n": {"d": -0.75}},
+        {"w": "zzz", "x": 0.5, "unseen": 1.0},
+    ]
     crfsuite_model.set(xseq)
     expected = np.array([[crfsuite_model.marginal(label, t) for label in labels] for t in range(len(xseq))])
     batch = pack([index.encode(dicts.item_features(xseq))], num_buckets=1)
@@ -135,19 +162,23 @@ def test_index_encode_and_pack():
     binary = dicts.flatten_corpus([[{"w": "a", "t": True}]])
     assert binary.pack(binary.index()).unigram_values is None  # all 1: the binary fast path
     hashed = FeatureIndex.hashed_index(7)
-    assert corpus.encode(hashed).tolist() == [hashed.encode(dicts.item_features(s))[0][t][f]
-                                              for s in X for t in range(len(s)) for f in range(len(s[t]))]
+    assert corpus.encode(hashed).tolist() == [
+        hashed.encode(dicts.item_features(s))[0][t][f] for s in X for t in range(len(s)) for f in range(len(s[t]))
+    ]
 
 
-@pytest.mark.parametrize("X, error, message", [
-    ([["word", "rey"]], TypeError, r"X\[0\]\[0\]: a token's features must be a dict.*str 'word'"),
-    ([[{"w": None}]], TypeError, r"X\[0\]\[0\]\['w'\]: a feature value must be .* got NoneType"),
-    ([[{"w": "a"}, {"x": float("nan")}]], ValueError, r"X\[0\]\[1\]\['x'\] = nan: feature values must be finite"),
-    ([[{"w": "a"}], [{1: "a"}]], TypeError, r"X\[1\]\[0\]: a key must be a string, got int"),
-    ([[{"l": ["a", 2]}]], TypeError, r"X\[0\]\[0\]\['l'\]: a list element must be a string, got int"),
-    ([{"w": "a"}], TypeError, r"X\[0\] must be a list of token feature dicts, got dict"),
-    ("abc", TypeError, r"X must be a list of token feature dicts, got str"),
-])
+@pytest.mark.parametrize(
+    "X, error, message",
+    [
+        ([["word", "rey"]], TypeError, r"X\[0\]\[0\]: a token's features must be a dict.*str 'word'"),
+        ([[{"w": None}]], TypeError, r"X\[0\]\[0\]\['w'\]: a feature value must be .* got NoneType"),
+        ([[{"w": "a"}, {"x": float("nan")}]], ValueError, r"X\[0\]\[1\]\['x'\] = nan: feature values must be finite"),
+        ([[{"w": "a"}], [{1: "a"}]], TypeError, r"X\[1\]\[0\]: a key must be a string, got int"),
+        ([[{"l": ["a", 2]}]], TypeError, r"X\[0\]\[0\]\['l'\]: a list element must be a string, got int"),
+        ([{"w": "a"}], TypeError, r"X\[0\] must be a list of token feature dicts, got dict"),
+        ("abc", TypeError, r"X must be a list of token feature dicts, got str"),
+    ],
+)
 def test_bad_feature_dicts_are_named(X, error, message):
     with pytest.raises(error, match=message):
         dicts.flatten_corpus(X)

@@ -17,8 +17,10 @@ from lossfns.models import LinearChainModel
 from lossfns.testing import check_gradients
 
 L = 3
-SENTENCES = [TokenFeatures([["a", "b"], ["a", "a", "c"], ["zz"]], [[], [], []], [[2.0, -0.5], [1.0, 0.25, 3.0], [9.0]]),
-             TokenFeatures([["c"], []], [[], []], [[-1.5], []])]
+SENTENCES = [
+    TokenFeatures([["a", "b"], ["a", "a", "c"], ["zz"]], [[], [], []], [[2.0, -0.5], [1.0, 0.25, 3.0], [9.0]]),
+    TokenFeatures([["c"], []], [[], []], [[-1.5], []]),
+]
 LABELS = [[0, 2, 1], [1, 0]]
 INDEX = FeatureIndex({"a": 0, "b": 1, "c": 2}, {}, 3, 0)
 TABLE = np.random.default_rng(0).standard_normal((3, L))
@@ -26,9 +28,15 @@ TABLE = np.random.default_rng(0).standard_normal((3, L))
 
 def _by_hand(features):
     """`[T, L]`: sum over a token's known strings of value * TABLE[string]."""
-    return np.array([sum((value * TABLE[INDEX.unigram[name]] for name, value in zip(names, values)
-                          if name in INDEX.unigram), np.zeros(L))
-                     for names, values in zip(features.unigram, features.unigram_values)])
+    return np.array(
+        [
+            sum(
+                (value * TABLE[INDEX.unigram[name]] for name, value in zip(names, values) if name in INDEX.unigram),
+                np.zeros(L),
+            )
+            for names, values in zip(features.unigram, features.unigram_values)
+        ]
+    )
 
 
 _UNARY = jax.jit(lambda model, ids, values: model.unary(ids, values))
@@ -68,8 +76,10 @@ def _packed_loss(table, design, packed):
     model = _model(table)
     buckets = model.packed_potentials(design, packed.pair_ids, packed.positions, packed.starts)
     if packed.starts is not None:
-        return sum(jnp.sum(losses.row_sequence_log_loss(p, y, s, n)) for p, y, s, n in
-                   zip(buckets, packed.labels, packed.starts, packed.lengths))
+        return sum(
+            jnp.sum(losses.row_sequence_log_loss(p, y, s, n))
+            for p, y, s, n in zip(buckets, packed.labels, packed.starts, packed.lengths)
+        )
     return sum(jnp.sum(losses.sequence_log_loss(p, y, n)) for p, y, n in zip(buckets, packed.labels, packed.lengths))
 
 
@@ -85,8 +95,9 @@ def test_gradients_match_finite_differences_and_the_gather_path(packer):
         return jnp.sum(losses.sequence_log_loss(_model(table).potentials(batch), batch.labels, batch.lengths))
 
     check_gradients(gathered, (TABLE,), order=1, modes=("rev",))
-    np.testing.assert_allclose(jax.grad(lambda t: _packed_loss(t, design, packed))(TABLE), jax.grad(gathered)(TABLE),
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        jax.grad(lambda t: _packed_loss(t, design, packed))(TABLE), jax.grad(gathered)(TABLE), atol=1e-10
+    )
 
 
 def test_values_of_one_are_the_binary_path_and_float32_stays_float32():

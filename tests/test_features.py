@@ -50,8 +50,9 @@ B10:%x[0,1]
 
 def test_regex_macros_and_upper_case_variants():
     # As in Wapiti, %X, %T, %M lower-case their result; their regexes still match case-sensitively.
-    templates = parse_templates('U1:%t[0,0,"^[A-Z]"]\nU2:%m[0,0,"[aeiou]+"]\nU3:%T[0,0,"^m"]\nU4:%X[0,0]\n'
-                                'U5:%M[0,0,"M.."]\nU6:%T[0,0,"^M"]')
+    templates = parse_templates(
+        'U1:%t[0,0,"^[A-Z]"]\nU2:%m[0,0,"[aeiou]+"]\nU3:%T[0,0,"^m"]\nU4:%X[0,0]\nU5:%M[0,0,"M.."]\nU6:%T[0,0,"^M"]'
+    )
     assert templates(TOKENS).unigram[0] == ["U1:true", "U2:ua", "U3:false", "U4:juan", "U5:", "U6:false"]
     assert templates(TOKENS).unigram[3] == ["U1:true", "U2:a", "U3:false", "U4:madrid", "U5:mad", "U6:true"]
 
@@ -60,16 +61,27 @@ def _wapiti_match(pattern, text):
     """Wapiti's matcher (src/pattern.c: rex_match, rex_matchme, rex_matchit)
     interpreted directly, as the oracle of `wapiti_regex`: the first match's
     (start, length), or None."""
-    classes = {"a": str.isalpha, "d": str.isdigit, "l": str.islower, "u": str.isupper, "w": str.isalnum,
-               "s": str.isspace, "p": lambda c: c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"}
+    classes = {
+        "a": str.isalpha,
+        "d": str.isdigit,
+        "l": str.islower,
+        "u": str.isupper,
+        "w": str.isalnum,
+        "s": str.isspace,
+        "p": lambda c: c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+    }
 
     def one(atom, rest):
         if not rest:
             return False
         c = rest[0]
         if not c.isascii():  # the C locale's classes hold ASCII only
-            return atom == "." or (atom[0] != "\\" and atom == c) or (atom[0] == "\\" and atom[1] == c) or (
-                atom[0] == "\\" and atom[1].lower() in classes and atom[1].isupper())
+            return (
+                atom == "."
+                or (atom[0] != "\\" and atom == c)
+                or (atom[0] == "\\" and atom[1] == c)
+                or (atom[0] == "\\" and atom[1].lower() in classes and atom[1].isupper())
+            )
         if atom == ".":
             return True
         if atom[0] == "\\":
@@ -115,10 +127,17 @@ def _wapiti_match(pattern, text):
     return None
 
 
-@given(st.lists(st.sampled_from(["a", "b", ".", "\\d", "\\u", "\\l", "\\p", "\\A", "\\W", "\\.", "-", "é"]),
-                min_size=1, max_size=5),
-       st.lists(st.sampled_from(["", "*", "?"]), min_size=5, max_size=5), st.booleans(), st.booleans(),
-       st.text(alphabet="abAB1.-_ é", max_size=8))
+@given(
+    st.lists(
+        st.sampled_from(["a", "b", ".", "\\d", "\\u", "\\l", "\\p", "\\A", "\\W", "\\.", "-", "é"]),
+        min_size=1,
+        max_size=5,
+    ),
+    st.lists(st.sampled_from(["", "*", "?"]), min_size=5, max_size=5),
+    st.booleans(),
+    st.booleans(),
+    st.text(alphabet="abAB1.-_ é", max_size=8),
+)
 def test_wapiti_regexes_match_as_wapitis_matcher(atoms, repeats, start, end, text):
     pattern = ("^" if start else "") + "".join(a + r for a, r in zip(atoms, repeats)) + ("$" if end else "")
     found = re.search(wapiti_regex(pattern), text, re.DOTALL)
@@ -129,7 +148,8 @@ def test_wapiti_regexes_match_as_wapitis_matcher(atoms, repeats, start, end, tex
 def test_wapiti_pattern_files_as_they_come():
     # The layout of Wapiti's own pattern files: repeated `U:` names, spaces, signs, its regexes,
     # comments anywhere, lower-case type letters, a constant `*` (bias and transitions).
-    templates = parse_templates("""*
+    templates = parse_templates(
+        """*
 u:wrd L=%X[-1,0]   # the previous word, lower-cased
 U:wrd X=%x[ 0,0]
 *:Pre-2 X=%m[ 0,0,"^.?.?"]
@@ -137,11 +157,20 @@ U:wrd X=%x[ 0,0]
 *:Caps? X=%t[ 0,0,"\\u"]
 *:AllC? X=%t[ 0,0,"^\\u*$"]
 b:Pos R=%x[+1,1]
-""", dialect="wapiti")
+""",
+        dialect="wapiti",
+    )
     assert templates.transitions and templates.dialect == "wapiti"
     features = templates(TOKENS)
-    assert features.unigram[0] == ["*:", "u:wrd L=_b-1", "U:wrd X=Juan", "*:Pre-2 X=Ju", "*:Suf-2 X=an",
-                                   "*:Caps? X=true", "*:AllC? X=false"]
+    assert features.unigram[0] == [
+        "*:",
+        "u:wrd L=_b-1",
+        "U:wrd X=Juan",
+        "*:Pre-2 X=Ju",
+        "*:Suf-2 X=an",
+        "*:Caps? X=true",
+        "*:AllC? X=false",
+    ]
     assert features.pair[3] == ["*:Pre-2 X=Ma", "*:Suf-2 X=id", "*:Caps? X=true", "*:AllC? X=false", "b:Pos R=_B+1"]
     assert parse_templates("U:%x[0,0] # kept", dialect="python")(TOKENS[:1]).unigram == [["U:Juan # kept"]]
     with pytest.raises(ValueError, match=r"<templates>:1: bad regex '\*a'.*nothing to repeat"):
@@ -183,8 +212,15 @@ def test_the_standard_crfpp_pattern():
     assert len(templates.unigram) == 19 and templates.pair == () and templates.transitions
     assert parse_templates(CRFPP_NER, dialect="wapiti") == templates._replace(dialect="wapiti")
     features = templates(TOKENS)[1]
-    assert templates(TOKENS).unigram[1][:7] == ["U00:_B-1", "U01:Juan", "U02:vive", "U03:en", "U04:Madrid",
-                                                "U05:Juan/vive", "U06:vive/en"]
+    assert templates(TOKENS).unigram[1][:7] == [
+        "U00:_B-1",
+        "U01:Juan",
+        "U02:vive",
+        "U03:en",
+        "U04:Madrid",
+        "U05:Juan/vive",
+        "U06:vive/en",
+    ]
     assert templates(TOKENS).unigram[1][-3:] == ["U20:_B-1/NP/VMI", "U21:NP/VMI/SP", "U22:VMI/SP/NP"]
     assert features == [[] for _ in TOKENS]
 
@@ -207,16 +243,19 @@ def test_constant_template_and_no_transitions():
     assert [t.name for t in parse_templates("*:bias").unigram] == ["*"]
 
 
-@pytest.mark.parametrize("text, line, message", [
-    ("U00:%x[0,0]\nU01:%x[0]", 2, "malformed macro"),
-    ("U00:%x[0,0]\n\n%x[0,0]", 3, "must start with U, B or"),
-    ("U00:%x[0,0]\nU00:%x[1,0]", 2, "'U00:' before the first macro is already used on line 1"),
-    ("*1:%x[0,0]\nB:x\nB1:%x[1,0]\nU1:%x[0,1]\n*1:%x[1,1]", 5, "already used on line 1"),
-    ('U00:%t[0,0,"("]', 1, "bad regex"),
-    ("U00:%t[0,0]", 1, "needs a regex"),
-    ('U00:%x[0,0,"a"]', 1, "takes no regex"),
-    ("U:%q[0,0]", 1, "malformed macro"),
-])
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("U00:%x[0,0]\nU01:%x[0]", 2, "malformed macro"),
+        ("U00:%x[0,0]\n\n%x[0,0]", 3, "must start with U, B or"),
+        ("U00:%x[0,0]\nU00:%x[1,0]", 2, "'U00:' before the first macro is already used on line 1"),
+        ("*1:%x[0,0]\nB:x\nB1:%x[1,0]\nU1:%x[0,1]\n*1:%x[1,1]", 5, "already used on line 1"),
+        ('U00:%t[0,0,"("]', 1, "bad regex"),
+        ("U00:%t[0,0]", 1, "needs a regex"),
+        ('U00:%x[0,0,"a"]', 1, "takes no regex"),
+        ("U:%q[0,0]", 1, "malformed macro"),
+    ],
+)
 def test_template_syntax_errors_name_the_line(text, line, message):
     with pytest.raises(ValueError, match=rf"<templates>:{line}: .*{message}"):
         parse_templates(text)
@@ -262,8 +301,14 @@ def test_altun_presets_nest_and_spell():
     assert s1.unigram[0] == ["word=Sr."]
     for t in range(2):
         assert set(s1.unigram[t]) < set(s2.unigram[t]) < set(s3.unigram[t])
-    assert {"suffix1=.", "suffix2=r.", "suffix3=Sr.", "first_upper", "first_alphanumeric",
-            "capitalised_with_dot"} == set(s2.unigram[0]) - {"word=Sr."}
+    assert {
+        "suffix1=.",
+        "suffix2=r.",
+        "suffix3=Sr.",
+        "first_upper",
+        "first_alphanumeric",
+        "capitalised_with_dot",
+    } == set(s2.unigram[0]) - {"word=Sr."}
     assert "hyphen" in s2.unigram[1] and "all_capitals" not in s2.unigram[1]
     assert {"-1:word=_B-1", "+1:word=Lopez-Garcia", "+1:hyphen"} <= set(s3.unigram[0])
 
@@ -271,8 +316,20 @@ def test_altun_presets_nest_and_spell():
 def test_lavergne_pos_preset():
     features = preset("lavergne_pos")((("The",), ("U.S.",), ("rose",)))
     first = set(features.unigram[0])
-    assert {"word=The", "lower=the", "shape=Xx", "prefix1=T", "prefix3=The", "suffix2=he", "-2:word=_B-2",
-            "-1:word=_B-1", "+1:word=U.S.", "+2:word=rose", "-1+0:words=_B-1|The", "+0+1:words=The|U.S."} <= first
+    assert {
+        "word=The",
+        "lower=the",
+        "shape=Xx",
+        "prefix1=T",
+        "prefix3=The",
+        "suffix2=he",
+        "-2:word=_B-2",
+        "-1:word=_B-1",
+        "+1:word=U.S.",
+        "+2:word=rose",
+        "-1+0:words=_B-1|The",
+        "+0+1:words=The|U.S.",
+    } <= first
     assert "prefix4=The" not in first
     assert "shape=X.X." in features.unigram[1]
     with pytest.raises(ValueError, match="unknown feature preset 'nope'"):
@@ -321,13 +378,16 @@ def test_pad_batch_and_observed_pairs():
 def test_pack_points_every_token_to_its_row():
     rng = np.random.default_rng(0)
     lengths = [3, 1, 7, 2, 5]
-    encoded = [([[int(x) for x in rng.integers(0, 9, size=rng.integers(1, 4))] for _ in range(n)], [[] for _ in range(n)])
-               for n in lengths]
+    encoded = [
+        ([[int(x) for x in rng.integers(0, 9, size=rng.integers(1, 4))] for _ in range(n)], [[] for _ in range(n)])
+        for n in lengths
+    ]
     labels = [[int(x) for x in rng.integers(0, 4, size=n)] for n in lengths]
     packed = pack(encoded, labels, num_buckets=2)
     assert sorted(np.concatenate(packed.members).tolist()) == list(range(len(lengths)))
-    for positions, bucket_lengths, bucket_labels, members in zip(packed.positions, packed.lengths, packed.labels,
-                                                                 packed.members):
+    for positions, bucket_lengths, bucket_labels, members in zip(
+        packed.positions, packed.lengths, packed.labels, packed.members
+    ):
         for row, sentence in enumerate(members):
             n = lengths[sentence]
             assert bucket_lengths[row] == n

@@ -137,8 +137,9 @@ def _check_everything(out, dense, lengths, labels, dtype_name):
     best, _ = testing.viterbi(dense, lengths)
     _assert_close(out["max"], best, atol, "max semiring")
     # Not bit-exact integers: the counting semiring renormalises like the real one (reported).
-    np.testing.assert_allclose(np.asarray(out["count"], np.float64), testing.count_paths(dense, lengths),
-                               rtol=max(RELATIVE[dtype_name], 1e-12))
+    np.testing.assert_allclose(
+        np.asarray(out["count"], np.float64), testing.count_paths(dense, lengths), rtol=max(RELATIVE[dtype_name], 1e-12)
+    )
 
     score, path = out["viterbi"]
     _assert_close(score, best, atol, "viterbi score")
@@ -209,9 +210,11 @@ def test_fuzz_dense_potentials(dtype_name, data):
 def test_fuzz_factored_potentials(data):
     dtype_name = "float32"  # the training dtype; one compiled program
     dtype = DTYPES[dtype_name]
-    potentials = FactoredPotentials(jnp.asarray(data.draw(score_arrays((BATCH, T, L)), label="unary"), dtype),
-                                    jnp.asarray(data.draw(score_arrays((L, L)), label="transitions"), dtype),
-                                    jnp.asarray(data.draw(score_arrays((L,)), label="start"), dtype))
+    potentials = FactoredPotentials(
+        jnp.asarray(data.draw(score_arrays((BATCH, T, L)), label="unary"), dtype),
+        jnp.asarray(data.draw(score_arrays((L, L)), label="transitions"), dtype),
+        jnp.asarray(data.draw(score_arrays((L,)), label="start"), dtype),
+    )
     lengths, labels, key = _inputs(data, dtype_name)
     out = _everything(potentials, lengths, labels, key, parallel=False)
     dense = np.asarray(chain.materialize(jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), potentials)))
@@ -261,8 +264,14 @@ def test_marginals_stay_normalised_for_huge_scores(dtype, magnitude):
 # Semirings: every operation on extreme values, against numpy in float64
 # ---------------------------------------------------------------------------
 
-SEMIRINGS = {"log": semirings.Log, "max": semirings.Max, "real": semirings.Real, "entropy": semirings.Entropy,
-             "counting": semirings.Counting, "kmax": semirings.KMax(2)}
+SEMIRINGS = {
+    "log": semirings.Log,
+    "max": semirings.Max,
+    "real": semirings.Real,
+    "entropy": semirings.Entropy,
+    "counting": semirings.Counting,
+    "kmax": semirings.KMax(2),
+}
 
 
 @jax.jit
@@ -302,8 +311,14 @@ def _row_oracles(x):
         p = shifted / np.where(mass > 0, mass, 1.0)[:, None]
         entropy = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(-1)
     top = -np.sort(-x, axis=-1)[:, :2]
-    return {"log": log_z, "real": log_z, "max": x.max(-1), "counting": finite.sum(-1).astype(float),
-            "entropy": entropy, "kmax": top}
+    return {
+        "log": log_z,
+        "real": log_z,
+        "max": x.max(-1),
+        "counting": finite.sum(-1).astype(float),
+        "entropy": entropy,
+        "kmax": top,
+    }
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -330,6 +345,10 @@ def test_fuzz_semirings(dtype_name, raw):
         has_finite = np.isfinite(x64).any(-1)
         np.testing.assert_allclose(gradient.sum(-1), has_finite.astype(float), atol=RELATIVE[dtype_name] * 10 + 1e-6)
     # XLA on CPU flushes subnormals to zero: allow the smallest normal number.
-    _assert_close(out["finite_max"], np.where(np.isfinite(x64).any(-1), x64.max(-1), 0.0),
-                  float(jnp.finfo(DTYPES[dtype_name]).tiny), "finite_max")
+    _assert_close(
+        out["finite_max"],
+        np.where(np.isfinite(x64).any(-1), x64.max(-1), 0.0),
+        float(jnp.finfo(DTYPES[dtype_name]).tiny),
+        "finite_max",
+    )
     assert (np.asarray(out["finite_max_gradient"]) == 0).all()

@@ -25,7 +25,7 @@ def sequence_counts(words, tags, order):
     transition, emission = np.zeros((K + 1,) * order + (K,)), np.zeros((K, V))
     history = (K,) * order + tuple(tags)
     for t, (w, y) in enumerate(zip(words, tags)):
-        transition[history[t:t + order] + (y,)] += 1
+        transition[history[t : t + order] + (y,)] += 1
         emission[y, w] += 1
     return transition, emission
 
@@ -36,7 +36,9 @@ def brute_force(params, words, order):
     scores, counts = [], []
     for tags in itertools.product(range(K), repeat=len(words)):
         transition, emission = sequence_counts(words, tags, order)
-        score = np.sum(np.where(transition > 0, log_t * transition, 0.0)) + np.sum(np.where(emission > 0, log_e * emission, 0.0))
+        score = np.sum(np.where(transition > 0, log_t * transition, 0.0)) + np.sum(
+            np.where(emission > 0, log_e * emission, 0.0)
+        )
         scores.append(score)
         counts.append((transition, emission))
     scores = np.array(scores)
@@ -72,8 +74,9 @@ def test_supervised_counts(order):
 
 
 def test_m_step_add_lambda_and_dictionary():
-    counts = hmm.HMMParams(jnp.asarray([[1.0, 3.0], [0.0, 0.0], [2.0, 2.0]]),
-                           jnp.asarray([[1.0, 0.0, 2.0, 1.0], [0.0, 5.0, 0.0, 0.0]]))
+    counts = hmm.HMMParams(
+        jnp.asarray([[1.0, 3.0], [0.0, 0.0], [2.0, 2.0]]), jnp.asarray([[1.0, 0.0, 2.0, 1.0], [0.0, 5.0, 0.0, 0.0]])
+    )
     dictionary = np.array([[True, False], [True, True], [True, False], [False, True]])  # [V, K]
     params = hmm.m_step(counts, 0.5, dictionary)
     np.testing.assert_allclose(np.exp(params.log_transition), [[1.5 / 5, 3.5 / 5], [0.5, 0.5], [0.5, 0.5]])
@@ -89,8 +92,9 @@ def test_em_increases_likelihood(order):
     words = rng.integers(0, V, (6, 5))
     lengths = np.array([5, 4, 5, 2, 1, 3])
     dictionary = np.array([[True, True], [True, False], [False, True], [True, True]])
-    params = hmm.initial_params(K, V, order=order, tag_dictionary=dictionary, key=jax.random.PRNGKey(0),
-                                noise=0.5, dtype=jnp.float64)
+    params = hmm.initial_params(
+        K, V, order=order, tag_dictionary=dictionary, key=jax.random.PRNGKey(0), noise=0.5, dtype=jnp.float64
+    )
     final, history = hmm.em(params, words, lengths, iterations=6, tag_dictionary=dictionary)
     assert np.all(np.diff(history) >= -1e-9) and history[-1] > history[0]
     assert np.all(np.exp(final.log_emission) * ~dictionary.T == 0)

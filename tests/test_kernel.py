@@ -43,7 +43,7 @@ def variant(recover=False, **tuning):
         jax.clear_caches()
 
 
-ALWAYS, NEVER = 2 ** 62, 0
+ALWAYS, NEVER = 2**62, 0
 ROW_VARIANTS = {
     "fused-in-scan": dict(fused_matmul_max_size=ALWAYS, edge_sums_in_scan_max_size=ALWAYS),
     "dot-after-scan": dict(fused_matmul_max_size=NEVER, edge_sums_in_scan_max_size=NEVER),
@@ -76,9 +76,11 @@ def kernel_rows(potentials, starts, lengths):
 
 def weighted(log_partition):
     """`sum_b w_b log Z_b` over the rows with a finite log Z."""
+
     def total(potentials, weights):
         log_z = log_partition(potentials)
         return jnp.sum(jnp.where(jnp.isfinite(log_z), weights * log_z, 0.0))
+
     return total
 
 
@@ -95,7 +97,10 @@ def derivatives(log_partition, potentials, weights):
 def assert_matches_reference(fast, expected, potentials, weights, atol=1e-12):
     """`fast`'s `derivatives` against the reference's (`expected`, computed
     once outside any `variant`: the reference does not read the tuning)."""
-    (value, got, hessian_vector), (want_value, want, want_hessian_vector) = derivatives(fast, potentials, weights), expected
+    (value, got, hessian_vector), (want_value, want, want_hessian_vector) = (
+        derivatives(fast, potentials, weights),
+        expected,
+    )
     np.testing.assert_allclose(value, want_value, rtol=1e-12)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         assert np.all(np.isfinite(g))
@@ -135,31 +140,38 @@ def test_rows_with_many_labels_match_the_reference():
     assert labels * labels * rows > kernel.TUNING["cpu"].edge_sums_in_scan_max_size
     transitions = rng.normal(size=(labels, labels))
     transitions[3, :5] = -np.inf
-    potentials = FactoredPotentials(jnp.asarray(rng.normal(size=(rows, 5, labels))), jnp.asarray(transitions),
-                                    jnp.asarray(rng.normal(size=labels)))
+    potentials = FactoredPotentials(
+        jnp.asarray(rng.normal(size=(rows, 5, labels))), jnp.asarray(transitions), jnp.asarray(rng.normal(size=labels))
+    )
     starts = jnp.asarray(rng.random((rows, 5)) < 0.3)
     lengths = jnp.asarray(rng.integers(0, 6, size=rows), jnp.int32)
     weights = jnp.asarray(rng.normal(size=rows))
     reference = lambda p: testing.reference_row_log_partition(p, starts, lengths)
-    assert_matches_reference(lambda p: kernel_rows(p, starts, lengths), derivatives(reference, potentials, weights),
-                             potentials, weights)
+    assert_matches_reference(
+        lambda p: kernel_rows(p, starts, lengths), derivatives(reference, potentials, weights), potentials, weights
+    )
 
 
 def test_hessian_of_the_default_call():
     """`jax.hessian` (forward over reverse) of `chain.log_partition` itself."""
     potentials, _, _ = problem(1, forbid=False)
     hessian = lambda log_z: jax.jit(jax.hessian(lambda u: log_z(potentials._replace(unary=u))))(potentials.unary[0, :4])
-    np.testing.assert_allclose(hessian(lambda p: chain.log_partition(p, 3)),
-                               hessian(lambda p: testing.reference_row_log_partition(p, None, 3)), atol=1e-12)
+    np.testing.assert_allclose(
+        hessian(lambda p: chain.log_partition(p, 3)),
+        hessian(lambda p: testing.reference_row_log_partition(p, None, 3)),
+        atol=1e-12,
+    )
 
 
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_batching_jit_and_loop_agree(jit):
     potentials, starts, lengths = problem(3)
-    stacked = FactoredPotentials(jnp.stack([potentials.unary, 2 * potentials.unary]), potentials.transitions,
-                                 potentials.start)
-    run = lambda u: chain.row_log_partition(FactoredPotentials(u, potentials.transitions, potentials.start),
-                                            starts, lengths)
+    stacked = FactoredPotentials(
+        jnp.stack([potentials.unary, 2 * potentials.unary]), potentials.transitions, potentials.start
+    )
+    run = lambda u: chain.row_log_partition(
+        FactoredPotentials(u, potentials.transitions, potentials.start), starts, lengths
+    )
     run = jax.jit(run) if jit else run
     mapped = jax.vmap(run)(stacked.unary)
     looped = jnp.stack([run(u) for u in stacked.unary])
@@ -170,8 +182,9 @@ def test_batching_jit_and_loop_agree(jit):
 
 def test_no_positions():
     potentials = FactoredPotentials(jnp.zeros((2, 0, L)), jnp.zeros((L, L)), jnp.zeros(L))
-    value, gradient = jax.value_and_grad(lambda u: jnp.sum(chain.log_partition(
-        potentials._replace(unary=u))))(potentials.unary)
+    value, gradient = jax.value_and_grad(lambda u: jnp.sum(chain.log_partition(potentials._replace(unary=u))))(
+        potentials.unary
+    )
     assert value == 0.0 and gradient.shape == (2, 0, L)
 
 
@@ -184,15 +197,25 @@ def test_user_vmap_equals_the_batched_call_and_keeps_one_decision(recover):
     log_z = lambda u, n: chain.log_partition(potentials._replace(unary=u), n)
     per_position = chain.materialize(potentials)
     with variant(recover=recover):
-        np.testing.assert_allclose(jax.vmap(log_z)(potentials.unary, lengths),
-                                   log_z(potentials.unary, lengths), rtol=1e-12)
+        np.testing.assert_allclose(
+            jax.vmap(log_z)(potentials.unary, lengths), log_z(potentials.unary, lengths), rtol=1e-12
+        )
         grad = lambda f: jax.grad(lambda x, n: jnp.sum(jnp.where(jnp.isfinite(v := f(x, n)), v, 0.0)))
-        np.testing.assert_allclose(jax.jit(jax.vmap(grad(log_z)))(potentials.unary, lengths),
-                                   grad(log_z)(potentials.unary, lengths), atol=1e-12)
-        np.testing.assert_allclose(jax.vmap(grad(chain.log_partition))(per_position, lengths),
-                                   grad(chain.log_partition)(per_position, lengths), atol=1e-12)
-        for program, argument in [(jax.vmap(log_z), potentials.unary), (jax.vmap(grad(log_z)), potentials.unary),
-                                  (jax.vmap(grad(chain.log_partition)), per_position)]:
+        np.testing.assert_allclose(
+            jax.jit(jax.vmap(grad(log_z)))(potentials.unary, lengths),
+            grad(log_z)(potentials.unary, lengths),
+            atol=1e-12,
+        )
+        np.testing.assert_allclose(
+            jax.vmap(grad(chain.log_partition))(per_position, lengths),
+            grad(chain.log_partition)(per_position, lengths),
+            atol=1e-12,
+        )
+        for program, argument in [
+            (jax.vmap(log_z), potentials.unary),
+            (jax.vmap(grad(log_z)), potentials.unary),
+            (jax.vmap(grad(chain.log_partition)), per_position),
+        ]:
             assert "cond[" in str(jax.make_jaxpr(program)(argument, lengths))
 
 
@@ -203,13 +226,15 @@ def test_backend_choice_of_the_parallel_algorithm():
     with finite gradients; too many labels keep the scan."""
     potentials, lengths = per_position_problem(10)
     potentials = potentials * jnp.asarray([100.0, 1.0, 1.0, 1.0, 1.0])[:, None, None, None]
-    expected = derivatives(lambda p: testing.reference_row_log_partition(p, None, lengths), potentials,
-                           PER_POSITION_WEIGHTS)
+    expected = derivatives(
+        lambda p: testing.reference_row_log_partition(p, None, lengths), potentials, PER_POSITION_WEIGHTS
+    )
     with variant(parallel_min_steps=T, parallel_max_labels=L):
         program = str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
         assert "scan[" not in program and "while[" not in program
-        got = assert_matches_reference(lambda p: chain.log_partition(p, lengths), expected, potentials,
-                                       PER_POSITION_WEIGHTS, atol=1e-9)
+        got = assert_matches_reference(
+            lambda p: chain.log_partition(p, lengths), expected, potentials, PER_POSITION_WEIGHTS, atol=1e-9
+        )
         assert np.all(got[4] == 0)
     with variant(parallel_min_steps=T, parallel_max_labels=L - 1):
         assert "scan[" in str(jax.make_jaxpr(chain.log_partition)(potentials, lengths))
@@ -243,8 +268,9 @@ PER_POSITION_VARIANTS = {
 @functools.cache
 def per_position_reference():
     potentials, lengths = per_position_problem(5)
-    return derivatives(lambda p: testing.reference_row_log_partition(p, None, lengths), potentials,
-                       PER_POSITION_WEIGHTS)
+    return derivatives(
+        lambda p: testing.reference_row_log_partition(p, None, lengths), potentials, PER_POSITION_WEIGHTS
+    )
 
 
 @pytest.mark.parametrize("name", PER_POSITION_VARIANTS)
@@ -266,8 +292,7 @@ def test_per_position_dispatch_batching_and_no_positions():
     stacked = jnp.stack([potentials, 2 * potentials])
     looped = jnp.stack([testing.reference_row_log_partition(p, None, lengths) for p in stacked])
     np.testing.assert_allclose(chain.log_partition(stacked, jnp.stack([lengths] * 2)), looped, rtol=1e-12)
-    np.testing.assert_allclose(jax.vmap(jax.jit(chain.log_partition), (0, None))(stacked, lengths), looped,
-                               rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(jax.jit(chain.log_partition), (0, None))(stacked, lengths), looped, rtol=1e-12)
     real = lambda p, n: chain.log_partition(p, n, semiring=semirings.Real)
     np.testing.assert_allclose(looped, jnp.stack([real(p, lengths) for p in stacked]), rtol=1e-12)
     empty = jnp.zeros((2, 0, L, L))
@@ -284,20 +309,31 @@ def adversarial_chains():
     """Factored float64 chains `(name, potentials, lengths)` on which per-step
     rescaling in probability space loses the winning path."""
     rng = np.random.default_rng(7)
-    cases = [("a prefix 200 nats behind wins",
-              FactoredPotentials(np.array([[[0.0, -200.0], [0.0, 0.0], [0.0, 0.0]]]),
-                                 np.array([[0.0, 0.0], [0.0, 300.0]]), np.zeros(2)), np.array([3]))]
+    cases = [
+        (
+            "a prefix 200 nats behind wins",
+            FactoredPotentials(
+                np.array([[[0.0, -200.0], [0.0, 0.0], [0.0, 0.0]]]), np.array([[0.0, 0.0], [0.0, 300.0]]), np.zeros(2)
+            ),
+            np.array([3]),
+        )
+    ]
     unary = np.zeros((1, 6, 3))
     unary[0, 0] = [0.0, -900.0, -np.inf]  # 900 nats behind: past float64's range of one step too
     transitions = np.array([[0.0, -np.inf, 0.0], [0.0, 500.0, -np.inf], [0.0, 0.0, 0.0]])
-    cases.append(("900 nats behind, -inf transitions", FactoredPotentials(unary, transitions, np.zeros(3)),
-                  np.array([6])))
+    cases.append(
+        ("900 nats behind, -inf transitions", FactoredPotentials(unary, transitions, np.zeros(3)), np.array([6]))
+    )
     for scale in (60.0, 100.0):
         transitions = rng.normal(size=(5, 5)) * scale
         transitions[1, 2] = transitions[4, 0] = -np.inf
-        cases.append((f"random, scale {scale:g}",
-                      FactoredPotentials(rng.normal(size=(3, 40, 5)) * scale, transitions,
-                                         rng.normal(size=5) * scale), np.array([40, 17, 1])))
+        cases.append(
+            (
+                f"random, scale {scale:g}",
+                FactoredPotentials(rng.normal(size=(3, 40, 5)) * scale, transitions, rng.normal(size=5) * scale),
+                np.array([40, 17, 1]),
+            )
+        )
     return cases
 
 
@@ -306,12 +342,16 @@ def adversarial_references():
     """`(name, potentials64, lengths, log Z [B], node marginals [B, T, L])` per
     adversarial chain, from the float64 reference (its gradient gives the
     node marginals), computed once for every dtype and form."""
+
     def reference(unary, transitions, start, lengths):
         log_z = lambda u: testing.reference_row_log_partition(FactoredPotentials(u, transitions, start), None, lengths)
         return log_z(unary), jax.grad(lambda u: jnp.sum(log_z(u)))(unary)
 
-    return [(name, potentials64, lengths) + tuple(np.asarray(x) for x in jax.jit(reference)(
-        *(jnp.asarray(x) for x in (*potentials64, lengths)))) for name, potentials64, lengths in adversarial_chains()]
+    return [
+        (name, potentials64, lengths)
+        + tuple(np.asarray(x) for x in jax.jit(reference)(*(jnp.asarray(x) for x in (*potentials64, lengths))))
+        for name, potentials64, lengths in adversarial_chains()
+    ]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
@@ -336,8 +376,9 @@ def test_adversarial_chains_are_exact(dtype, form):
 def test_long_float32_chains_with_wide_scores_match_float64():
     """T = 2,000, scale-60 scores: every step checked, the recovered ones in log space."""
     rng = np.random.default_rng(8)
-    potentials = FactoredPotentials(rng.normal(size=(2, 2000, 9)) * 60, rng.normal(size=(9, 9)) * 60,
-                                    rng.normal(size=9))
+    potentials = FactoredPotentials(
+        rng.normal(size=(2, 2000, 9)) * 60, rng.normal(size=(9, 9)) * 60, rng.normal(size=9)
+    )
     reference = np.asarray(testing.reference_row_log_partition(jax.tree_util.tree_map(jnp.asarray, potentials)))
     got = chain.log_partition(jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), potentials))
     np.testing.assert_allclose(np.asarray(got, np.float64), reference, rtol=1e-5)

@@ -47,23 +47,35 @@ def test_unlabelled_input_and_a_given_separator(tmp_path):
 
 
 def test_nbest_with_scores_in_wapitis_layout(checked):
-    text = _written(checked, [[("O", "B-LOC"), ("O", "O")], [("B-LOC",), ("O",)]],
-                    sequence_scores=[[-1.5, -2.25], [0.5, 0.25]],
-                    token_scores=[[(0.9, 0.6), (0.9, 0.4)], [(0.75,), (0.25,)]])
-    assert text == ("-DOCSTART- -X- O O\n\n"
-                    "# 0 -1.500000\nEl DA O O O/0.900000\nrey NC B-PER B-LOC B-LOC/0.600000\n\n"
-                    "# 1 -2.250000\nEl DA O O O/0.900000\nrey NC B-PER O O/0.400000\n\n\n"
-                    "# 0 0.500000\nMadrid\tNP\tB-LOC\tB-LOC\tB-LOC/0.750000\n\n"
-                    "# 1 0.250000\nMadrid\tNP\tB-LOC\tO\tO/0.250000\n")
+    text = _written(
+        checked,
+        [[("O", "B-LOC"), ("O", "O")], [("B-LOC",), ("O",)]],
+        sequence_scores=[[-1.5, -2.25], [0.5, 0.25]],
+        token_scores=[[(0.9, 0.6), (0.9, 0.4)], [(0.75,), (0.25,)]],
+    )
+    assert text == (
+        "-DOCSTART- -X- O O\n\n"
+        "# 0 -1.500000\nEl DA O O O/0.900000\nrey NC B-PER B-LOC B-LOC/0.600000\n\n"
+        "# 1 -2.250000\nEl DA O O O/0.900000\nrey NC B-PER O O/0.400000\n\n\n"
+        "# 0 0.500000\nMadrid\tNP\tB-LOC\tB-LOC\tB-LOC/0.750000\n\n"
+        "# 1 0.250000\nMadrid\tNP\tB-LOC\tO\tO/0.250000\n"
+    )
 
 
-@pytest.mark.parametrize("labels, options, message", [
-    ([[("O", "O")]], {}, r"one \[N\]\[T\] entry per sentence of .*testb.conll \(2\), got 1"),
-    ([[("O",)], [("O",)]], {}, r"labels\[0\]\[0\] has 1 labels for the 2 tokens of sentence 0 \(.*testb.conll:3\)"),
-    ([("O", "O"), [("O",)]], {}, r"labels\[0\] must be \[N\]\[T\] label strings"),
-    ([[("O", "O")], [("O",)]], {"sequence_scores": [[1.0, 2.0], [1.0]]}, r"sequence_scores\[0\] must hold one entry"),
-    ([[("O", "O")], [("O",)]], {"token_scores": [[(1.0,)], [(1.0,)]]}, r"token_scores\[0\]\[0\] has 1 scores"),
-])
+@pytest.mark.parametrize(
+    "labels, options, message",
+    [
+        ([[("O", "O")]], {}, r"one \[N\]\[T\] entry per sentence of .*testb.conll \(2\), got 1"),
+        ([[("O",)], [("O",)]], {}, r"labels\[0\]\[0\] has 1 labels for the 2 tokens of sentence 0 \(.*testb.conll:3\)"),
+        ([("O", "O"), [("O",)]], {}, r"labels\[0\] must be \[N\]\[T\] label strings"),
+        (
+            [[("O", "O")], [("O",)]],
+            {"sequence_scores": [[1.0, 2.0], [1.0]]},
+            r"sequence_scores\[0\] must hold one entry",
+        ),
+        ([[("O", "O")], [("O",)]], {"token_scores": [[(1.0,)], [(1.0,)]]}, r"token_scores\[0\]\[0\] has 1 scores"),
+    ],
+)
 def test_labels_that_do_not_fit_are_named(checked, labels, options, message):
     with pytest.raises(ValueError, match=message):
         _written(checked, labels, **options)

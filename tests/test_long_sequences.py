@@ -23,9 +23,11 @@ def _factored(dtype):
     """The same float32-representable scores in `dtype`, so that the comparison
     measures the algorithm's rounding, not the rounding of the inputs."""
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    return chain.FactoredPotentials(2.0 * jax.random.normal(keys[0], (2, T, L), jnp.float32).astype(dtype),
-                                    jax.random.normal(keys[1], (L, L), jnp.float32).astype(dtype),
-                                    jax.random.normal(keys[2], (L,), jnp.float32).astype(dtype))
+    return chain.FactoredPotentials(
+        2.0 * jax.random.normal(keys[0], (2, T, L), jnp.float32).astype(dtype),
+        jax.random.normal(keys[1], (L, L), jnp.float32).astype(dtype),
+        jax.random.normal(keys[2], (L,), jnp.float32).astype(dtype),
+    )
 
 
 LENGTHS = jnp.array([T, T - 1234])
@@ -36,15 +38,17 @@ def reference():
     """float64 log Z and node marginals of the same chains, from the plain
     log-space scan of `lossfns.testing` and its autodiff gradient."""
     potentials = _factored(jnp.float64)
-    log_z, grads = jax.jit(jax.value_and_grad(
-        lambda p: jnp.sum(testing.reference_row_log_partition(p, None, LENGTHS))))(potentials)
+    log_z, grads = jax.jit(
+        jax.value_and_grad(lambda p: jnp.sum(testing.reference_row_log_partition(p, None, LENGTHS)))
+    )(potentials)
     log_z = testing.reference_row_log_partition(potentials, None, LENGTHS)
     return np.asarray(log_z), np.asarray(grads.unary)
 
 
-@pytest.mark.parametrize("form, semiring, algorithm", [
-    ("factored", "log", "sequential"), ("per-position", "real", "sequential"),
-    ("per-position", "log", "parallel")])
+@pytest.mark.parametrize(
+    "form, semiring, algorithm",
+    [("factored", "log", "sequential"), ("per-position", "real", "sequential"), ("per-position", "log", "parallel")],
+)
 def test_float32_matches_float64_at_ten_thousand_positions(reference, form, semiring, algorithm):
     potentials = _factored(jnp.float32)
     if form == "per-position":
@@ -107,8 +111,14 @@ def test_peak_memory_with_gradients_under_two_gigabytes(form, semiring):
     includes jax itself) of compiling and running log Z plus gradients."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, form, semiring], env=env, capture_output=True,
-                          check=False, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEMORY_SCRIPT, form, semiring],
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["finite"]

@@ -26,8 +26,16 @@ LOSSES = {
     "perceptron": losses.perceptron_loss,
     "hinge": losses.structured_hinge_loss,
 }
-MARGINAL_LOSSES = ("sequence_log", "sequence_exp", "log_sequence_exp", "pointwise_log", "pointwise_exp",
-                   "expected_hamming")
+MARGINAL_LOSSES = (
+    "sequence_log",
+    "sequence_exp",
+    "log_sequence_exp",
+    "pointwise_log",
+    "pointwise_exp",
+    "expected_hamming",
+)
+
+
 @jax.jit
 def all_losses(potentials, labels, lengths):
     """`{name: (values [...], gradient of their sum)}` for every loss, in one
@@ -91,8 +99,10 @@ def brute_force(potentials, length, gold, cost_weight=1.0):
     others = ~is_gold
     out["sequence_exp"] = (np.exp(scores[others] - gold_score).sum(), (expected - gold_stats) / gold_prob)
     if gold_prob < 1:
-        out["log_sequence_exp"] = (np.log(np.exp(scores[others] - gold_score).sum()),
-                                   (expected - gold_stats) / (1 - gold_prob))
+        out["log_sequence_exp"] = (
+            np.log(np.exp(scores[others] - gold_score).sum()),
+            (expected - gold_stats) / (1 - gold_prob),
+        )
     else:
         out["log_sequence_exp"] = (-np.inf, np.zeros_like(expected))
 
@@ -193,24 +203,30 @@ def test_single_position_reduces_to_multiclass_losses():
     others = np.arange(4) != gold[:, None]
     exp_loss = np.sum(np.exp(logits - gold_logit[:, None]) * others, -1)
     results = all_values(potentials, labels, np.ones(4, np.int64))
-    for name, expected in [("sequence_log", log_loss), ("pointwise_log", log_loss),
-                           ("sequence_exp", exp_loss), ("pointwise_exp", exp_loss),
-                           ("perceptron", logits.max(-1) - gold_logit),
-                           ("hinge", (logits + others).max(-1) - gold_logit)]:
+    for name, expected in [
+        ("sequence_log", log_loss),
+        ("pointwise_log", log_loss),
+        ("sequence_exp", exp_loss),
+        ("pointwise_exp", exp_loss),
+        ("perceptron", logits.max(-1) - gold_logit),
+        ("hinge", (logits + others).max(-1) - gold_logit),
+    ]:
         np.testing.assert_allclose(results[name], expected, rtol=1e-10, err_msg=name)
 
 
 def test_adding_a_constant_at_one_position_changes_no_loss():
     potentials, labels, lengths = random_problem(12, 4, 3)
     shifted = potentials.copy()
-    shifted[0, 2] += 3.7   # inside the length
-    shifted[1, 3] -= 2.0   # past the length (0)
-    shifted[3, 0] += 1.5   # first position
+    shifted[0, 2] += 3.7  # inside the length
+    shifted[1, 3] -= 2.0  # past the length (0)
+    shifted[3, 0] += 1.5  # first position
     before, after = all_losses(potentials, labels, lengths), all_losses(shifted, labels, lengths)
     for name in LOSSES:
         np.testing.assert_allclose(after[name][0], before[name][0], rtol=1e-9, atol=1e-11, err_msg=name)
         np.testing.assert_allclose(after[name][1], before[name][1], rtol=1e-7, atol=1e-10, err_msg=name)
-    np.testing.assert_array_equal(losses.rank_loss(shifted, labels, lengths), losses.rank_loss(potentials, labels, lengths))
+    np.testing.assert_array_equal(
+        losses.rank_loss(shifted, labels, lengths), losses.rank_loss(potentials, labels, lengths)
+    )
 
 
 def iob_problem():
@@ -264,8 +280,15 @@ def test_chain_with_no_allowed_sequence_gives_infinite_loss_not_nan():
     potentials = np.full((4, 4, 3, 3), -np.inf)
     labels = np.zeros((4, 4), np.int64)
     results = all_losses(potentials, labels, np.array([4, 2, 1, 1]))
-    for name in ("sequence_log", "sequence_exp", "log_sequence_exp", "perceptron", "hinge",
-                 "pointwise_log", "pointwise_exp"):
+    for name in (
+        "sequence_log",
+        "sequence_exp",
+        "log_sequence_exp",
+        "perceptron",
+        "hinge",
+        "pointwise_log",
+        "pointwise_exp",
+    ):
         values, grad = results[name]
         assert np.all(np.isposinf(values)) and not np.any(np.isnan(grad)), name
 

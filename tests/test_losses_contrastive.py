@@ -18,8 +18,9 @@ NUM_TAGS, VOCABULARY = 2, 4
 
 def random_params(seed):
     rng = np.random.default_rng(seed)
-    return tagging.TaggerParams(jnp.asarray(rng.normal(size=(NUM_TAGS, VOCABULARY))),
-                                jnp.asarray(rng.normal(size=(NUM_TAGS + 1, NUM_TAGS))))
+    return tagging.TaggerParams(
+        jnp.asarray(rng.normal(size=(NUM_TAGS, VOCABULARY))), jnp.asarray(rng.normal(size=(NUM_TAGS + 1, NUM_TAGS)))
+    )
 
 
 def features(string, tags):
@@ -49,8 +50,12 @@ def tagged(word_lattice):
 
 
 def contrastive(params, numerator, denominator):
-    return losses.contrastive_log_likelihood(numerator.lattice, tagging.arc_scores(numerator, params),
-                                             denominator.lattice, tagging.arc_scores(denominator, params))
+    return losses.contrastive_log_likelihood(
+        numerator.lattice,
+        tagging.arc_scores(numerator, params),
+        denominator.lattice,
+        tagging.arc_scores(denominator, params),
+    )
 
 
 SENTENCE = [0, 1, 2]
@@ -111,8 +116,7 @@ def test_batched_lattices_jit_and_empty_lattices():
         np.testing.assert_allclose(batched[i], one, rtol=1e-10)
     # A lattice without any path gives -inf, not NaN, with finite gradients.
     empty = dag.from_arcs([], final=[], num_states=1)
-    value, grad = jax.value_and_grad(
-        lambda s: losses.contrastive_log_likelihood(empty, s, empty, s))(jnp.zeros((0,)))
+    value, grad = jax.value_and_grad(lambda s: losses.contrastive_log_likelihood(empty, s, empty, s))(jnp.zeros((0,)))
     assert np.isneginf(value) and grad.shape == (0,)
 
 
@@ -129,8 +133,9 @@ def test_semi_supervised_objective_composes_sequence_log_loss_and_contrastive_es
 
     def chain_potentials(params, words):
         """The tagger as a CRF: emission scores per position, shared bigram transitions."""
-        return FactoredPotentials(jnp.moveaxis(params.emission[:, words], 0, -1),
-                                  params.bigram[:NUM_TAGS], params.bigram[NUM_TAGS])
+        return FactoredPotentials(
+            jnp.moveaxis(params.emission[:, words], 0, -1), params.bigram[:NUM_TAGS], params.bigram[NUM_TAGS]
+        )
 
     def objective(params):
         supervised = jnp.sum(losses.sequence_log_loss(chain_potentials(params, labelled_words), labelled_tags))
@@ -143,11 +148,16 @@ def test_semi_supervised_objective_composes_sequence_log_loss_and_contrastive_es
     gold_score = sum(np.sum(g * p) for g, p in zip(gold, params))
     log_numerator, expected_numerator = log_sum_and_expected_features([tuple(unlabelled)], params)
     log_denominator, expected_denominator = log_sum_and_expected_features(
-        dag.enumerate_strings(neighbourhoods.trans1(unlabelled)), params)
+        dag.enumerate_strings(neighbourhoods.trans1(unlabelled)), params
+    )
     squared = sum(np.sum(np.square(p)) for p in params[:2])  # emission, bigram
     np.testing.assert_allclose(
-        value, (log_z - gold_score) - weight * (log_numerator - log_denominator) + prior / 2 * squared, rtol=1e-10)
+        value, (log_z - gold_score) - weight * (log_numerator - log_denominator) + prior / 2 * squared, rtol=1e-10
+    )
     for i, got in enumerate(grad[:2]):
-        expected = (expected_labelled[i] - gold[i]) - weight * (expected_numerator[i] - expected_denominator[i]) \
+        expected = (
+            (expected_labelled[i] - gold[i])
+            - weight * (expected_numerator[i] - expected_denominator[i])
             + prior * np.asarray(params[i])
+        )
         np.testing.assert_allclose(got, expected, atol=1e-10)

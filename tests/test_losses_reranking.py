@@ -37,8 +37,9 @@ def exp_loss_oracle(feature_values, weights, reference, mask, include_reference)
 @pytest.mark.parametrize("include_reference", [True, False])
 def test_reranking_exp_loss_matches_direct_sum_and_closed_form_gradient(include_reference):
     feature_values, weights, reference, mask = candidate_problem()
-    loss = jax.jit(lambda w: losses.reranking_exp_loss(feature_values @ w, reference, mask,
-                                                       include_reference=include_reference))
+    loss = jax.jit(
+        lambda w: losses.reranking_exp_loss(feature_values @ w, reference, mask, include_reference=include_reference)
+    )
     value, grad = exp_loss_oracle(feature_values, weights, reference, mask, include_reference)
     np.testing.assert_allclose(loss(weights), value, rtol=1e-12)
     np.testing.assert_allclose(jax.jacrev(loss)(weights), grad, rtol=1e-10, atol=1e-14)
@@ -112,11 +113,15 @@ def parameters():
 def test_penalties_match_numpy_and_their_gradients():
     params = parameters()
     flat = np.array([2.0, 1.0, -3.0, 0.0, 0.5, -1.0])
-    np.testing.assert_allclose(losses.l2(params, 0.5), 0.25 * np.sum(flat ** 2))
+    np.testing.assert_allclose(losses.l2(params, 0.5), 0.25 * np.sum(flat**2))
     np.testing.assert_allclose(losses.l1(params, 0.3), 0.3 * np.sum(np.abs(flat)))
-    np.testing.assert_allclose(losses.elastic_net(params, 0.3, 0.5), 0.3 * np.sum(np.abs(flat)) + 0.25 * np.sum(flat ** 2))
+    np.testing.assert_allclose(
+        losses.elastic_net(params, 0.3, 0.5), 0.3 * np.sum(np.abs(flat)) + 0.25 * np.sum(flat**2)
+    )
     grad = jax.grad(lambda p: losses.elastic_net(p, 0.3, 0.5))(params)
-    np.testing.assert_allclose(grad["features"], 0.3 * np.sign([1.0, -3.0, 0.0, 0.5]) + 0.5 * np.array([1.0, -3.0, 0.0, 0.5]))
+    np.testing.assert_allclose(
+        grad["features"], 0.3 * np.sign([1.0, -3.0, 0.0, 0.5]) + 0.5 * np.array([1.0, -3.0, 0.0, 0.5])
+    )
     assert grad["features"][2] == 0.0  # the subgradient 0 at 0, not jnp.abs's 1
 
 

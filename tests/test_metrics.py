@@ -22,11 +22,17 @@ LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 def test_conlleval_chunks_by_hand():
     # conlleval starts a chunk at an I- after O or after another type.
     assert metrics.entities(["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-PER"]) == [
-        ("PER", 0, 2), ("LOC", 3, 5), ("LOC", 5, 6), ("PER", 6, 7)]
+        ("PER", 0, 2),
+        ("LOC", 3, 5),
+        ("LOC", 5, 6),
+        ("PER", 6, 7),
+    ]
     assert metrics.entities(["O", "O"]) == [] and metrics.entities([]) == []
     # Strict IOB2: an I- that continues nothing is not an entity.
     assert metrics.entities(["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-PER"], strict=True) == [
-        ("PER", 0, 2), ("LOC", 5, 6)]
+        ("PER", 0, 2),
+        ("LOC", 5, 6),
+    ]
 
 
 def test_entity_scores_by_hand():
@@ -75,14 +81,24 @@ def test_ambiguous_accuracy_against_direct_count():
     words = [[str(w) for w in rng.choice(vocabulary, size=6)] for _ in range(20)]
     gold = [[str(t) for t in rng.choice(tags, size=6)] for _ in range(20)]
     predicted = [[str(t) for t in rng.choice(tags, size=6)] for _ in range(20)]
-    dictionary = {"the": frozenset({"D"}), "can": frozenset({"N", "V"}), "run": frozenset({"N", "V"}),
-                  "fast": frozenset({"A"})}  # "dog" is unknown: counted as ambiguous
-    ambiguous = [(g, p) for ws, gs, ps in zip(words, gold, predicted) for w, g, p in zip(ws, gs, ps)
-                 if w in ("can", "run", "dog")]
+    dictionary = {
+        "the": frozenset({"D"}),
+        "can": frozenset({"N", "V"}),
+        "run": frozenset({"N", "V"}),
+        "fast": frozenset({"A"}),
+    }  # "dog" is unknown: counted as ambiguous
+    ambiguous = [
+        (g, p)
+        for ws, gs, ps in zip(words, gold, predicted)
+        for w, g, p in zip(ws, gs, ps)
+        if w in ("can", "run", "dog")
+    ]
     expected = sum(g == p for g, p in ambiguous) / len(ambiguous)
     assert metrics.ambiguous_accuracy(words, gold, predicted, dictionary) == pytest.approx(expected)
-    assert metrics.tag_dictionary([["a", "b", "a"]], [["X", "Y", "Z"]]) == {"a": frozenset({"X", "Z"}),
-                                                                              "b": frozenset({"Y"})}
+    assert metrics.tag_dictionary([["a", "b", "a"]], [["X", "Y", "Z"]]) == {
+        "a": frozenset({"X", "Z"}),
+        "b": frozenset({"Y"}),
+    }
 
 
 # Printed by conlleval.pl (2004-01-26) for CONLLEVAL_GOLD/PREDICTED written as "word gold guess" lines,
@@ -116,9 +132,13 @@ accuracy:  60.00%; precision:  50.00%; recall:  25.00%; FB1:  33.33
 
 def test_conlleval_report_is_conllevals_text():
     assert metrics.conlleval_report(CONLLEVAL_GOLD, CONLLEVAL_PREDICTED) == CONLLEVAL_TEXT
-    assert metrics.conlleval_report([["B-PER", "."], ["O", "B-0", "I"]], [["B-PER", "."], ["O", "B", "O"]]) == QUIRKS_TEXT
-    assert metrics.conlleval_report([["I-PER", "E-PER", "E-PER", "[", "]"]],
-                                    [["I-PER", "I-PER", "E-PER", "[", "O"]]) == IOE_TEXT
+    assert (
+        metrics.conlleval_report([["B-PER", "."], ["O", "B-0", "I"]], [["B-PER", "."], ["O", "B", "O"]]) == QUIRKS_TEXT
+    )
+    assert (
+        metrics.conlleval_report([["I-PER", "E-PER", "E-PER", "[", "]"]], [["I-PER", "I-PER", "E-PER", "[", "O"]])
+        == IOE_TEXT
+    )
     assert metrics.conlleval_report([], []) == "processed 0 tokens with 0 phrases; found: 0 phrases; correct: 0.\n"
     scores = metrics.entity_scores(CONLLEVAL_GOLD, CONLLEVAL_PREDICTED)
     assert scores.per_type_counts == {"LOC": (1, 2, 1), "MISC": (0, 0, 1), "ORG": (0, 1, 0), "PER": (1, 1, 1)}
@@ -135,5 +155,6 @@ def test_per_type_scores_agree_with_seqeval(gold, data):
     for kind, (_correct, _found, total) in ours.per_type_counts.items():
         expected = report[kind]
         assert ours.per_type[kind] == pytest.approx(
-            (expected["precision"], expected["recall"], expected["f1-score"]), abs=1e-12)
+            (expected["precision"], expected["recall"], expected["f1-score"]), abs=1e-12
+        )
         assert expected["support"] == total

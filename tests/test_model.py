@@ -22,9 +22,13 @@ K, K2, L, T, F = 7, 3, 3, 5, 4
 
 def _random_model(seed, pair=True, mask=None, dtype=jnp.float64):
     rng = np.random.default_rng(seed)
-    return LinearChainModel(jnp.asarray(rng.normal(size=(K, L)), dtype), jnp.asarray(rng.normal(size=(L, L)), dtype),
-                            jnp.asarray(rng.normal(size=(L,)), dtype),
-                            jnp.asarray(rng.normal(size=(K2 if pair else 0, L, L)), dtype), mask)
+    return LinearChainModel(
+        jnp.asarray(rng.normal(size=(K, L)), dtype),
+        jnp.asarray(rng.normal(size=(L, L)), dtype),
+        jnp.asarray(rng.normal(size=(L,)), dtype),
+        jnp.asarray(rng.normal(size=(K2 if pair else 0, L, L)), dtype),
+        mask,
+    )
 
 
 def _random_ids(seed, shape, size, width):
@@ -75,8 +79,9 @@ def test_emission_gradient_is_the_feature_count_transpose():
     model = _random_model(5, pair=False)
     ids = _random_ids(6, (3, T), K, F)
     cotangent = jnp.asarray(np.random.default_rng(7).normal(size=(3, T, L)))
-    grad = jax.grad(lambda emission: jnp.sum(eqx.tree_at(lambda m: m.emission, model, emission).unary(ids)
-                                             * cotangent))(model.emission)
+    grad = jax.grad(
+        lambda emission: jnp.sum(eqx.tree_at(lambda m: m.emission, model, emission).unary(ids) * cotangent)
+    )(model.emission)
     expected = np.einsum("btk,btl->kl", _counts(ids, K), np.asarray(cotangent))
     np.testing.assert_allclose(grad, expected, atol=1e-12)
 
@@ -94,8 +99,9 @@ def test_log_loss_gradients_by_finite_differences():
         return jnp.sum(sequence_log_loss(model(unigram_ids, pair_ids), labels, lengths))
 
     # Reverse mode only: the gather's custom VJP has no forward rule.
-    testing.check_gradients(loss, (base.emission, base.transitions, base.start, base.pair_emission),
-                            order=1, modes=("rev",))
+    testing.check_gradients(
+        loss, (base.emission, base.transitions, base.start, base.pair_emission), order=1, modes=("rev",)
+    )
 
 
 def test_emission_mask_freezes_excluded_weights():
@@ -134,17 +140,25 @@ def test_packed_potentials_equal_padded_batches(form):
         model = model.with_pair_mask(mask)
     rng = np.random.default_rng(16)
     lengths = [4, 1, 6, 2, 0, 3]
-    encoded = [([[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)],
-                [[int(x) for x in rng.integers(0, K2, size=rng.integers(0, 2))] for _ in range(n)]) for n in lengths]
+    encoded = [
+        (
+            [[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)],
+            [[int(x) for x in rng.integers(0, K2, size=rng.integers(0, 2))] for _ in range(n)],
+        )
+        for n in lengths
+    ]
     packed = pack(encoded, num_buckets=2)
     design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, K))
-    buckets = model.packed_potentials(design, jnp.asarray(packed.pair_ids), tuple(jnp.asarray(p) for p in packed.positions))
+    buckets = model.packed_potentials(
+        design, jnp.asarray(packed.pair_ids), tuple(jnp.asarray(p) for p in packed.positions)
+    )
     for potentials, members in zip(buckets, packed.members):
         padded = pad_batch([encoded[i] for i in members], max_length=jax.tree_util.tree_leaves(potentials)[0].shape[1])
         # Padding reads no features in either layout, so even the positions
         # past each length agree.
-        for got, want in zip(jax.tree_util.tree_leaves(potentials),
-                             jax.tree_util.tree_leaves(model(padded.unigram_ids, padded.pair_ids))):
+        for got, want in zip(
+            jax.tree_util.tree_leaves(potentials), jax.tree_util.tree_leaves(model(padded.unigram_ids, padded.pair_ids))
+        ):
             np.testing.assert_allclose(got, want, atol=1e-12)
 
 
@@ -212,8 +226,10 @@ def test_sparse_pair_weights_give_the_dense_models_loss_and_gradient():
             loss = lambda p: jnp.sum(sequence_log_loss(eqx.combine(p, static)(ids, pair_ids), labels, lengths))
             return jax.jit(jax.value_and_grad(loss))(params)
 
-        (sparse_loss, sparse_grad), (dense_loss, dense_grad) = loss_and_gradient(sparse_model), loss_and_gradient(
-            dense_model)
+        (sparse_loss, sparse_grad), (dense_loss, dense_grad) = (
+            loss_and_gradient(sparse_model),
+            loss_and_gradient(dense_model),
+        )
         np.testing.assert_allclose(sparse_loss, dense_loss, rtol=tolerance)
         for got, want in zip(jax.tree_util.tree_leaves(sparse_grad), jax.tree_util.tree_leaves(dense_grad)):
             np.testing.assert_allclose(got, want, atol=tolerance, rtol=tolerance)

@@ -69,8 +69,8 @@ def saved(tmp_path, taggers):
 def _split(data: bytes):
     """`(header dict, weights bytes)` of a model file's bytes (format checked by the tests themselves)."""
     start = len(MAGIC) + 8
-    size = int.from_bytes(data[len(MAGIC):start], "little")
-    return json.loads(data[start:start + size]), data[start + size:]
+    size = int.from_bytes(data[len(MAGIC) : start], "little")
+    return json.loads(data[start : start + size]), data[start + size :]
 
 
 def _repack(header: dict, weights: bytes) -> bytes:
@@ -100,8 +100,10 @@ def _nonzero_weights(tagger):
     names = sorted(tagger.index.unigram, key=tagger.index.unigram.get)
     emission = np.asarray(tagger.model.emission)
     emission_weights = {(names[i], tagger.labels[j]): emission[i, j].tobytes() for i, j in zip(*np.nonzero(emission))}
-    rest = [np.asarray(leaf).tobytes() for leaf in (tagger.model.transitions, tagger.model.start,
-                                                    tagger.model.pair_emission)]
+    rest = [
+        np.asarray(leaf).tobytes()
+        for leaf in (tagger.model.transitions, tagger.model.start, tagger.model.pair_emission)
+    ]
     return emission_weights, rest
 
 
@@ -112,8 +114,9 @@ def test_round_trip_keeps_every_nonzero_weight_and_is_versioned(saved, taggers):
     assert loaded.model.emission.dtype == taggers[0].model.emission.dtype
     assert loaded.labels == taggers[0].labels and loaded.index.num_unigram <= taggers[0].index.num_unigram
     assert loaded.predict(CORPUS_A + CORPUS_B) == taggers[0].predict(CORPUS_A + CORPUS_B)
-    np.testing.assert_array_equal(np.concatenate(loaded.predict_marginals(CORPUS_A)),
-                                  np.concatenate(taggers[0].predict_marginals(CORPUS_A)))
+    np.testing.assert_array_equal(
+        np.concatenate(loaded.predict_marginals(CORPUS_A)), np.concatenate(taggers[0].predict_marginals(CORPUS_A))
+    )
     header, weights = _split(data)
     assert header["format"] == 3 and header["payload_bytes"] == len(weights) and len(header["sha256"]) == 64
     assert issubclass(ModelFileError, ValueError)
@@ -182,9 +185,18 @@ def test_unknown_format_versions_are_refused(saved, version):
 def test_a_file_of_the_old_unchecked_format_is_refused(tmp_path, taggers):
     """What the format-1 `save` wrote: a header without checksum, then the weights."""
     tagger = taggers[0]
-    header = {"format": 1, "labels": list(tagger.labels), "features": {"preset": "crfsuite_ner"},
-              "num_unigram": tagger.index.num_unigram, "num_pair": tagger.index.num_pair, "hashed": False,
-              "vocabulary": None, "dtype": "float64", "masked": True, "num_buckets": 1}
+    header = {
+        "format": 1,
+        "labels": list(tagger.labels),
+        "features": {"preset": "crfsuite_ner"},
+        "num_unigram": tagger.index.num_unigram,
+        "num_pair": tagger.index.num_pair,
+        "hashed": False,
+        "vocabulary": None,
+        "dtype": "float64",
+        "masked": True,
+        "num_buckets": 1,
+    }
     encoded = json.dumps(header).encode()
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, tagger.model)
@@ -203,20 +215,24 @@ def test_weights_of_one_model_under_the_header_of_another_are_refused(tmp_path, 
     swapped = tmp_path / "swapped.tagger"
     # Spliced bytes: the checksum no longer matches.
     start = len(MAGIC) + 8
-    size = int.from_bytes(a.read_bytes()[len(MAGIC):start], "little")
-    swapped.write_bytes(a.read_bytes()[:start + size] + weights_b)
+    size = int.from_bytes(a.read_bytes()[len(MAGIC) : start], "little")
+    swapped.write_bytes(a.read_bytes()[: start + size] + weights_b)
     _assert_refused(swapped)
     # A consistent checksum over a header that does not describe the weights.
     swapped.write_bytes(_repack(header_a, weights_b))
-    _assert_refused(swapped, "header does not match its weights", f"{header_a['num_unigram']} features",
-                    "bytes of weights")
+    _assert_refused(
+        swapped, "header does not match its weights", f"{header_a['num_unigram']} features", "bytes of weights"
+    )
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda arrays: arrays[0][2].__setitem__(0, arrays[0][2][0] - 1), ["bytes of weights"]),  # [K'+1] read as [K']
-    (lambda arrays: arrays.reverse(), []),  # the same bytes read in another order
-    (lambda arrays: arrays[1].__setitem__(1, "<i1"), ["emission_labels", "dtype"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda arrays: arrays[0][2].__setitem__(0, arrays[0][2][0] - 1), ["bytes of weights"]),  # [K'+1] read as [K']
+        (lambda arrays: arrays.reverse(), []),  # the same bytes read in another order
+        (lambda arrays: arrays[1].__setitem__(1, "<i1"), ["emission_labels", "dtype"]),
+    ],
+)
 def test_arrays_the_header_describes_otherwise_are_refused(saved, change, words):
     """A consistent checksum over a header whose array list does not
     describe the stored bytes (what a buggy writer could produce)."""
@@ -235,14 +251,17 @@ def test_indices_out_of_range_are_refused(saved):
     _assert_refused(path, "header does not match its weights")
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("vocabulary", {"unigram": ["x"], "pair": []}, ["invalid header", "unigram vocabulary has 1 entries"]),
-    ("labels", ["O", "O", "B-PER", "I-PER", "B-LOC"], ["invalid header", "repeat"]),
-    ("num_unigram", -1, ["invalid header", "num_unigram"]),
-    ("dtype", "int32", ["invalid header", "floating"]),
-    ("arrays", [["start", "<f8", [2]]], ["invalid header", "arrays must be"]),
-    ("features", {"preset": "no_such_preset"}, ["invalid header", "no_such_preset"]),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("vocabulary", {"unigram": ["x"], "pair": []}, ["invalid header", "unigram vocabulary has 1 entries"]),
+        ("labels", ["O", "O", "B-PER", "I-PER", "B-LOC"], ["invalid header", "repeat"]),
+        ("num_unigram", -1, ["invalid header", "num_unigram"]),
+        ("dtype", "int32", ["invalid header", "floating"]),
+        ("arrays", [["start", "<f8", [2]]], ["invalid header", "arrays must be"]),
+        ("features", {"preset": "no_such_preset"}, ["invalid header", "no_such_preset"]),
+    ],
+)
 def test_inconsistent_headers_are_refused(saved, field, value, words):
     path, data = saved
     header, weights = _split(data)
@@ -290,8 +309,9 @@ print("not killed", flush=True)
 
 def _python(code, *arguments, **popen):
     environment = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, arguments)], env=environment,
-                            cwd=ROOT, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, arguments)], env=environment, cwd=ROOT, **popen
+    )
 
 
 def test_a_save_killed_mid_write_keeps_the_previous_model(saved, taggers):
@@ -351,11 +371,11 @@ def test_minimize_drive_refuses_a_directory_in_use(tmp_path):
     stop = optimizers.relative_change_below(0.0)
     loop = optimizers.init_loop(jnp.zeros(2), 6)
     with DirectoryLock(directory), pytest.raises(CheckpointError, match=f"checkpoint directory {directory} is in use"):
-        optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory,
-                         progress=False)
+        optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory, progress=False)
     assert not list(directory.glob("checkpoint-*"))
-    done = optimizers.drive(lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory, keep=2,
-                            progress=False).loop
+    done = optimizers.drive(
+        lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory, keep=2, progress=False
+    ).loop
     assert int(done.step) == 6 and len(list(directory.glob("checkpoint-*.ckpt"))) == 2
     DirectoryLock(directory).acquire().release()  # released when drive returns
 

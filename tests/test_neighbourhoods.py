@@ -13,8 +13,20 @@ import pytest
 
 from lossfns.lattices import dag, neighbourhoods, tagging
 
-SENTENCES = [(3,), (3, 3), (1, 2), (1, 2, 3), (1, 1, 1), (1, 2, 1), (1, 2, 3, 4), (2, 2, 3, 3),
-             (1, 2, 3, 4, 5), (1, 2, 1, 2, 1), (1, 2, 3, 4, 5, 6), (4, 1, 4, 1, 4, 4)]
+SENTENCES = [
+    (3,),
+    (3, 3),
+    (1, 2),
+    (1, 2, 3),
+    (1, 1, 1),
+    (1, 2, 1),
+    (1, 2, 3, 4),
+    (2, 2, 3, 3),
+    (1, 2, 3, 4, 5),
+    (1, 2, 1, 2, 1),
+    (1, 2, 3, 4, 5, 6),
+    (4, 1, 4, 1, 4, 4),
+]
 
 
 def oracle_del1word(x):
@@ -23,8 +35,9 @@ def oracle_del1word(x):
 
 def _one_adjacent_swap(x, s):
     differ = [i for i in range(len(x)) if x[i] != s[i]]
-    return differ == [] or (len(differ) == 2 and differ[1] == differ[0] + 1
-                            and (s[differ[0]], s[differ[1]]) == (x[differ[1]], x[differ[0]]))
+    return differ == [] or (
+        len(differ) == 2 and differ[1] == differ[0] + 1 and (s[differ[0]], s[differ[1]]) == (x[differ[1]], x[differ[0]])
+    )
 
 
 def oracle_trans1(x):
@@ -49,9 +62,15 @@ def assert_deterministic(lattice):
 
 
 @pytest.mark.parametrize("sentence", SENTENCES, ids=str)
-@pytest.mark.parametrize("name, oracle", [("del1word", oracle_del1word), ("trans1", oracle_trans1),
-                                          ("delortrans1", lambda x: oracle_del1word(x) | oracle_trans1(x)),
-                                          ("del1subseq", oracle_del1subseq)])
+@pytest.mark.parametrize(
+    "name, oracle",
+    [
+        ("del1word", oracle_del1word),
+        ("trans1", oracle_trans1),
+        ("delortrans1", lambda x: oracle_del1word(x) | oracle_trans1(x)),
+        ("del1subseq", oracle_del1subseq),
+    ],
+)
 def test_neighbourhood_strings(name, oracle, sentence):
     lattice = getattr(neighbourhoods, name)(sentence)
     strings = dag.enumerate_strings(lattice)

@@ -40,8 +40,12 @@ def torchcrf():
 
 def random_crf(num_tags, seed, scale=1.0, allowed=None):
     rng = np.random.default_rng(seed)
-    return CRF.from_parameters(scale * rng.normal(size=(num_tags, num_tags)), scale * rng.normal(size=num_tags),
-                               scale * rng.normal(size=num_tags), allowed=allowed)
+    return CRF.from_parameters(
+        scale * rng.normal(size=(num_tags, num_tags)),
+        scale * rng.normal(size=num_tags),
+        scale * rng.normal(size=num_tags),
+        allowed=allowed,
+    )
 
 
 def random_emissions(shape, seed, scale=1.0):
@@ -59,8 +63,9 @@ def prefix_mask(lengths, T):
 
 def enumerate_paths(crf: CRF, emissions, length):
     """`(paths [L^n, n], scores [L^n])` in float64, -inf through a forbidden move."""
-    transitions, start, end = (np.asarray(x, np.float64) for x in
-                               (crf.transitions, crf.start_transitions, crf.end_transitions))
+    transitions, start, end = (
+        np.asarray(x, np.float64) for x in (crf.transitions, crf.start_transitions, crf.end_transitions)
+    )
     if crf.allowed is not None:
         allowed = [np.asarray(a) for a in crf.allowed]
         transitions, start, end = (np.where(a, x, -np.inf) for a, x in zip(allowed, (transitions, start, end)))
@@ -107,8 +112,9 @@ def test_log_likelihood_gradients_and_paths_equal_pytorch_crf():
     with torch.no_grad():  # larger than its initialisation, so that paths differ from the emissions' argmax
         for parameter in peer.parameters():
             parameter.mul_(20.0)
-    crf = CRF.from_parameters(*(p.detach().numpy() for p in
-                                (peer.transitions, peer.start_transitions, peer.end_transitions)))
+    crf = CRF.from_parameters(
+        *(p.detach().numpy() for p in (peer.transitions, peer.start_transitions, peer.end_transitions))
+    )
     rng = np.random.default_rng(1)
     emissions = rng.normal(size=shape)
     tags = rng.integers(0, L_, size=(B, T_))
@@ -140,8 +146,9 @@ def test_float32_log_likelihood_equals_pytorch_crf():
     torch, torchcrf_module = torchcrf()
     torch.manual_seed(1)
     peer = torchcrf_module.CRF(9, batch_first=True)
-    crf = CRF.from_parameters(*(p.detach().numpy() for p in
-                                (peer.transitions, peer.start_transitions, peer.end_transitions)))
+    crf = CRF.from_parameters(
+        *(p.detach().numpy() for p in (peer.transitions, peer.start_transitions, peer.end_transitions))
+    )
     assert crf.transitions.dtype == jnp.float32
     rng = np.random.default_rng(2)
     emissions = (3.0 * rng.normal(size=(6, 20, 9))).astype(np.float32)
@@ -218,13 +225,18 @@ def test_partial_labels_sum_over_the_compatible_sequences(problem):
     # Tags with holes (-1: unlabelled); fully labelled is the log-likelihood, unlabelled is 0.
     holes = np.where(rng.random(tags.shape) < 0.5, -1, tags)
     assert np.all(np.asarray(possible_tags(holes, L)).sum(-1) == np.where(holes < 0, L, 1))
-    assert_close(crf.partial_log_likelihood(emissions, possible_tags(np.maximum(tags, 0), L), mask),
-                 crf.log_likelihood(emissions, tags, mask))
-    assert_close(crf.partial_log_likelihood(emissions, np.ones((len(LENGTHS), T, L), bool), mask), np.zeros(len(LENGTHS)))
+    assert_close(
+        crf.partial_log_likelihood(emissions, possible_tags(np.maximum(tags, 0), L), mask),
+        crf.log_likelihood(emissions, tags, mask),
+    )
+    assert_close(
+        crf.partial_log_likelihood(emissions, np.ones((len(LENGTHS), T, L), bool), mask), np.zeros(len(LENGTHS))
+    )
 
 
-@pytest.mark.parametrize("cost", [1.5, np.array([0.5, 2.0, 3.0]), np.array([[0.0, 1.0, 4.0], [2.0, 0.0, 1.0],
-                                                                            [0.5, 3.0, 0.0]])])
+@pytest.mark.parametrize(
+    "cost", [1.5, np.array([0.5, 2.0, 3.0]), np.array([[0.0, 1.0, 4.0], [2.0, 0.0, 1.0], [0.5, 3.0, 0.0]])]
+)
 def test_softmax_margin_matches_enumeration(problem, cost):
     crf, emissions, tags, mask = problem
     actual = crf.softmax_margin_loss(emissions, tags, mask, cost=cost)
@@ -244,14 +256,18 @@ def test_gradients_match_finite_differences(problem):
     possible = np.asarray(possible_tags(np.where(np.arange(T) % 2, -1, np.maximum(tags, 0)), L))
 
     def objective(transitions, start, end, emissions):
-        model = eqx.tree_at(lambda c: (c.transitions, c.start_transitions, c.end_transitions), crf,
-                            (transitions, start, end))
-        return (jnp.sum(model.log_likelihood(emissions, tags, mask))
-                + 0.5 * jnp.sum(model.partial_log_likelihood(emissions, possible, mask))
-                + 0.25 * jnp.sum(model.softmax_margin_loss(emissions, tags, mask, cost=jnp.array([0.5, 1.0, 2.0]))))
+        model = eqx.tree_at(
+            lambda c: (c.transitions, c.start_transitions, c.end_transitions), crf, (transitions, start, end)
+        )
+        return (
+            jnp.sum(model.log_likelihood(emissions, tags, mask))
+            + 0.5 * jnp.sum(model.partial_log_likelihood(emissions, possible, mask))
+            + 0.25 * jnp.sum(model.softmax_margin_loss(emissions, tags, mask, cost=jnp.array([0.5, 1.0, 2.0])))
+        )
 
-    testing.check_gradients(objective, (crf.transitions, crf.start_transitions, crf.end_transitions, emissions),
-                            order=1, modes=("rev",))
+    testing.check_gradients(
+        objective, (crf.transitions, crf.start_transitions, crf.end_transitions, emissions), order=1, modes=("rev",)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -262,20 +278,24 @@ def test_gradients_match_finite_differences(problem):
 def test_scheme_masks_written_out():
     iob2 = constraints.allowed_transitions(("O", "B-A", "I-A", "B-B", "I-B"), "IOB2")
     #                                 to:  O  B-A I-A B-B I-B
-    assert iob2.transitions.astype(int).tolist() == [[1, 1, 0, 1, 0],   # from O
-                                                     [1, 1, 1, 1, 0],   # from B-A
-                                                     [1, 1, 1, 1, 0],   # from I-A
-                                                     [1, 1, 0, 1, 1],   # from B-B
-                                                     [1, 1, 0, 1, 1]]   # from I-B
+    assert iob2.transitions.astype(int).tolist() == [
+        [1, 1, 0, 1, 0],  # from O
+        [1, 1, 1, 1, 0],  # from B-A
+        [1, 1, 1, 1, 0],  # from I-A
+        [1, 1, 0, 1, 1],  # from B-B
+        [1, 1, 0, 1, 1],
+    ]  # from I-B
     assert iob2.start.tolist() == [True, True, False, True, False] and iob2.end.all()
     iobes = constraints.allowed_transitions(("O", "B-A", "I-A", "E-A", "S-A", "S-B"), "IOBES")
     #                                  to:  O  B-A I-A E-A S-A S-B
-    assert iobes.transitions.astype(int).tolist() == [[1, 1, 0, 0, 1, 1],   # from O
-                                                      [0, 0, 1, 1, 0, 0],   # from B-A
-                                                      [0, 0, 1, 1, 0, 0],   # from I-A
-                                                      [1, 1, 0, 0, 1, 1],   # from E-A
-                                                      [1, 1, 0, 0, 1, 1],   # from S-A
-                                                      [1, 1, 0, 0, 1, 1]]   # from S-B
+    assert iobes.transitions.astype(int).tolist() == [
+        [1, 1, 0, 0, 1, 1],  # from O
+        [0, 0, 1, 1, 0, 0],  # from B-A
+        [0, 0, 1, 1, 0, 0],  # from I-A
+        [1, 1, 0, 0, 1, 1],  # from E-A
+        [1, 1, 0, 0, 1, 1],  # from S-A
+        [1, 1, 0, 0, 1, 1],
+    ]  # from S-B
     assert iobes.start.tolist() == [True, True, False, False, True, True]
     assert iobes.end.tolist() == [True, False, False, True, True, True]
     bilou = constraints.allowed_transitions(("O", "B-A", "I-A", "L-A", "U-A", "U-B"), "BILOU")
@@ -300,11 +320,14 @@ def valid_chunks(tags, scheme):
     return open_kind is None or scheme == "IOB2"
 
 
-@pytest.mark.parametrize("scheme, labels", [
-    ("IOB2", IOB2),
-    ("IOBES", ("O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC")),
-    ("BILOU", ("O", "B-PER", "I-PER", "L-PER", "U-PER", "B-LOC", "I-LOC", "L-LOC", "U-LOC")),
-])
+@pytest.mark.parametrize(
+    "scheme, labels",
+    [
+        ("IOB2", IOB2),
+        ("IOBES", ("O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC")),
+        ("BILOU", ("O", "B-PER", "I-PER", "L-PER", "U-PER", "B-LOC", "I-LOC", "L-LOC", "U-LOC")),
+    ],
+)
 def test_constrained_decoding_and_sampling_give_valid_sequences(scheme, labels):
     crf = CRF.from_labels(labels, scheme, key=jax.random.key(0))
     # Emissions that favour invalid sequences: the inside tags score highest.
@@ -353,7 +376,11 @@ def test_forbidden_moves_are_frozen_and_nan_free():
         parameters, state = step(parameters, state)
     trained = eqx.combine(parameters, static)
     for name, allowed in zip(("transitions", "start_transitions", "end_transitions"), crf.allowed):
-        before, after, forbidden = np.asarray(getattr(crf, name)), np.asarray(getattr(trained, name)), ~np.asarray(allowed)
+        before, after, forbidden = (
+            np.asarray(getattr(crf, name)),
+            np.asarray(getattr(trained, name)),
+            ~np.asarray(allowed),
+        )
         assert np.array_equal(before[forbidden], after[forbidden])
     assert not np.array_equal(np.asarray(crf.transitions), np.asarray(trained.transitions))
 
@@ -408,8 +435,9 @@ def test_filter_jit_and_vmap_equal_eager(problem):
     # An ensemble of heads, mapped over their parameters.
     heads = eqx.filter_vmap(lambda seed: CRF(L, key=jax.random.key(seed), dtype=jnp.float64))(jnp.arange(2))
     both = eqx.filter_vmap(lambda head: head.log_partition(emissions, mask))(heads)
-    assert_close(both[1], eqx.filter_jit(CRF.log_partition)(CRF(L, key=jax.random.key(1), dtype=jnp.float64),
-                                                            emissions, mask))
+    assert_close(
+        both[1], eqx.filter_jit(CRF.log_partition)(CRF(L, key=jax.random.key(1), dtype=jnp.float64), emissions, mask)
+    )
 
 
 def test_masks_and_lengths(problem):

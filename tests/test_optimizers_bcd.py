@@ -56,9 +56,13 @@ def _model(pairs: bool, seed=None) -> LinearChainModel:
     if seed is None:
         return model
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    return dataclasses.replace(model, emission=jax.random.normal(keys[0], model.emission.shape),
-                               transitions=jax.random.normal(keys[1], (L, L)), start=jax.random.normal(keys[2], (L,)),
-                               pair_emission=jax.random.normal(keys[3], model.pair_emission.shape))
+    return dataclasses.replace(
+        model,
+        emission=jax.random.normal(keys[0], model.emission.shape),
+        transitions=jax.random.normal(keys[1], (L, L)),
+        start=jax.random.normal(keys[2], (L,)),
+        pair_emission=jax.random.normal(keys[3], model.pair_emission.shape),
+    )
 
 
 @functools.cache
@@ -80,8 +84,7 @@ def _tables(model):
 @pytest.mark.parametrize("pairs", [False, True])
 def test_loss_and_block_gradients_match_autodiff_of_the_models_loss(pairs):
     model = _model(pairs, seed=1)
-    np.testing.assert_allclose(float(bcd_loss(model, _data(pairs))), float(_reference_loss(model, pairs)),
-                               rtol=1e-12)
+    np.testing.assert_allclose(float(bcd_loss(model, _data(pairs))), float(_reference_loss(model, pairs)), rtol=1e-12)
     expected = eqx.filter_grad(_reference_loss)(model, pairs)
     gradient, _ = optimizers.bcd_block_statistics(model, _data(pairs))
     for name, value in _tables(gradient).items():
@@ -140,7 +143,7 @@ def _owlqn(l1, pairs):
 def test_every_sweep_decreases_and_reaches_owlqns_optimum(pairs):
     l1 = 1.0
     loop = _bcd(l1, pairs, 60)
-    trace = np.asarray(loop.trace[:int(loop.step)])
+    trace = np.asarray(loop.trace[: int(loop.step)])
     assert np.all(np.diff(trace) <= 1e-12 * np.abs(trace[1:]))
     best = float(optimizers.bcd_objective(_owlqn(l1, pairs), _data(pairs), l1, 0.1))
     ours = float(optimizers.bcd_objective(loop.inner, _data(pairs), l1, 0.1))

@@ -69,8 +69,9 @@ def _problem(seed):
     sparse = optimizers.chain_boosting_data(ids, labels, lengths, K_OBS, L, tiers=(2, 4), dtype=jnp.float64)
     theta, unravel = LinearChainModel.zeros(K_OBS, L, dtype=jnp.float64).flat()
     potentials_fn = lambda weights, inputs: unravel(weights)(inputs)
-    dense = optimizers.boosting_data(potentials_fn, SequenceData(jnp.asarray(ids), jnp.asarray(labels),
-                                                                 jnp.asarray(lengths)), theta.shape[0])
+    dense = optimizers.boosting_data(
+        potentials_fn, SequenceData(jnp.asarray(ids), jnp.asarray(labels), jnp.asarray(lengths)), theta.shape[0]
+    )
     return (ids, labels, lengths), sparse, dense, potentials_fn
 
 
@@ -136,8 +137,10 @@ def test_every_bound_is_above_the_true_round_objective():
     assert np.all(np.diff(np.asarray(run.loop.trace)) < 0)
     for theta in (np.zeros(sparse.num_weak_learners), np.asarray(run.theta)):
         for step in sequence_boosting.STEPS:
-            bounds = {"sparse": _round_bounds(sparse, None, theta, step),
-                      "dense": _round_bounds(dense, potentials_fn, theta, step)}
+            bounds = {
+                "sparse": _round_bounds(sparse, None, theta, step),
+                "dense": _round_bounds(dense, potentials_fn, theta, step),
+            }
             np.testing.assert_allclose(bounds["sparse"][0], bounds["dense"][0], atol=1e-12)
             np.testing.assert_allclose(bounds["sparse"][1], bounds["dense"][1], atol=1e-12)
             delta, bound = map(np.asarray, bounds["sparse"])
@@ -160,8 +163,9 @@ def test_sparse_layout_equals_dense_layout():
     np.testing.assert_allclose(ours.loop.trace, reference.loop.trace, atol=1e-12)
     np.testing.assert_allclose(ours.theta, reference.theta, atol=1e-12)
     # The exp-loss shrinks by at most each round's bound.
-    trace = np.concatenate([[float(sequence_boosting.boosting_init(sparse, max_rounds=1).log_exp_loss)],
-                            np.asarray(ours.loop.trace)])
+    trace = np.concatenate(
+        [[float(sequence_boosting.boosting_init(sparse, max_rounds=1).log_exp_loss)], np.asarray(ours.loop.trace)]
+    )
     assert np.all(np.diff(trace) <= np.log(np.asarray(ours.loop.inner.history.bound)) + 1e-12)
 
 
@@ -186,8 +190,9 @@ def test_the_loop_stops_on_a_development_plateau():
         calls.append(round_index)
         return 1.0 if round_index < 4 else 0.5  # best at round 2, then no improvement
 
-    run = sequence_boosting.boost(sparse, max_rounds=300, tol=0.05, window=3, evaluate=evaluate, eval_every=2,
-                                  patience=2)
+    run = sequence_boosting.boost(
+        sparse, max_rounds=300, tol=0.05, window=3, evaluate=evaluate, eval_every=2, patience=2
+    )
     assert run.stopped_by == "development plateau" and run.converged
     # Rounds 2 and 4 did not improve on round 0: two evaluations in a row.
     assert calls == [0, 2, 4] and int(run.loop.step) == 4
@@ -200,11 +205,13 @@ def test_boost_resumes_bit_identically(tmp_path):
     checkpoint: every array equals the uninterrupted run's."""
     _, sparse, _, _ = _problem(1)
     straight = sequence_boosting.boost(sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2)
-    paused = sequence_boosting.boost(sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2, until=5,
-                                     checkpoint_dir=tmp_path)
+    paused = sequence_boosting.boost(
+        sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2, until=5, checkpoint_dir=tmp_path
+    )
     assert paused.stopped_by == "paused" and int(paused.loop.step) == 5 and not paused.converged
-    resumed = sequence_boosting.boost(sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2,
-                                      checkpoint_dir=tmp_path)
+    resumed = sequence_boosting.boost(
+        sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2, checkpoint_dir=tmp_path
+    )
     assert resumed.stopped_by == straight.stopped_by == "round cap"
     for a, b in zip(jax.tree_util.tree_leaves(straight.loop), jax.tree_util.tree_leaves(resumed.loop)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

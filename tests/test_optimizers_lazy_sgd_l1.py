@@ -39,8 +39,12 @@ def _planted(pairs: bool) -> FeatureBatch:
     ids = np.where(valid[..., None], ids, -1)
     ids[:, :, 2] = np.where(rng.random((N, T)) < 0.3, -1, ids[:, :, 2])  # ragged tokens
     pair_ids = np.where(valid[..., None], rng.integers(0, K2, (N, T, F2)), -1) if pairs else np.zeros((N, T, 0))
-    return FeatureBatch(jnp.asarray(ids, jnp.int32), jnp.asarray(pair_ids, jnp.int32), jnp.asarray(lengths, jnp.int32),
-                        jnp.asarray(np.where(valid, labels, -1), jnp.int32))
+    return FeatureBatch(
+        jnp.asarray(ids, jnp.int32),
+        jnp.asarray(pair_ids, jnp.int32),
+        jnp.asarray(lengths, jnp.int32),
+        jnp.asarray(np.where(valid, labels, -1), jnp.int32),
+    )
 
 
 # Built once, outside any trace (closed over by the jitted runs below).
@@ -67,9 +71,15 @@ def _lazy(l2, epochs, segments=1, pairs=True):
 def _lazy_run(l2, epochs, segments, pairs, bounds):
     data, model = _data(pairs), _model(pairs)
     optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1, l2)
-    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds,
-                                            segments_per_epoch=segments,
-                                            penalty=optimizers.elastic_net_penalty(L1, l2))
+    step_fn = optimizers.lazy_epoch_step_fn(
+        _loss,
+        optimizer,
+        data,
+        batch_size=BATCH_SIZE,
+        max_rows=bounds,
+        segments_per_epoch=segments,
+        penalty=optimizers.elastic_net_penalty(L1, l2),
+    )
     loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), epochs * segments)
     return optimizers.run_loop(step_fn, loop, epochs * segments, optimizers.relative_change_below(0.0))
 
@@ -78,8 +88,9 @@ def _lazy_run(l2, epochs, segments, pairs, bounds):
 def _dense(epochs):
     data, model = _data(), _model()
     optimizer = optimizers.sgd_l1(SCHEDULE, L1)
-    step_fn = optimizers.epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE,
-                                       penalty=optimizers.elastic_net_penalty(L1))
+    step_fn = optimizers.epoch_step_fn(
+        _loss, optimizer, data, batch_size=BATCH_SIZE, penalty=optimizers.elastic_net_penalty(L1)
+    )
     loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), epochs)
     return optimizers.run_loop(step_fn, loop, epochs, optimizers.relative_change_below(0.0))
 
@@ -110,11 +121,16 @@ def test_lazy_equals_dense_steps_restricted_to_the_touched_rows():
     @jax.jit
     def step(model, state, batch):
         gradient = jax.tree_util.tree_map(lambda g: g * (N / BATCH_SIZE), grad(model, batch))
-        used = lambda ids, size: jnp.zeros(size, bool).at[jnp.where(ids < 0, size, ids).reshape(-1)].set(
-            True, mode="drop")
-        touched = dataclasses.replace(model, emission=used(batch.unigram_ids, K)[:, None],
-                                      pair_emission=used(batch.pair_ids, K2)[:, None, None],
-                                      transitions=jnp.ones((), bool), start=jnp.ones((), bool))
+        used = lambda ids, size: (
+            jnp.zeros(size, bool).at[jnp.where(ids < 0, size, ids).reshape(-1)].set(True, mode="drop")
+        )
+        touched = dataclasses.replace(
+            model,
+            emission=used(batch.unigram_ids, K)[:, None],
+            pair_emission=used(batch.pair_ids, K2)[:, None, None],
+            transitions=jnp.ones((), bool),
+            start=jnp.ones((), bool),
+        )
         gradient = jax.tree_util.tree_map(lambda g, w, t: g + l2 * jnp.where(t, w, 0.0), gradient, model, touched)
         updates, state = dense.update(gradient, state, model)
         return jax.tree_util.tree_map(jnp.add, model, updates), state
@@ -122,7 +138,7 @@ def test_lazy_equals_dense_steps_restricted_to_the_touched_rows():
     for epoch in range(2):
         order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), N))
         for index in range(N // BATCH_SIZE):
-            examples = order[index * BATCH_SIZE:(index + 1) * BATCH_SIZE]
+            examples = order[index * BATCH_SIZE : (index + 1) * BATCH_SIZE]
             model, state = step(model, state, jax.tree_util.tree_map(lambda x: x[examples], data))
     _assert_models_close(_lazy(l2, 2).inner[0], model)
 
@@ -133,11 +149,15 @@ def test_reaches_owlqn_optimum_on_a_strongly_convex_problem():
     # L2 and the cumulative penalty's fixed points are the objective's minimiser.
     l2, data, model = 0.5, _data(pairs=False), _model(pairs=False)
     penalty = optimizers.elastic_net_penalty(L1, l2)
-    owlqn = jax.jit(lambda: optimizers.minimize(lambda m: _loss(m, data), model, optimizers.owlqn(L1, l2),
-                                                max_steps=300, tol=1e-14, penalty=penalty))()
+    owlqn = jax.jit(
+        lambda: optimizers.minimize(
+            lambda m: _loss(m, data), model, optimizers.owlqn(L1, l2), max_steps=300, tol=1e-14, penalty=penalty
+        )
+    )()
     optimizer = optimizers.lazy_sgd_l1(0.05, L1, l2)
-    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=N,
-                                            max_rows=optimizers.max_rows_per_batch(data, N), penalty=penalty)
+    step_fn = optimizers.lazy_epoch_step_fn(
+        _loss, optimizer, data, batch_size=N, max_rows=optimizers.max_rows_per_batch(data, N), penalty=penalty
+    )
     loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), 600)
     lazy = jax.jit(lambda: optimizers.run_loop(step_fn, loop, 600, optimizers.relative_change_below(0.0)))()
     best = float(_loss(owlqn.params, data) + penalty(owlqn.params))
@@ -152,9 +172,14 @@ def test_resumes_mid_epoch_from_a_checkpoint(tmp_path):
     # 2 epochs in 3 segments; interrupted after 2 segments (inside epoch 1).
     data, model = _data(), _model()
     optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1, 0.1)
-    step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE,
-                                            max_rows=optimizers.max_rows_per_batch(data, BATCH_SIZE),
-                                            segments_per_epoch=3)
+    step_fn = optimizers.lazy_epoch_step_fn(
+        _loss,
+        optimizer,
+        data,
+        batch_size=BATCH_SIZE,
+        max_rows=optimizers.max_rows_per_batch(data, BATCH_SIZE),
+        segments_per_epoch=3,
+    )
     loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), 6)
     stop = optimizers.relative_change_below(0.0)
     run = jax.jit(lambda state, until: optimizers.run_loop(step_fn, state, until, stop))
@@ -178,8 +203,9 @@ def test_batch_rows_give_the_loss_and_the_gradient_rows_jit_and_not():
         local_model = optimizers.take_rows(model, rows)
         np.testing.assert_allclose(_loss(local_model, local_batch), _loss(model, batch), rtol=1e-12)
         local = jax.grad(_loss)(local_model, local_batch)
-        scattered = jax.tree_util.tree_map(lambda g, r, d: jnp.zeros_like(d).at[r].add(g, mode="drop"),
-                                           local, rows, dense)
+        scattered = jax.tree_util.tree_map(
+            lambda g, r, d: jnp.zeros_like(d).at[r].add(g, mode="drop"), local, rows, dense
+        )
         _assert_models_close(scattered, dense)
 
 
@@ -188,8 +214,9 @@ def test_rejects_masked_models_and_too_many_segments():
     optimizer = optimizers.lazy_sgd_l1(0.1, L1)
     bounds = optimizers.max_rows_per_batch(data, BATCH_SIZE)
     with pytest.raises(ValueError, match="segments_per_epoch"):
-        optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds,
-                                      segments_per_epoch=N)
+        optimizers.lazy_epoch_step_fn(
+            _loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds, segments_per_epoch=N
+        )
     masked = LinearChainModel.zeros(K, L, K2, emission_mask=np.ones((K, L), bool), dtype=jnp.float64)
     step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds)
     with pytest.raises(ValueError, match="emission_mask"):

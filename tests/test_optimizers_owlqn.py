@@ -44,8 +44,9 @@ def _logistic_loss(params, inputs, targets):
 def _run_owlqn(fun, params, l1, l2=0.0, max_steps=300, free_bias=False):
     """One compiled OWL-QN run per problem; the penalties are traced, not static."""
     mask = {"weights": True, "bias": False} if free_bias else None
-    return optimizers.minimize(fun, params, owlqn(l1, l2, mask=mask), max_steps=max_steps, tol=1e-13,
-                          penalty=elastic_net_penalty(l1, l2, mask))
+    return optimizers.minimize(
+        fun, params, owlqn(l1, l2, mask=mask), max_steps=max_steps, tol=1e-13, penalty=elastic_net_penalty(l1, l2, mask)
+    )
 
 
 def test_matches_scikit_learn_l1_multinomial_logistic_regression():
@@ -54,8 +55,9 @@ def test_matches_scikit_learn_l1_multinomial_logistic_regression():
     fun = functools.partial(_logistic_loss, inputs=jnp.asarray(inputs), targets=jnp.asarray(targets))
     params = {"weights": jnp.zeros((NUM_INPUTS, NUM_CLASSES)), "bias": jnp.zeros(NUM_CLASSES)}
     result = _run_owlqn(fun, params, 1.0 / strength, free_bias=True)
-    reference = sklearn_linear.LogisticRegression(l1_ratio=1.0, C=strength, solver="saga", tol=1e-12,
-                                                  max_iter=100_000).fit(inputs, targets)
+    reference = sklearn_linear.LogisticRegression(
+        l1_ratio=1.0, C=strength, solver="saga", tol=1e-12, max_iter=100_000
+    ).fit(inputs, targets)
     reference_params = {"weights": jnp.asarray(reference.coef_.T), "bias": jnp.asarray(reference.intercept_)}
     objective = lambda p: fun(p) + elastic_net_penalty(1.0 / strength, 0.0, {"weights": True, "bias": False})(p)
     ours, theirs = float(objective(result.params)), float(objective(reference_params))
@@ -87,7 +89,7 @@ def test_strong_l1_zeroes_most_weights(crf_problem):
     theta = np.asarray(ravel_pytree(result.params)[0])
     assert 0.7 < np.mean(theta == 0) < 1
     # Monotone objective: the line search only accepts decreases.
-    trace = np.asarray(result.trace[:int(result.num_steps)])
+    trace = np.asarray(result.trace[: int(result.num_steps)])
     assert np.all(np.diff(trace) <= 1e-12 * np.abs(trace[1:]))
 
 
@@ -154,8 +156,9 @@ def test_self_evaluating_update_follows_the_same_path(crf_problem):
         given_params = optax.apply_updates(given_params, updates)
         updates, own_state = evaluating(own_state, own_params)
         own_params = optax.apply_updates(own_params, updates)
-        for a, b in zip(jax.tree_util.tree_leaves((given_params, given_state)),
-                        jax.tree_util.tree_leaves((own_params, own_state))):
+        for a, b in zip(
+            jax.tree_util.tree_leaves((given_params, given_state)), jax.tree_util.tree_leaves((own_params, own_state))
+        ):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
         value, grad = value_and_grad(own_params)
         np.testing.assert_allclose(own_state.value, value, rtol=1e-12)
@@ -183,11 +186,11 @@ def test_driver_resumes_from_its_checkpoints(owlqn_loop, tmp_path):
     straight = optimizers.drive(make_step, loop, stop=stop, chunk_steps=12, progress=False).loop
     assert int(straight.step) == 12
     # An interrupted run: only the first chunk, then a new driver on the same directory.
-    first = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, until=4, checkpoint_dir=tmp_path,
-                             progress=False).loop
+    first = optimizers.drive(
+        make_step, loop, stop=stop, chunk_steps=4, until=4, checkpoint_dir=tmp_path, progress=False
+    ).loop
     assert int(first.step) == 4
-    resumed = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, checkpoint_dir=tmp_path,
-                               progress=False).loop
+    resumed = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, checkpoint_dir=tmp_path, progress=False).loop
     for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -39,7 +39,7 @@ def _sample_crf_data(seed, num_sequences, max_length, num_features, num_labels):
     features = (rng.random((num_sequences, max_length, num_features)) < 0.3).astype(np.float64)
     features[..., 0] = 1.0  # a bias test, active everywhere
     emission = rng.normal(size=(num_features, num_labels)) * 2.0
-    emission[num_features // 2:] = 0.0
+    emission[num_features // 2 :] = 0.0
     transitions = rng.normal(size=(num_labels, num_labels))
     lengths = rng.integers(1, max_length + 1, size=num_sequences)
     potentials = chain.FactoredPotentials(jnp.asarray(features @ emission), jnp.asarray(transitions))
@@ -102,7 +102,7 @@ def proximal_gradient(fun, params, l1, num_steps):
         lipschitz = jax.lax.while_loop(cond, lambda lip: lip * 2.0, lipschitz * 0.9)
         x_new = soft(y - gy / lipschitz, l1 / lipschitz)
         restart = total(x_new) > total(x)
-        momentum_new = jnp.where(restart, 1.0, (1 + jnp.sqrt(1 + 4 * momentum ** 2)) / 2)
+        momentum_new = jnp.where(restart, 1.0, (1 + jnp.sqrt(1 + 4 * momentum**2)) / 2)
         y_new = jnp.where(restart, x_new, x_new + (momentum - 1) / momentum_new * (x_new - x))
         return x_new, y_new, momentum_new, lipschitz
 
@@ -114,8 +114,9 @@ def test_crf_loss_matches_brute_force_enumeration():
     data = make_crf_data(num_sequences=4)
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(np.random.default_rng(1).normal(size=x.shape)), crf_init())
     potentials = crf_potentials(params, data.features)
-    expected = np.sum(testing.log_partition(potentials, data.lengths)
-                      - testing.sequence_score(potentials, data.labels, data.lengths))
+    expected = np.sum(
+        testing.log_partition(potentials, data.lengths) - testing.sequence_score(potentials, data.labels, data.lengths)
+    )
     np.testing.assert_allclose(crf_loss(params, data), expected, rtol=1e-12)
 
 
@@ -153,8 +154,8 @@ def assert_resume_bit_identical(step_fn, loop, stop_fn, interrupt_at, path):
 def linear_potentials(theta, features):
     """A CRF linear in a flat `theta [F * L + L * L]`, for one sequence `features [T, F]`."""
     num_features = features.shape[-1]
-    emission = theta[:num_features * NUM_LABELS].reshape(num_features, NUM_LABELS)
-    transitions = theta[num_features * NUM_LABELS:].reshape(NUM_LABELS, NUM_LABELS)
+    emission = theta[: num_features * NUM_LABELS].reshape(num_features, NUM_LABELS)
+    transitions = theta[num_features * NUM_LABELS :].reshape(NUM_LABELS, NUM_LABELS)
     return chain.FactoredPotentials(features @ emission, transitions)
 
 

@@ -43,11 +43,13 @@ def _build_data():
 
 
 def _step_fns(data, epsilon=EPSILON, tolerance=1e-12):
-    return {"blasso": reranking.blasso_step_fn(data, epsilon, tolerance=tolerance),
-            "fboosting": reranking.blasso_step_fn(data, epsilon, backward=False, tolerance=tolerance),
-            "shrinkage": reranking.boosting_with_shrinkage_step_fn(data, 0.5),
-            "fslr": reranking.fslr_step_fn(data, epsilon),
-            "capped_fslr": reranking.fslr_step_fn(data, epsilon, cap=True)}
+    return {
+        "blasso": reranking.blasso_step_fn(data, epsilon, tolerance=tolerance),
+        "fboosting": reranking.blasso_step_fn(data, epsilon, backward=False, tolerance=tolerance),
+        "shrinkage": reranking.boosting_with_shrinkage_step_fn(data, 0.5),
+        "fslr": reranking.fslr_step_fn(data, epsilon),
+        "capped_fslr": reranking.fslr_step_fn(data, epsilon, cap=True),
+    }
 
 
 @functools.cache
@@ -88,8 +90,7 @@ def _exact_lasso_loss(alpha, baseline):
     """`min over lambda_{1:}` of LassoLoss with `lambda_0` fixed (OWL-QN)."""
     data = _data()
     fun = lambda w: reranking.exp_loss(data, data.differences @ jnp.concatenate([jnp.array([baseline]), w]))
-    result = minimize(fun, jnp.zeros(4), owlqn(alpha), max_steps=300, tol=1e-13,
-                      penalty=elastic_net_penalty(alpha))
+    result = minimize(fun, jnp.zeros(4), owlqn(alpha), max_steps=300, tol=1e-13, penalty=elastic_net_penalty(alpha))
     return reranking.lasso_loss(data, jnp.concatenate([jnp.array([baseline]), result.params]), alpha)
 
 
@@ -100,7 +101,7 @@ def test_blasso_tracks_the_lasso_path():
     # The solution for an alpha is the last state before alpha decreases.
     last_at_alpha = np.nonzero(np.diff(alphas) < 0)[0]
     assert len(last_at_alpha) > 50  # the path visits many alphas
-    for index in last_at_alpha[::len(last_at_alpha) // 8]:
+    for index in last_at_alpha[:: len(last_at_alpha) // 8]:
         alpha = float(alphas[index])
         ours = float(reranking.lasso_loss(_data(), path.inner.weights[index], alpha))
         assert ours <= 1.01 * float(_exact_lasso_loss(alpha, baseline))
@@ -176,8 +177,9 @@ def _sparse_of(dense):
     differences = np.asarray(dense.differences)
     example, candidate, feature = np.nonzero(differences[:, :, 1:])
     entries = (example, candidate, feature + 1, differences[example, candidate, feature + 1])
-    return reranking.sparse_reranking_data(differences[:, :, 0], entries, np.asarray(dense.mask),
-                                           num_features=differences.shape[-1], dtype=jnp.float64)
+    return reranking.sparse_reranking_data(
+        differences[:, :, 0], entries, np.asarray(dense.mask), num_features=differences.shape[-1], dtype=jnp.float64
+    )
 
 
 @pytest.mark.parametrize("counts", [True, False])
@@ -189,12 +191,15 @@ def test_sparse_layout_scores_like_the_dense_one(counts):
     rng = np.random.default_rng(4)
     weights, steps = jnp.asarray(rng.normal(size=9) * 0.3), jnp.asarray(rng.normal(size=9))
     margins = dense.differences @ weights
-    np.testing.assert_allclose(reranking.lasso_loss(sparse, weights, 0.7), reranking.lasso_loss(dense, weights, 0.7),
-                               rtol=1e-12)
-    np.testing.assert_allclose(reranking.update_losses(sparse, margins, steps),
-                               reranking.update_losses(dense, margins, steps), rtol=1e-12)
-    np.testing.assert_allclose(reranking.optimal_steps(sparse, margins), reranking.optimal_steps(dense, margins),
-                               rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        reranking.lasso_loss(sparse, weights, 0.7), reranking.lasso_loss(dense, weights, 0.7), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        reranking.update_losses(sparse, margins, steps), reranking.update_losses(dense, margins, steps), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        reranking.optimal_steps(sparse, margins), reranking.optimal_steps(dense, margins), rtol=1e-9, atol=1e-12
+    )
     for want, got in zip(reranking.reranking_init(dense), reranking.reranking_init(sparse)):
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
@@ -232,8 +237,11 @@ def test_sparse_data_rejects_bad_inputs():
     rejects("entries must be a tuple of 4 arrays", entries=entries[:3])
     rejects(r"entries' value must have shape \[E\]", entries=entries[:3] + (np.ones(3),))
     rejects("entries' feature must be an int array", entries=entries[:2] + (np.array([1.0, 3.0]), entries[3]))
-    rejects(r"entries' feature must lie in \[1, 4\), got 0 at index 1",
-            entries=entries[:2] + (np.array([1, 0]), entries[3]), num_features=4)
+    rejects(
+        r"entries' feature must lie in \[1, 4\), got 0 at index 1",
+        entries=entries[:2] + (np.array([1, 0]), entries[3]),
+        num_features=4,
+    )
     rejects(r"entries' feature must lie in \[1, 3\), got 3", num_features=3)
     rejects(r"entries' example must lie in \[0, 2\), got 2", entries=(np.array([0, 2]),) + entries[1:])
     rejects(r"entries' candidate must lie in \[0, 3\), got -1", entries=(entries[0], np.array([1, -1])) + entries[2:])

@@ -58,8 +58,9 @@ def _mistakes(theta, data):
 
 @functools.partial(jax.jit, static_argnames=("average",))
 def _train_perceptron(data, average):
-    return optimizers.perceptron(linear_potentials, jnp.zeros(num_linear_parameters()), data,
-                                        num_epochs=60, average=average)
+    return optimizers.perceptron(
+        linear_potentials, jnp.zeros(num_linear_parameters()), data, num_epochs=60, average=average
+    )
 
 
 def test_perceptron_separates_separable_data():
@@ -97,8 +98,7 @@ def test_perceptron_update_adds_the_feature_difference():
         new, mistake = update(theta, inputs, labels, length)
         predicted = predictions[index]
         assert bool(mistake) == bool(np.any(np.asarray(predicted) != np.asarray(labels)))  # no exact ties here
-        difference = (_sufficient_statistics(inputs, labels, length)
-                      - _sufficient_statistics(inputs, predicted, length))
+        difference = _sufficient_statistics(inputs, labels, length) - _sufficient_statistics(inputs, predicted, length)
         np.testing.assert_allclose(new, np.asarray(theta) + difference, atol=1e-12)
 
 
@@ -117,8 +117,9 @@ def _boosting_data():
 
 @functools.partial(jax.jit, static_argnames=("step", "num_rounds"))
 def _boost(data, step, num_rounds):
-    return optimizers.sequence_boosting(linear_potentials, data, num_linear_parameters(), max_rounds=num_rounds,
-                                        step=step)
+    return optimizers.sequence_boosting(
+        linear_potentials, data, num_linear_parameters(), max_rounds=num_rounds, step=step
+    )
 
 
 # The bound against enumeration, the sparse layout against this dense one,
@@ -134,8 +135,7 @@ def test_boosting_of_any_linear_model_lowers_the_exp_loss_with_few_features():
     trace = np.concatenate([[np.log(float(initial))], np.asarray(loop.trace)])
     assert int(loop.step) == 25 and np.all(np.diff(trace) < 0)
     # The exp-loss after the rounds, recomputed directly.
-    np.testing.assert_allclose(np.exp(trace[-1]), sequence_exp_loss(linear_potentials, theta, data),
-                               rtol=1e-10)
+    np.testing.assert_allclose(np.exp(trace[-1]), sequence_exp_loss(linear_potentials, theta, data), rtol=1e-10)
     assert np.all(np.asarray(loop.inner.history.bound) < 1.0)
     assert np.sum(np.asarray(theta) != 0) <= 0.5 * theta.size  # a sparse model
 
@@ -149,13 +149,16 @@ def test_line_search_bound_is_tighter_than_closed_form():
 
 def test_boosting_rejects_unknown_step():
     with pytest.raises(ValueError, match="step"):
-        sequence_boosting_step_fn(optimizers.boosting_data(linear_potentials, _boosting_data(),
-                                                                      num_linear_parameters()),
-                                             linear_potentials, step="newton")
+        sequence_boosting_step_fn(
+            optimizers.boosting_data(linear_potentials, _boosting_data(), num_linear_parameters()),
+            linear_potentials,
+            step="newton",
+        )
 
 
-def _reference_averaged_perceptron(sentences, labels, num_features, num_labels, epochs, emission=None,
-                                   transitions=None):
+def _reference_averaged_perceptron(
+    sentences, labels, num_features, num_labels, epochs, emission=None, transitions=None
+):
     """The averaged perceptron (Collins 2002) as plain Python loops: dense
     Viterbi (ties to the lowest label), `w += S(x, y) - S(x, yhat)`, and the
     average of the weights after every example, summed explicitly."""
@@ -198,8 +201,9 @@ def _random_tagging_problem(seed, num_sentences=40, num_features=15, num_labels=
     for _ in range(num_sentences):
         length = int(rng.integers(1, max_length + 1))
         ids = [sorted(set(rng.integers(0, num_features, rng.integers(1, 4)).tolist())) for _ in range(length)]
-        labels.append([int(planted[token[0]]) if rng.random() < 0.8 else int(rng.integers(0, num_labels))
-                       for token in ids])
+        labels.append(
+            [int(planted[token[0]]) if rng.random() < 0.8 else int(rng.integers(0, num_labels)) for token in ids]
+        )
         sentences.append(ids)
     return sentences, labels
 
@@ -228,8 +232,9 @@ def test_sparse_perceptron_epoch_equals_python_reference(seed, start):
         state, (mistakes, branches) = epoch(state, data, max_length=9, windows=(3, 6), widths=(1, 2, 4))
         assert int(mistakes) >= 0
         used += np.asarray(branches)
-        W, A, average_W, average_A = _reference_averaged_perceptron(sentences, labels, num_features, num_labels, e,
-                                                                    emission, transitions)
+        W, A, average_W, average_A = _reference_averaged_perceptron(
+            sentences, labels, num_features, num_labels, e, emission, transitions
+        )
         np.testing.assert_array_equal(np.asarray(state.emission), W)
         np.testing.assert_array_equal(np.asarray(state.transitions), A)
         averaged = sparse_averaged_params(state)

@@ -38,8 +38,9 @@ def _data():
 
 @functools.partial(jax.jit, static_argnames=("max_steps",))
 def _owlqn(l1, max_steps=300):
-    return optimizers.minimize(crf_problem(), crf_init(), owlqn(l1), max_steps=max_steps, tol=1e-13,
-                          penalty=elastic_net_penalty(l1))
+    return optimizers.minimize(
+        crf_problem(), crf_init(), owlqn(l1), max_steps=max_steps, tol=1e-13, penalty=elastic_net_penalty(l1)
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("candidates",))
@@ -52,9 +53,16 @@ def _calibrate(l1, key, candidates=None):
 def _sgd(l1, rate, key):
     # Tsuruoka's 0.85 per epoch decays too fast for 6 steps per epoch; 0.95 sums to 20 epochs of rate.
     schedule = decaying_schedule(rate, steps_per_epoch=_data().labels.shape[0] // BATCH_SIZE, decay_per_epoch=0.95)
-    return optimizers.minimize_stochastic(crf_loss, crf_init(), sgd_l1(schedule, l1), _data(), key=key,
-                                     batch_size=BATCH_SIZE, num_epochs=NUM_EPOCHS,
-                                     penalty=elastic_net_penalty(l1))
+    return optimizers.minimize_stochastic(
+        crf_loss,
+        crf_init(),
+        sgd_l1(schedule, l1),
+        _data(),
+        key=key,
+        batch_size=BATCH_SIZE,
+        num_epochs=NUM_EPOCHS,
+        penalty=elastic_net_penalty(l1),
+    )
 
 
 def test_clipping_matches_a_hand_worked_example():
@@ -105,8 +113,9 @@ def test_finetune_keeps_the_support_and_reaches_the_restricted_optimum():
 
 def test_resume_is_bit_identical(tmp_path):
     optimizer = sgd_l1(optax.exponential_decay(1e-2, 6, 0.85), 2.0)
-    step_fn = optimizers.epoch_step_fn(crf_loss, optimizer, _data(), batch_size=BATCH_SIZE,
-                                  penalty=elastic_net_penalty(2.0))
+    step_fn = optimizers.epoch_step_fn(
+        crf_loss, optimizer, _data(), batch_size=BATCH_SIZE, penalty=elastic_net_penalty(2.0)
+    )
     loop = optimizers.init_loop((crf_init(), optimizer.init(crf_init()), jax.random.PRNGKey(2)), 6)
     assert_resume_bit_identical(step_fn, loop, optimizers.relative_change_below(0.0), 3, tmp_path / "sgd.eqx")
 

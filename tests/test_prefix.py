@@ -49,24 +49,29 @@ def test_forward_scores_are_the_log_partitions_of_every_prefix(form, with_starts
     starts = starts if with_starts else (np.arange(T) == 0)[None].repeat(B, 0)
     if form == "factored":
         potentials = FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions), jnp.asarray(start))
-        piece = lambda b, s, e: FactoredPotentials(jnp.asarray(unary[b, s:e]), jnp.asarray(transitions),
-                                                   jnp.asarray(start))
+        piece = lambda b, s, e: FactoredPotentials(
+            jnp.asarray(unary[b, s:e]), jnp.asarray(transitions), jnp.asarray(start)
+        )
     else:
         potentials = jnp.asarray(dense)
         piece = lambda b, s, e: jnp.asarray(dense[b, s:e])
     scores = prefix.forward_scores(potentials, jnp.asarray(lengths), jnp.asarray(starts) if with_starts else None)
     inside = np.arange(T)[None] < lengths[:, None]
     assert np.all(np.asarray(scores.scores).max(-1)[inside] == 0)  # max-normalised
-    np.testing.assert_allclose(_totals(scores)[inside], _prefix_reference(piece, starts, lengths)[inside],
-                               rtol=1e-12)
+    np.testing.assert_allclose(_totals(scores)[inside], _prefix_reference(piece, starts, lengths)[inside], rtol=1e-12)
 
 
 def test_sparse_potentials_score_as_their_dense_form():
     unary, _transitions, start, _, _, lengths = _rows()
     rng = np.random.default_rng(1)
     previous, following = np.array([0, 1, 2]), np.array([1, 2, 0])
-    sparse = chain.SparsePotentials(jnp.asarray(unary), jnp.asarray(rng.normal(size=(B, T, 3))), jnp.asarray(previous),
-                                    jnp.asarray(following), jnp.asarray(start))
+    sparse = chain.SparsePotentials(
+        jnp.asarray(unary),
+        jnp.asarray(rng.normal(size=(B, T, 3))),
+        jnp.asarray(previous),
+        jnp.asarray(following),
+        jnp.asarray(start),
+    )
     ours = prefix.forward_scores(sparse, jnp.asarray(lengths))
     reference = prefix.forward_scores(chain.sparse_chain.to_dense(sparse), jnp.asarray(lengths))
     inside = np.arange(T)[None] < lengths[:, None]
@@ -81,7 +86,10 @@ def test_float32_long_chain_keeps_its_precision():
     scores = prefix.forward_scores(potentials)
     assert scores.scores.dtype == jnp.float32
     total = _totals(scores)[0, -1]
-    exact = float(chain.log_partition(FactoredPotentials(unary.astype(jnp.float64), transitions.astype(jnp.float64),
-                                                         jnp.zeros(L)))[0])
+    exact = float(
+        chain.log_partition(
+            FactoredPotentials(unary.astype(jnp.float64), transitions.astype(jnp.float64), jnp.zeros(L))
+        )[0]
+    )
     assert np.all(np.isfinite(np.asarray(scores.scores)))
     assert abs(total - exact) <= 1e-6 * abs(exact)

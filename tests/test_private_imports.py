@@ -66,8 +66,12 @@ def violations(path: Path) -> list[str]:
                     lossfns_modules.add(alias.asname or alias.name.split(".")[0])
     if application:  # `module._name` on a name bound to something imported from lossfns
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
-                    and node.value.id in lossfns_modules):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in lossfns_modules
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
     return found
 
@@ -80,12 +84,15 @@ def test_no_private_name_crosses_a_package_boundary():
     assert not found, "private names used across packages:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("from lossfns.tagger import _weights_of\n", "from lossfns.tagger import _weights_of"),
-    ("from lossfns.losses._chain_inputs import chain_inputs\n", "from lossfns.losses._chain_inputs import"),
-    ("from lossfns import tagger\nx = tagger._objective()\n", "tagger._objective"),
-    ("import lossfns.models.linear_chain as lc\nlc._sum_rows\n", "lc._sum_rows"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from lossfns.tagger import _weights_of\n", "from lossfns.tagger import _weights_of"),
+        ("from lossfns.losses._chain_inputs import chain_inputs\n", "from lossfns.losses._chain_inputs import"),
+        ("from lossfns import tagger\nx = tagger._objective()\n", "tagger._objective"),
+        ("import lossfns.models.linear_chain as lc\nlc._sum_rows\n", "lc._sum_rows"),
+    ],
+)
 def test_the_check_finds_private_imports(tmp_path, monkeypatch, source, expected):
     """The check can fail: each line above is found in an application module."""
     folder = tmp_path / "benchmarks"

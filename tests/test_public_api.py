@@ -26,10 +26,13 @@ import lossfns
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
 # `::: module` directives, with the `members: [...]` option where a page narrows one.
-DIRECTIVES = {name: members and [member.strip() for member in members.split(",")]
-              for page in API_PAGES
-              for name, members in re.findall(r"^::: ([\w.]+)(?:\n +options:\n +members: \[([^\]]*)\])?",
-                                              page.read_text(), flags=re.M)}
+DIRECTIVES = {
+    name: members and [member.strip() for member in members.split(",")]
+    for page in API_PAGES
+    for name, members in re.findall(
+        r"^::: ([\w.]+)(?:\n +options:\n +members: \[([^\]]*)\])?", page.read_text(), flags=re.M
+    )
+}
 RENDERED = list(DIRECTIVES)
 # Run as programs, not imported by users: the command line is documented on its own page.
 NOT_A_LIBRARY = {"lossfns.__main__"}
@@ -37,8 +40,11 @@ NOT_A_LIBRARY = {"lossfns.__main__"}
 
 def _modules():
     names = ["lossfns"] + [info.name for info in pkgutil.walk_packages(lossfns.__path__, "lossfns.")]
-    return [name for name in names if not any(part.startswith("_") for part in name.split("."))
-            and name not in NOT_A_LIBRARY]
+    return [
+        name
+        for name in names
+        if not any(part.startswith("_") for part in name.split(".")) and name not in NOT_A_LIBRARY
+    ]
 
 
 @functools.cache
@@ -57,8 +63,11 @@ def _public_names(module_name):
     module = importlib.import_module(module_name)
     if hasattr(module, "__all__"):
         return list(module.__all__)
-    return [name for name, member in _griffe_module(module_name).members.items()
-            if not member.is_alias and not member.is_module and member.is_public]
+    return [
+        name
+        for name, member in _griffe_module(module_name).members.items()
+        if not member.is_alias and not member.is_module and member.is_public
+    ]
 
 
 def _resolved(member):
@@ -116,4 +125,5 @@ def test_every_module_is_documented(module_name):
     assert inspect.getdoc(module), f"{module_name} has no module docstring"
     assert module_name in RENDERED or _implementation(module_name), (
         f"{module_name} is on no API page (docs/api/*.md): add `::: {module_name}` to a page, or leave it out of "
-        f"its package's __all__ if it is an implementation module")
+        f"its package's __all__ if it is an implementation module"
+    )

@@ -11,8 +11,14 @@ import pytest
 
 from lossfns import semirings
 
-PACKAGES = ["lossfns.lattices.chain", "lossfns.lattices.dag", "lossfns.losses", "lossfns.optimizers",
-            "lossfns.models", "lossfns.nn"]
+PACKAGES = [
+    "lossfns.lattices.chain",
+    "lossfns.lattices.dag",
+    "lossfns.losses",
+    "lossfns.optimizers",
+    "lossfns.models",
+    "lossfns.nn",
+]
 RETIRED = {"gold": "labels", "valid": "mask"}  # old names that must not come back
 
 
@@ -30,8 +36,11 @@ SIGNATURES = dict(item for package in PACKAGES for item in _public_functions(pac
 
 def test_the_survey_covers_the_layers():
     assert len(SIGNATURES) > 80
-    assert {"lossfns.losses.hamming_loss", "lossfns.optimizers.reranking_data",
-            "lossfns.lattices.dag.packed_log_partition"} <= set(SIGNATURES)
+    assert {
+        "lossfns.losses.hamming_loss",
+        "lossfns.optimizers.reranking_data",
+        "lossfns.lattices.dag.packed_log_partition",
+    } <= set(SIGNATURES)
 
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))

@@ -23,8 +23,12 @@ def _needs_a_corpus(code):
     return "conll2002(" in code or bool(uses_tutorial_data)
 
 
-EXAMPLES = [(path.relative_to(ROOT).as_posix(), index, code)
-            for path in PAGES for index, code in enumerate(_blocks(path)) if not _needs_a_corpus(code)]
+EXAMPLES = [
+    (path.relative_to(ROOT).as_posix(), index, code)
+    for path in PAGES
+    for index, code in enumerate(_blocks(path))
+    if not _needs_a_corpus(code)
+]
 
 
 def test_the_pages_have_examples():

@@ -69,8 +69,11 @@ def test_matmul_is_associative_and_vecmat_agrees(semiring):
     np.testing.assert_allclose(np.asarray(total(left)), np.asarray(total(right)), rtol=1e-10)
     row = semiring.vecmat(v, a)
     via_matmul = jax.tree_util.tree_map(lambda x: x[..., 0, :], semiring.matmul(semiring.expand_dims(v, -2), a))
-    np.testing.assert_allclose(np.asarray(total(semiring.expand_dims(row, -2))),
-                               np.asarray(total(semiring.expand_dims(via_matmul, -2))), rtol=1e-10)
+    np.testing.assert_allclose(
+        np.asarray(total(semiring.expand_dims(row, -2))),
+        np.asarray(total(semiring.expand_dims(via_matmul, -2))),
+        rtol=1e-10,
+    )
 
 
 def test_semirings_are_hashable_static_arguments():

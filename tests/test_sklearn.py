@@ -40,8 +40,9 @@ SETTINGS = dict(algorithm="lbfgs", c1=0.1, c2=0.1, max_iterations=30, all_possib
 
 
 def _features(sentences):
-    return [[word2features(s.tokens, i) for i in range(len(s.tokens))] for s in sentences], \
-        [list(s.labels) for s in sentences]
+    return [[word2features(s.tokens, i) for i in range(len(s.tokens))] for s in sentences], [
+        list(s.labels) for s in sentences
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,10 @@ def data():
 def fitted(data):
     X, y, _, _ = data
     X_dev, y_dev = data[2][:50], data[3][:50]
-    return (CRF(**SETTINGS).fit(X, y, X_dev=X_dev, y_dev=y_dev),
-            sklearn_crfsuite.CRF(**SETTINGS).fit(X, y, X_dev=X_dev, y_dev=y_dev))
+    return (
+        CRF(**SETTINGS).fit(X, y, X_dev=X_dev, y_dev=y_dev),
+        sklearn_crfsuite.CRF(**SETTINGS).fit(X, y, X_dev=X_dev, y_dev=y_dev),
+    )
 
 
 def test_predictions_and_f1_match_sklearn_crfsuite(data, fitted):
@@ -77,8 +80,7 @@ def test_marginals_match_sklearn_crfsuite(data, fitted):
     ours, theirs = fitted
     labels = theirs.classes_
     ours_m = np.array([[token[label] for label in labels] for s in ours.predict_marginals(X_test) for token in s])
-    theirs_m = np.array([[token[label] for label in labels] for s in theirs.predict_marginals(X_test)
-                         for token in s])
+    theirs_m = np.array([[token[label] for label in labels] for s in theirs.predict_marginals(X_test) for token in s])
     np.testing.assert_allclose(ours_m.sum(axis=1), 1.0, atol=1e-5)
     difference = np.abs(ours_m - theirs_m)
     summary = (difference.mean(), np.quantile(difference, 0.99), difference.max())
@@ -136,8 +138,7 @@ def _observed(X, y):
     """The (attribute, label) pairs and label transitions of a training set."""
     from lossfns.features.dicts import flatten
 
-    states = {(name, label) for xseq, yseq in zip(X, y) for item, label in zip(xseq, yseq)
-              for name, _ in flatten(item)}
+    states = {(name, label) for xseq, yseq in zip(X, y) for item, label in zip(xseq, yseq) for name, _ in flatten(item)}
     return states, {pair for yseq in y for pair in itertools.pairwise(yseq)}
 
 
@@ -180,12 +181,17 @@ def test_epsilon_stops_lbfgs_where_crfsuite_stops(small):
     peer = sklearn_crfsuite.CRF(**SETTINGS_40, epsilon=0.03).fit(X, y)
     assert len(never.training_log_.iterations) == 40 and never.training_log_.status == "ITERATION_LIMIT"
     assert early.training_log_.status == "CONVERGED"
-    assert abs(len(early.training_log_.iterations) - len(peer.training_log_.iterations)) <= 4, \
-        (len(early.training_log_.iterations), len(peer.training_log_.iterations))
+    assert abs(len(early.training_log_.iterations) - len(peer.training_log_.iterations)) <= 4, (
+        len(early.training_log_.iterations),
+        len(peer.training_log_.iterations),
+    )
 
 
-@pytest.mark.parametrize("settings", [dict(algorithm="ap", max_iterations=5),
-                                      dict(algorithm="l2sgd", c2=0.1, max_iterations=5)], ids=["ap", "l2sgd"])
+@pytest.mark.parametrize(
+    "settings",
+    [dict(algorithm="ap", max_iterations=5), dict(algorithm="l2sgd", c2=0.1, max_iterations=5)],
+    ids=["ap", "l2sgd"],
+)
 def test_per_sentence_algorithms_match_sklearn_crfsuite(data, settings):
     """CRFsuite's averaged perceptron and SGD with L2 on the library's loops,
     against CRFsuite on the same slice: entity F1 within 0.05."""

@@ -48,14 +48,14 @@ def test_log_partition_and_marginals_match_enumeration(T, L, density, batch_shap
         potentials = _random(seed, batch_shape, T, L, density)
         lengths = _random_lengths(seed, batch_shape, T)
         dense = np.asarray(sparse_chain.to_dense(potentials))
-        np.testing.assert_allclose(_log_partition(potentials, lengths), testing.log_partition(dense, lengths),
-                                   rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(
+            _log_partition(potentials, lengths), testing.log_partition(dense, lengths), rtol=1e-10, atol=1e-10
+        )
         edge = jnp.asarray(testing.marginals(dense, lengths))
         result = _marginals(potentials, lengths)
         np.testing.assert_allclose(result.unary, edge.sum(axis=-2), atol=1e-10)
         np.testing.assert_allclose(result.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-10)
-        np.testing.assert_allclose(result.start, edge[..., 0, 0, :] if T else np.zeros(batch_shape + (L,)),
-                                   atol=1e-10)
+        np.testing.assert_allclose(result.start, edge[..., 0, 0, :] if T else np.zeros(batch_shape + (L,)), atol=1e-10)
 
 
 def test_to_dense_is_the_oracle_it_claims():
@@ -77,8 +77,11 @@ def test_matches_dense_chain_at_333_labels_in_float32():
     equals the float64 dense chain to 1e-5."""
     potentials = _random(2, (2,), 4, 333, 0.1, dtype=jnp.float32)
     lengths = jnp.array([4, 3])
-    dense64 = sparse_chain.to_dense(jax.tree_util.tree_map(
-        lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x, potentials))
+    dense64 = sparse_chain.to_dense(
+        jax.tree_util.tree_map(
+            lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x, potentials
+        )
+    )
     log_z = _log_partition(potentials, lengths)
     assert log_z.dtype == jnp.float32
     np.testing.assert_allclose(log_z, chain.log_partition(dense64, lengths), rtol=1e-6)
@@ -91,8 +94,9 @@ def test_matches_dense_chain_at_333_labels_in_float32():
 def test_large_weights_do_not_overflow():
     """Scores far above exp's float32 range (88) are shifted, not overflowed."""
     potentials = _random(3, (2,), 5, 4, 0.5, dtype=jnp.float32, scale=3.0)
-    potentials = potentials._replace(unary=potentials.unary + 200.0, pair_weights=potentials.pair_weights + 95.0,
-                                     start=potentials.start + 150.0)
+    potentials = potentials._replace(
+        unary=potentials.unary + 200.0, pair_weights=potentials.pair_weights + 95.0, start=potentials.start + 150.0
+    )
     lengths = jnp.array([5, 3])
     dense64 = sparse_chain.to_dense(potentials).astype(jnp.float64)
     np.testing.assert_allclose(_log_partition(potentials, lengths), chain.log_partition(dense64, lengths), rtol=1e-6)
@@ -121,8 +125,9 @@ def test_padding_with_nan_does_not_leak():
     potentials = _random(5, (2,), 4, 3, 0.5)
     lengths = jnp.array([2, 4])
     clean = _marginals(potentials, lengths)
-    poisoned = potentials._replace(unary=potentials.unary.at[0, 2:].set(-jnp.inf),
-                                   pair_weights=potentials.pair_weights.at[0, 3:].set(-jnp.inf))
+    poisoned = potentials._replace(
+        unary=potentials.unary.at[0, 2:].set(-jnp.inf), pair_weights=potentials.pair_weights.at[0, 3:].set(-jnp.inf)
+    )
     dirty = _marginals(poisoned, lengths)
     np.testing.assert_allclose(dirty.unary, clean.unary, atol=1e-12)
     np.testing.assert_allclose(dirty.pair_weights, clean.pair_weights, atol=1e-12)
@@ -134,20 +139,23 @@ def test_gradients_to_second_order():
 
     @jax.jit
     def objective(unary, pair_weights, start):
-        return chain.log_partition(potentials._replace(unary=unary, pair_weights=pair_weights, start=start),
-                                          lengths)
+        return chain.log_partition(potentials._replace(unary=unary, pair_weights=pair_weights, start=start), lengths)
 
-    testing.check_gradients(objective, (potentials.unary, potentials.pair_weights, potentials.start), order=2,
-                            modes=("rev",))
+    testing.check_gradients(
+        objective, (potentials.unary, potentials.pair_weights, potentials.start), order=2, modes=("rev",)
+    )
 
 
 def test_jit_vmap_and_loop_agree():
     potentials = _random(7, (3,), 5, 3, 0.5)
     lengths = jnp.array([5, 2, 0])
     batched = chain.log_partition(potentials, lengths)
-    looped = [chain.log_partition(
-        potentials._replace(unary=potentials.unary[b], pair_weights=potentials.pair_weights[b]), lengths[b])
-        for b in range(3)]
+    looped = [
+        chain.log_partition(
+            potentials._replace(unary=potentials.unary[b], pair_weights=potentials.pair_weights[b]), lengths[b]
+        )
+        for b in range(3)
+    ]
     unbatched = lambda u, w, n: chain.log_partition(potentials._replace(unary=u, pair_weights=w), n)
     mapped = jax.vmap(unbatched)(potentials.unary, potentials.pair_weights, lengths)
     np.testing.assert_allclose(batched, np.stack(looped), rtol=1e-12)
@@ -164,15 +172,18 @@ def test_no_pairs_is_the_independent_model():
     np.testing.assert_allclose(_log_partition(potentials, lengths), expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize("field, value, error, message", [
-    ("unary", jnp.zeros((3,)), ValueError, "unary must have shape"),
-    ("pair_weights", jnp.zeros((2, 3, 2)), ValueError, "pair_weights must have shape"),
-    ("pair_previous", jnp.array([0, 5]), ValueError, "pair_previous must lie in"),
-    ("pair_next", jnp.array([0.0, 1.0]), TypeError, "pair_next must be an integer"),
-    ("pair_next", jnp.array([0]), ValueError, r"pair_next must have shape \[2\]"),
-    ("start", jnp.zeros((4,)), ValueError, "start must have shape"),
-    ("unary", jnp.full((2, 4, 3), jnp.nan), ValueError, "unary contains NaN"),
-])
+@pytest.mark.parametrize(
+    "field, value, error, message",
+    [
+        ("unary", jnp.zeros((3,)), ValueError, "unary must have shape"),
+        ("pair_weights", jnp.zeros((2, 3, 2)), ValueError, "pair_weights must have shape"),
+        ("pair_previous", jnp.array([0, 5]), ValueError, "pair_previous must lie in"),
+        ("pair_next", jnp.array([0.0, 1.0]), TypeError, "pair_next must be an integer"),
+        ("pair_next", jnp.array([0]), ValueError, r"pair_next must have shape \[2\]"),
+        ("start", jnp.zeros((4,)), ValueError, "start must have shape"),
+        ("unary", jnp.full((2, 4, 3), jnp.nan), ValueError, "unary contains NaN"),
+    ],
+)
 def test_bad_input_names_the_argument(field, value, error, message):
     potentials = SparsePotentials(jnp.zeros((2, 4, 3)), jnp.zeros((2, 4, 2)), jnp.array([0, 1]), jnp.array([1, 2]))
     with pytest.raises(error, match=message):
@@ -191,15 +202,22 @@ def test_wide_and_strongly_negative_scores_are_exact_in_float32(scale):
     previous, following = sparse_chain.random_support(jax.random.PRNGKey(3), L, 0.3)
     pair_weights = rng.normal(size=(3, 20, previous.shape[0])) * scale
     pair_weights[:, 3, 0] = -np.inf
-    potentials64 = SparsePotentials(jnp.asarray(rng.normal(size=(3, 20, L)) * scale), jnp.asarray(pair_weights),
-                                    previous, following, jnp.asarray(rng.normal(size=L)))
+    potentials64 = SparsePotentials(
+        jnp.asarray(rng.normal(size=(3, 20, L)) * scale),
+        jnp.asarray(pair_weights),
+        previous,
+        following,
+        jnp.asarray(rng.normal(size=L)),
+    )
     lengths = jnp.array([20, 11, 1])
     dense64 = sparse_chain.to_dense(potentials64)
     want = testing.reference_row_log_partition(dense64, None, lengths)
     want_nodes = jax.grad(lambda d: jnp.sum(testing.reference_row_log_partition(d, None, lengths)))(dense64).sum(-2)
-    potentials32 = potentials64._replace(unary=potentials64.unary.astype(jnp.float32),
-                                         pair_weights=potentials64.pair_weights.astype(jnp.float32),
-                                         start=potentials64.start.astype(jnp.float32))
+    potentials32 = potentials64._replace(
+        unary=potentials64.unary.astype(jnp.float32),
+        pair_weights=potentials64.pair_weights.astype(jnp.float32),
+        start=potentials64.start.astype(jnp.float32),
+    )
     np.testing.assert_allclose(np.asarray(_log_partition(potentials32, lengths), np.float64), want, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(_marginals(potentials32, lengths).unary, np.float64), want_nodes, atol=1e-5)
 
@@ -213,36 +231,50 @@ def test_transitions_rows_decoding_and_scores_match_the_dense_form():
     previous, following = sparse_chain.random_support(jax.random.PRNGKey(5), L, 0.4)
     transitions = rng.normal(size=(L, L))
     transitions[1, 2] = -np.inf
-    potentials = SparsePotentials(jnp.asarray(rng.normal(size=(B, T, L))),
-                                  jnp.asarray(rng.normal(size=(B, T, previous.shape[0]))), previous, following,
-                                  jnp.asarray(rng.normal(size=L)), jnp.asarray(transitions))
+    potentials = SparsePotentials(
+        jnp.asarray(rng.normal(size=(B, T, L))),
+        jnp.asarray(rng.normal(size=(B, T, previous.shape[0]))),
+        previous,
+        following,
+        jnp.asarray(rng.normal(size=L)),
+        jnp.asarray(transitions),
+    )
     lengths = jnp.array([5, 2, 0])
     dense = sparse_chain.to_dense(potentials)
-    np.testing.assert_allclose(_log_partition(potentials, lengths), testing.log_partition(np.asarray(dense), lengths),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        _log_partition(potentials, lengths), testing.log_partition(np.asarray(dense), lengths), rtol=1e-12
+    )
     edge = chain.marginals(dense, lengths)
     got = _marginals(potentials, lengths)
     np.testing.assert_allclose(got.unary, edge.sum(-2), atol=1e-12)
     np.testing.assert_allclose(got.transitions, edge[:, 1:].sum(1), atol=1e-12)
     np.testing.assert_allclose(got.pair_weights, _pair_marginals_from_dense(edge, potentials), atol=1e-12)
     for fn in (chain.viterbi, lambda p, n: chain.kbest(p, n, 3), chain.entropy):
-        for a, b in zip(jax.tree_util.tree_leaves(fn(potentials, lengths)), jax.tree_util.tree_leaves(fn(dense, lengths))):
+        for a, b in zip(
+            jax.tree_util.tree_leaves(fn(potentials, lengths)), jax.tree_util.tree_leaves(fn(dense, lengths))
+        ):
             np.testing.assert_allclose(a, b, rtol=1e-12)
     labels = jnp.asarray(rng.integers(0, L, size=(B, T)))
-    np.testing.assert_allclose(chain.score(potentials, labels, lengths), chain.score(dense, labels, lengths),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        chain.score(potentials, labels, lengths), chain.score(dense, labels, lengths), rtol=1e-12
+    )
     one_chain = lambda u, w, n: chain.log_partition(potentials._replace(unary=u, pair_weights=w), n)
-    mapped = jax.vmap(jax.jit(one_chain))(potentials.unary[:, None], potentials.pair_weights[:, None],
-                                          lengths[:, None])
+    mapped = jax.vmap(jax.jit(one_chain))(potentials.unary[:, None], potentials.pair_weights[:, None], lengths[:, None])
     np.testing.assert_allclose(mapped[:, 0], _log_partition(potentials, lengths), rtol=1e-12)
     # Rows: a chain starts at position 3 of row 0, where only the first scores apply.
     starts = jnp.zeros((B, T), bool).at[0, 3].set(True)
     first = potentials.first_scores()  # [B, T, L]
     dense_rows = jnp.where(starts[..., None, None] & (jnp.arange(L) == 0)[:, None], first[:, :, None, :], dense)
-    np.testing.assert_allclose(chain.row_log_partition(potentials, starts, lengths),
-                               chain.row_log_partition(dense_rows, starts, lengths), rtol=1e-12)
-    np.testing.assert_allclose(chain.row_score(potentials, labels, starts, lengths),
-                               chain.row_score(dense_rows, labels, starts, lengths), rtol=1e-12)
+    np.testing.assert_allclose(
+        chain.row_log_partition(potentials, starts, lengths),
+        chain.row_log_partition(dense_rows, starts, lengths),
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(
+        chain.row_score(potentials, labels, starts, lengths),
+        chain.row_score(dense_rows, labels, starts, lengths),
+        rtol=1e-12,
+    )
 
 
 def test_every_chain_loss_takes_the_sparse_form():
@@ -251,13 +283,24 @@ def test_every_chain_loss_takes_the_sparse_form():
 
     rng = np.random.default_rng(12)
     previous, following = sparse_chain.random_support(jax.random.PRNGKey(6), 4, 0.3)
-    potentials = SparsePotentials(jnp.asarray(rng.normal(size=(2, 5, 4))),
-                                  jnp.asarray(rng.normal(size=(2, 5, previous.shape[0]))), previous, following,
-                                  jnp.asarray(rng.normal(size=4)))
+    potentials = SparsePotentials(
+        jnp.asarray(rng.normal(size=(2, 5, 4))),
+        jnp.asarray(rng.normal(size=(2, 5, previous.shape[0]))),
+        previous,
+        following,
+        jnp.asarray(rng.normal(size=4)),
+    )
     dense = sparse_chain.to_dense(potentials)
     labels, lengths = jnp.asarray(rng.integers(0, 4, size=(2, 5))), jnp.array([5, 3])
-    for loss in (losses.sequence_log_loss, losses.sequence_exp_loss, losses.pointwise_log_loss,
-                 losses.pointwise_exp_loss, losses.perceptron_loss, losses.structured_hinge_loss,
-                 losses.expected_hamming_loss):
-        np.testing.assert_allclose(loss(potentials, labels, lengths), loss(dense, labels, lengths), rtol=1e-10,
-                                   err_msg=loss.__name__)
+    for loss in (
+        losses.sequence_log_loss,
+        losses.sequence_exp_loss,
+        losses.pointwise_log_loss,
+        losses.pointwise_exp_loss,
+        losses.perceptron_loss,
+        losses.structured_hinge_loss,
+        losses.expected_hamming_loss,
+    ):
+        np.testing.assert_allclose(
+            loss(potentials, labels, lengths), loss(dense, labels, lengths), rtol=1e-10, err_msg=loss.__name__
+        )

@@ -41,16 +41,24 @@ def ner_data():
 @pytest.fixture(scope="module")
 def ner_tagger(ner_data):
     train, _ = ner_data
-    return Tagger("crfsuite_ner", **crfsuite_elastic_net(C1, C2), max_iterations=100, num_buckets=2,
-                  dtype=jnp.float64, progress=False).fit(train)
+    return Tagger(
+        "crfsuite_ner",
+        **crfsuite_elastic_net(C1, C2),
+        max_iterations=100,
+        num_buckets=2,
+        dtype=jnp.float64,
+        progress=False,
+    ).fit(train)
 
 
 def _independent_objective(tagger, sentences):
     """`sum_i -log p(y_i | x_i)` from padded batches and the log-semiring chain
     (not the Tagger's packed buckets), as a function of the trainable weights."""
     lookup = {label: i for i, label in enumerate(tagger.labels)}
-    batch = pad_batch([tagger.index.encode(tagger.extractor(s.tokens)) for s in sentences],
-                      [[lookup[label] for label in s.labels] for s in sentences])
+    batch = pad_batch(
+        [tagger.index.encode(tagger.extractor(s.tokens)) for s in sentences],
+        [[lookup[label] for label in s.labels] for s in sentences],
+    )
     params, static = tagger.model.trainable()
 
     def objective(params):
@@ -122,9 +130,11 @@ def test_predictions_agree_with_seqeval_and_respect_iob2(ner_data, ner_tagger):
     predicted = [list(p) for p in ner_tagger.predict(test)]
     assert [len(p) for p in predicted] == [len(g) for g in gold]
     assert metrics.entity_scores(gold, predicted, strict=True).f1 == pytest.approx(
-        seqeval_metrics.f1_score(gold, predicted, mode="strict", scheme=IOB2), abs=1e-12)
+        seqeval_metrics.f1_score(gold, predicted, mode="strict", scheme=IOB2), abs=1e-12
+    )
     assert metrics.entity_scores(gold, predicted).f1 == pytest.approx(
-        seqeval_metrics.f1_score(gold, predicted), abs=1e-12)
+        seqeval_metrics.f1_score(gold, predicted), abs=1e-12
+    )
     # Constrained decoding: strict and conlleval chunking then coincide.
     for labels in predicted:
         assert metrics.entities(labels) == metrics.entities(labels, strict=True)
@@ -144,7 +154,9 @@ def test_save_load_keeps_every_nonzero_weight_bit_identical(tmp_path, ner_data, 
     assert kept.dtype == original.dtype and kept.tobytes() == original[rows].tobytes()
     assert not np.any(np.delete(original, rows, axis=0))  # the features left out have no weight
     for name in ("transitions", "start", "pair_emission"):
-        assert np.asarray(getattr(loaded.model, name)).tobytes() == np.asarray(getattr(ner_tagger.model, name)).tobytes()
+        assert (
+            np.asarray(getattr(loaded.model, name)).tobytes() == np.asarray(getattr(ner_tagger.model, name)).tobytes()
+        )
     assert loaded.labels == ner_tagger.labels
     assert loaded.predict(test[:30]) == ner_tagger.predict(test[:30])
     bad = tmp_path / "bad.tagger"
@@ -159,15 +171,24 @@ def test_templates_with_pair_features_and_lbfgs(tmp_path, ner_data, capfd):
     file: the gradient of the independently assembled objective vanishes."""
     train, test = ner_data
     train = train[:30]
-    tagger = Tagger(TEMPLATES, l2=1.0, max_iterations=100, tol=0.0, num_buckets=1, dtype=jnp.float64,
-                    observed_pairs_only=False, progress=True).fit(train)
+    tagger = Tagger(
+        TEMPLATES,
+        l2=1.0,
+        max_iterations=100,
+        tol=0.0,
+        num_buckets=1,
+        dtype=jnp.float64,
+        observed_pairs_only=False,
+        progress=True,
+    ).fit(train)
     assert "Tagger.fit" in capfd.readouterr().err  # the progress bar was shown
     assert tagger.model.pair_emission.shape[0] == tagger.index.num_pair > 0
     params, objective = _independent_objective(tagger, train)
+
     def gradient_norm(params):
-        total = lambda p: objective(p) + 0.5 * sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(p))
+        total = lambda p: objective(p) + 0.5 * sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(p))
         grad = jax.jit(jax.grad(total))(params)
-        return np.sqrt(sum(float(jnp.sum(g ** 2)) for g in jax.tree_util.tree_leaves(grad)))
+        return np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree_util.tree_leaves(grad)))
 
     at_start = gradient_norm(jax.tree_util.tree_map(jnp.zeros_like, params))
     assert gradient_norm(params) < 1e-4 * at_start
@@ -200,18 +221,26 @@ def test_fit_reports_why_training_stopped():
 
     from lossfns.optimizers import Status
 
-    corpus = [corpora.Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),
-              corpora.Sentence((("Ana", "NP"),), ("B-PER",))]
+    corpus = [
+        corpora.Sentence((("El", "DA"), ("rey", "NC")), ("O", "B-PER")),
+        corpora.Sentence((("Ana", "NP"),), ("B-PER",)),
+    ]
     limited = Tagger("crfsuite_ner", l2=1.0, max_iterations=2, tol=0.0, num_buckets=1, progress=False).fit(corpus)
     assert limited.status == Status.ITERATION_LIMIT and len(limited.history) == 2
-    converged = Tagger("crfsuite_ner", l2=1.0, max_iterations=500, tol=1e-2, period=1, num_buckets=1,
-                       progress=False).fit(corpus)
+    converged = Tagger(
+        "crfsuite_ner", l2=1.0, max_iterations=500, tol=1e-2, period=1, num_buckets=1, progress=False
+    ).fit(corpus)
     assert converged.status == Status.CONVERGED and len(converged.history) < 500
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        broken = Tagger("crfsuite_ner", loss=lambda p, y, n: losses.sequence_log_loss(p, y, n) * jnp.float32(jnp.nan),
-                        l2=1.0,
-                        max_iterations=5, num_buckets=1, progress=False).fit(corpus)
+        broken = Tagger(
+            "crfsuite_ner",
+            loss=lambda p, y, n: losses.sequence_log_loss(p, y, n) * jnp.float32(jnp.nan),
+            l2=1.0,
+            max_iterations=5,
+            num_buckets=1,
+            progress=False,
+        ).fit(corpus)
     assert broken.status == Status.NON_FINITE_OBJECTIVE and broken.history == []
     assert any("NON_FINITE_OBJECTIVE" in str(w.message) for w in caught)
     assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree_util.tree_leaves(broken.model))
@@ -240,6 +269,7 @@ def test_pair_features_train_on_the_sparse_form_and_survive_save_and_load(tmp_pa
     assert np.all(np.asarray(model.pair_emission)[~np.asarray(model.pair_mask)] == 0)
     batch = tagger.index.encode(tagger.extractor(corpus[0].tokens))
     from lossfns.features import pad_batch
+
     padded = pad_batch([batch])
     assert isinstance(model(jnp.asarray(padded.unigram_ids), jnp.asarray(padded.pair_ids)), SparsePotentials)
     path = tmp_path / "pairs.tagger"

@@ -28,8 +28,10 @@ def _corpus(seed: int, size: int = 30):
     sentences = []
     for _ in range(size):
         words = [f"w{int(i)}" for i in rng.integers(0, 12, size=rng.integers(1, 9))]
-        labels = ["B-X" if w in ("w1", "w2") else "I-X" if i and words[i - 1] in ("w1", "w2") and w < "w6" else "O"
-                  for i, w in enumerate(words)]
+        labels = [
+            "B-X" if w in ("w1", "w2") else "I-X" if i and words[i - 1] in ("w1", "w2") and w < "w6" else "O"
+            for i, w in enumerate(words)
+        ]
         sentences.append(Sentence(tuple((w,) for w in words), tuple(labels)))
     return sentences
 
@@ -54,8 +56,13 @@ def test_killed_fit_resumes_bit_identical(tmp_path):
 
     directory = tmp_path / "checkpoints"
     kill_after = random.Random().randrange(2, 10)  # a different point every run; reported on failure
-    process = subprocess.Popen([sys.executable, str(SCRIPT), str(directory)], env=_environment(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(directory)],
+        env=_environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def wait_until_due():
         deadline = time.monotonic() + 240

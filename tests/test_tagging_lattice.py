@@ -15,8 +15,12 @@ VOCABULARY = ["The", "dog", "runs", "well-known", "42"]
 
 def random_params(order, rng, spelling_size=0):
     normal = lambda *shape: jnp.asarray(rng.normal(size=shape))
-    return tagging.TaggerParams(normal(K, V), normal(K + 1, K), normal(K + 1, K + 1, K) if order == 2 else None,
-                                normal(spelling_size, K) if spelling_size else None)
+    return tagging.TaggerParams(
+        normal(K, V),
+        normal(K + 1, K),
+        normal(K + 1, K + 1, K) if order == 2 else None,
+        normal(spelling_size, K) if spelling_size else None,
+    )
 
 
 def brute_force_log_z(strings, params, dictionary, spelling_ids=None):
@@ -81,8 +85,9 @@ def test_log_partition_equals_brute_force(intersected):
         np.testing.assert_allclose(value, expected, rtol=1e-10)
         # Each (string, tags) pair lies on exactly one path of the intersection.
         paths = dag.enumerate_paths(tagged.lattice)
-        pairs = {(tuple(int(tagged.word[a]) for a in p), tuple(int(tagged.lattice.symbol[a]) for a in p))
-                 for p in paths}
+        pairs = {
+            (tuple(int(tagged.word[a]) for a in p), tuple(int(tagged.lattice.symbol[a]) for a in p)) for p in paths
+        }
         assert len(pairs) == len(paths)
 
 
@@ -91,8 +96,13 @@ def test_gradients_in_parameters():
     rng = np.random.default_rng(0)
     tagged = tagging.intersect(neighbourhoods.del1word([0, 1, 2]), K, order=2, tag_dictionary=dictionary(rng))
     params = random_params(2, rng)
-    check_grads(lambda p: dag.log_partition(tagged.lattice, tagging.arc_scores(tagged, p)), (params,),
-                order=1, modes=("rev",), eps=1e-5)
+    check_grads(
+        lambda p: dag.log_partition(tagged.lattice, tagging.arc_scores(tagged, p)),
+        (params,),
+        order=1,
+        modes=("rev",),
+        eps=1e-5,
+    )
 
 
 def test_batched_arc_scores_match_unbatched(intersected):
@@ -103,8 +113,8 @@ def test_batched_arc_scores_match_unbatched(intersected):
     batched = np.asarray(tagging.arc_scores(tagging.stack(second_order), params, spelling_ids))
     for row, tagged in zip(batched, second_order):
         single = np.asarray(tagging.arc_scores(tagged, params, spelling_ids))
-        np.testing.assert_allclose(row[:single.size], single)
-        assert not row[single.size:].any()
+        np.testing.assert_allclose(row[: single.size], single)
+        assert not row[single.size :].any()
 
 
 def test_viterbi_reads_tags():
@@ -141,11 +151,14 @@ def test_packed_tagged_lattices_equal_brute_force():
     allowed = dictionary(rng)
     for order in (1, 2):
         params = random_params(order, rng)
-        tagged = [tagging.intersect(WORD_LATTICES[name](), K, order=order, tag_dictionary=allowed,
-                                    as_numpy=name == "trans1") for name in sorted(WORD_LATTICES)]
+        tagged = [
+            tagging.intersect(WORD_LATTICES[name](), K, order=order, tag_dictionary=allowed, as_numpy=name == "trans1")
+            for name in sorted(WORD_LATTICES)
+        ]
         packed = tagging.pack(tagged, num_lattices=len(tagged) + 1)
         log_z = dag.packed_log_partition(packed.lattice, tagging.arc_scores(packed, params))
         for name, value in zip(sorted(WORD_LATTICES), log_z):
-            np.testing.assert_allclose(value, brute_force_log_z(dag.enumerate_strings(WORD_LATTICES[name]()),
-                                                                params, allowed), rtol=1e-9)
+            np.testing.assert_allclose(
+                value, brute_force_log_z(dag.enumerate_strings(WORD_LATTICES[name]()), params, allowed), rtol=1e-9
+            )
         assert float(log_z[-1]) == 0.0  # the padding row

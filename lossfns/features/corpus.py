@@ -46,16 +46,20 @@ def extractor(features) -> Extractor:
     if isinstance(features, (Preset, Templates)):
         return features
     if not isinstance(features, str):
-        raise TypeError("features must be a preset name, template text, a features.Preset or features.Templates, "
-                        f"got {type(features).__name__}")
+        raise TypeError(
+            "features must be a preset name, template text, a features.Preset or features.Templates, "
+            f"got {type(features).__name__}"
+        )
     if features in PRESETS:
         return preset(features)
     try:
         return parse_templates(features)
     except ValueError as error:
         if re.fullmatch(r"[A-Za-z_][\w.-]*", features.strip()):
-            raise ValueError(f"features: unknown feature preset {features!r}; expected one of "
-                             f"{sorted(PRESETS)} or CRF++/Wapiti template text") from error
+            raise ValueError(
+                f"features: unknown feature preset {features!r}; expected one of "
+                f"{sorted(PRESETS)} or CRF++/Wapiti template text"
+            ) from error
         raise ValueError(f"features: not a preset name and not valid template text: {error}") from error
 
 
@@ -84,19 +88,26 @@ def check_sentences(sentences, labelled: bool = True) -> None:
         raise ValueError("sentences must hold at least one sentence, got 0")
     for i, sentence in enumerate(sentences):
         if not hasattr(sentence, "tokens") or (labelled and not hasattr(sentence, "labels")):
-            raise TypeError(f"sentences[{i}] must be a corpora.Sentence(tokens, labels), "
-                            f"got {type(sentence).__name__} {sentence!r:.60}")
+            raise TypeError(
+                f"sentences[{i}] must be a corpora.Sentence(tokens, labels), "
+                f"got {type(sentence).__name__} {sentence!r:.60}"
+            )
         for t, row in enumerate(sentence.tokens):
             if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) == 0:
-                raise TypeError(f"sentences[{i}].tokens[{t}] must be a row of columns (a tuple of strings, word "
-                                f"first), got {type(row).__name__} {row!r:.60}")
+                raise TypeError(
+                    f"sentences[{i}].tokens[{t}] must be a row of columns (a tuple of strings, word "
+                    f"first), got {type(row).__name__} {row!r:.60}"
+                )
         if labelled and len(sentence.labels) != len(sentence.tokens):
-            raise ValueError(f"sentences[{i}] must have one label per token, got {len(sentence.tokens)} tokens "
-                             f"and {len(sentence.labels)} labels")
+            raise ValueError(
+                f"sentences[{i}] must have one label per token, got {len(sentence.tokens)} tokens "
+                f"and {len(sentence.labels)} labels"
+            )
 
 
-def build_index(extracted: Sequence[TokenFeatures], *, min_count: int = 1,
-                hash_size: int | None = None) -> FeatureIndex:
+def build_index(
+    extracted: Sequence[TokenFeatures], *, min_count: int = 1, hash_size: int | None = None
+) -> FeatureIndex:
     """The index of the extracted training features: every string seen at
     least `min_count` times, or (with `hash_size`) `hash_size` hashed ids
     (and as many for pair features, when the extractor has any)."""
@@ -139,8 +150,14 @@ class CorpusArrays(NamedTuple):
 
 def corpus_arrays(packed: PackedCorpus, num_features: int) -> CorpusArrays:
     """The `CorpusArrays` of a packed corpus over `num_features` (K) unigram features."""
-    return CorpusArrays(bucket_design(packed, num_features), packed.pair_ids, packed.positions, packed.lengths,
-                        packed.labels, packed.starts)
+    return CorpusArrays(
+        bucket_design(packed, num_features),
+        packed.pair_ids,
+        packed.positions,
+        packed.lengths,
+        packed.labels,
+        packed.starts,
+    )
 
 
 def _balanced_groups(sizes: Sequence[int], count: int) -> list[list[int]]:
@@ -160,8 +177,7 @@ def _pad_rows(array: np.ndarray, rows: int, fill) -> np.ndarray:
     return out
 
 
-def pack_shards(encoded: Sequence, labels: Sequence[Sequence[int]], num_features: int,
-                num_shards: int) -> CorpusArrays:
+def pack_shards(encoded: Sequence, labels: Sequence[Sequence[int]], num_features: int, num_shards: int) -> CorpusArrays:
     """Labelled encoded sentences as `num_shards` equally shaped blocks of
     rows (`index.pack_rows`), each block's `CorpusArrays` stacked along a
     new leading axis `[num_shards, ...]` (for `parallel.shard_leading_axis`).
@@ -187,15 +203,25 @@ def pack_shards(encoded: Sequence, labels: Sequence[Sequence[int]], num_features
         unigram[: p.unigram_ids.shape[0], : p.unigram_ids.shape[1]] = p.unigram_ids
         pair = np.full((tokens, pair_width), PADDING_ID, np.int32)
         pair[: p.pair_ids.shape[0], : p.pair_ids.shape[1]] = p.pair_ids
-        padded = p._replace(unigram_ids=unigram, pair_ids=pair,
-                            positions=(_pad_rows(p.positions[0], rows, PADDING_ID),),
-                            lengths=(_pad_rows(p.lengths[0], rows, 0),),
-                            labels=(_pad_rows(p.labels[0], rows, -1),), starts=(_pad_rows(p.starts[0], rows, False),))
+        padded = p._replace(
+            unigram_ids=unigram,
+            pair_ids=pair,
+            positions=(_pad_rows(p.positions[0], rows, PADDING_ID),),
+            lengths=(_pad_rows(p.lengths[0], rows, 0),),
+            labels=(_pad_rows(p.labels[0], rows, -1),),
+            starts=(_pad_rows(p.starts[0], rows, False),),
+        )
         blocks.append(corpus_arrays(padded, num_features))
     nonzeros = max(block.design.indices.shape[0] for block in blocks)
-    blocks = [block._replace(design=block.design._replace(indices=_pad_rows(block.design.indices, nonzeros, 0),
-                                                          values=_pad_rows(block.design.values, nonzeros, 0.0)))
-              for block in blocks]
+    blocks = [
+        block._replace(
+            design=block.design._replace(
+                indices=_pad_rows(block.design.indices, nonzeros, 0),
+                values=_pad_rows(block.design.values, nonzeros, 0.0),
+            )
+        )
+        for block in blocks
+    ]
     # Entries past indptr[-1] are outside every row: the padding of indices and values is never read.
     return jax.tree_util.tree_map(lambda *leaves: np.stack(leaves), *blocks)
 

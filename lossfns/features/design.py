@@ -76,8 +76,10 @@ def design_from_ids(ids, num_features: int, values=None) -> SparseDesign:
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"ids must be an integer array [R, F], got dtype {ids.dtype} and shape {ids.shape}")
     if ids.size and (ids.min() < -1 or ids.max() >= num_features):
-        raise ValueError(f"ids must lie in [-1, {num_features}) (num_features = {num_features}), "
-                         f"got values in [{ids.min()}, {ids.max()}]")
+        raise ValueError(
+            f"ids must lie in [-1, {num_features}) (num_features = {num_features}), "
+            f"got values in [{ids.min()}, {ids.max()}]"
+        )
     keep = ids >= 0
     row_values = None
     if values is not None:
@@ -120,7 +122,7 @@ def bucket_slices(rows: jax.Array, bucket_shapes) -> tuple:
     buckets `[B_b, T_b, ...]`, given `bucket_shapes = ((B_b, T_b), ...)`."""
     out, start = [], 0
     for size, steps in bucket_shapes:
-        out.append(rows[start: start + size * steps].reshape((size, steps) + rows.shape[1:]))
+        out.append(rows[start : start + size * steps].reshape((size, steps) + rows.shape[1:]))
         start += size * steps
     return tuple(out)
 

@@ -89,13 +89,16 @@ def flatten(item, where: str = "item") -> list[tuple[str, float]]:
             elif isinstance(value, (dict,) + _SEQUENCES):
                 out.extend((f"{name}:{inner}", weight) for inner, weight in flatten(value, place))
             else:
-                raise TypeError(f"{place}: a feature value must be a string, a number, a bool, a dict or a list "
-                                f"of strings, got {type(value).__name__} {value!r:.40}")
+                raise TypeError(
+                    f"{place}: a feature value must be a string, a number, a bool, a dict or a list "
+                    f"of strings, got {type(value).__name__} {value!r:.40}"
+                )
         return out
     if isinstance(item, _SEQUENCES):
         return [(name, 1.0) for name in _elements(item, where)]
-    raise TypeError(f"{where}: a token's features must be a dict (or a list of strings), "
-                    f"got {type(item).__name__} {item!r:.40}")
+    raise TypeError(
+        f"{where}: a token's features must be a dict (or a list of strings), got {type(item).__name__} {item!r:.40}"
+    )
 
 
 def item_features(items: Sequence) -> TokenFeatures:
@@ -104,8 +107,11 @@ def item_features(items: Sequence) -> TokenFeatures:
     `unigram_values` their values (no label-pair features, as in
     CRFsuite)."""
     flat = [flatten(item, f"items[{t}]") for t, item in enumerate(_sequence(items, "items"))]
-    return TokenFeatures([[name for name, _ in token] for token in flat], [[] for _ in flat],
-                         [[value for _, value in token] for token in flat])
+    return TokenFeatures(
+        [[name for name, _ in token] for token in flat],
+        [[] for _ in flat],
+        [[value for _, value in token] for token in flat],
+    )
 
 
 def _sequence(value, name: str):
@@ -162,14 +168,16 @@ class AttributeCorpus(NamedTuple):
         values = self.values[known]
         return unigram_ids, (None if np.all(values == 1.0) else ragged_rows(values, counts, 0.0))
 
-    def pack(self, index: FeatureIndex, labels: Sequence[Sequence[int]] | None = None,
-             num_buckets: int = 6) -> PackedCorpus:
+    def pack(
+        self, index: FeatureIndex, labels: Sequence[Sequence[int]] | None = None, num_buckets: int = 6
+    ) -> PackedCorpus:
         """The corpus packed in length buckets (`features.pack_tokens`)."""
         unigram_ids, values = self.token_arrays(index)
         return pack_tokens(unigram_ids, self.sentence_lengths, labels, num_buckets, unigram_values=values)
 
-    def pack_rows(self, index: FeatureIndex, labels: Sequence[Sequence[int]], width: int | None = None,
-                  multiple: int = 8) -> PackedCorpus:
+    def pack_rows(
+        self, index: FeatureIndex, labels: Sequence[Sequence[int]], width: int | None = None, multiple: int = 8
+    ) -> PackedCorpus:
         """The labelled corpus packed back to back in rows (`features.pack_token_rows`)."""
         unigram_ids, values = self.token_arrays(index)
         return pack_token_rows(unigram_ids, self.sentence_lengths, labels, width, multiple, unigram_values=values)
@@ -228,8 +236,9 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpu
         if isinstance(value, (str, bytes)):
             is_text[v] = True
             if isinstance(value, bytes):
-                distinct_values[v] = _text(value, _where(int(np.flatnonzero(value_ids == v)[0]), offsets,
-                                                         sentence_offsets), "a value")
+                distinct_values[v] = _text(
+                    value, _where(int(np.flatnonzero(value_ids == v)[0]), offsets, sentence_offsets), "a value"
+                )
         elif isinstance(value, (bool, numbers.Real)):
             occurrence = int(np.flatnonzero(value_ids == v)[0]) if not math.isfinite(float(value)) else 0
             weight[v] = _number(value, f"{_where(occurrence, offsets, sentence_offsets)}[{keys[occurrence]!r}]")
@@ -248,8 +257,10 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpu
     else:
         unique, attributes = np.unique(codes, return_inverse=True)
     key_of, value_of = np.divmod(unique, width)
-    names = [distinct_keys[k] if v == 0 else f"{distinct_keys[k]}:{distinct_values[v - 1]}"
-             for k, v in zip(key_of.tolist(), value_of.tolist())]
+    names = [
+        distinct_keys[k] if v == 0 else f"{distinct_keys[k]}:{distinct_values[v - 1]}"
+        for k, v in zip(key_of.tolist(), value_of.tolist())
+    ]
     # Different codes can spell one name (key "a:b" with a number, key "a" with "b"): one attribute, as in CRFsuite.
     table = _vocabulary(names, 1)
     if len(table) < len(names):
@@ -262,8 +273,10 @@ def _flatten_each(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpus
     """The per-token path: `flatten` on every token."""
     sentence_offsets = np.concatenate([[0], np.cumsum(sentence_lengths)])
     sentence_of = np.repeat(np.arange(sentence_lengths.size), sentence_lengths)
-    flat = [flatten(item, f"X[{s}][{n - sentence_offsets[s]}]")
-            for n, (item, s) in enumerate(zip(tokens, sentence_of.tolist()))]
+    flat = [
+        flatten(item, f"X[{s}][{n - sentence_offsets[s]}]")
+        for n, (item, s) in enumerate(zip(tokens, sentence_of.tolist()))
+    ]
     counts = np.fromiter(map(len, flat), np.int64, len(flat))
     occurrences = list(itertools.chain.from_iterable(flat))
     names, attributes = _positions([name for name, _ in occurrences])

@@ -78,8 +78,9 @@ class FeatureIndex(NamedTuple):
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         features = list(features)
-        unigram = _vocabulary((name for sentence in features for token in sentence.unigram for name in token),
-                              min_count)
+        unigram = _vocabulary(
+            (name for sentence in features for token in sentence.unigram for name in token), min_count
+        )
         pair = _vocabulary((name for sentence in features for token in sentence.pair for name in token), min_count)
         return FeatureIndex(unigram, pair, len(unigram), len(pair))
 
@@ -141,8 +142,9 @@ def ragged_rows(flat: np.ndarray, counts: np.ndarray, fill, width: int | None = 
     return out
 
 
-def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill: float = PADDING_ID,
-         dtype: type = np.int32) -> np.ndarray:
+def _pad(
+    rows: Sequence[Sequence[Sequence]], max_length: int, fill: float = PADDING_ID, dtype: type = np.int32
+) -> np.ndarray:
     """`[B, max_length, F]` from `[B][T][...]` nested lists (vectorised: one
     pass flattens them, one scatter places them)."""
     sentence_lengths = np.fromiter(map(len, rows), np.int64, len(rows))
@@ -156,8 +158,9 @@ def _pad(rows: Sequence[Sequence[Sequence]], max_length: int, fill: float = PADD
     return out
 
 
-def pad_batch(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None,
-              max_length: int | None = None) -> FeatureBatch:
+def pad_batch(
+    encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None, max_length: int | None = None
+) -> FeatureBatch:
     """Stack encoded sentences (from `FeatureIndex.encode`, with or without
     values) into a `FeatureBatch` padded to `max_length` positions (default:
     the longest) and to the widest token."""
@@ -171,8 +174,9 @@ def pad_batch(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None =
     unigram_values = None
     if any(len(sentence) > 2 for sentence in encoded):
         ones = lambda sentence: [[1.0] * len(token) for token in sentence[0]]  # one encoded without values
-        unigram_values = _pad([sentence[2] if len(sentence) > 2 else ones(sentence) for sentence in encoded],
-                              max_length, 0.0, np.float64)
+        unigram_values = _pad(
+            [sentence[2] if len(sentence) > 2 else ones(sentence) for sentence in encoded], max_length, 0.0, np.float64
+        )
     label_array = None
     if labels is not None:
         label_array = np.full((len(encoded), max_length), -1, dtype=np.int32)
@@ -264,15 +268,23 @@ def _token_stack(encoded):
     sentence_lengths = [len(sentence[0]) for sentence in encoded]
     if len({len(sentence) for sentence in encoded}) > 1:
         raise ValueError("encoded sentences must all carry values or none (2- or 3-tuples from FeatureIndex.encode)")
-    stack = pad_batch([tuple(list(itertools.chain.from_iterable(sentence[part] for sentence in encoded))
-                             for part in range(len(encoded[0]) if encoded else 2))])
+    stack = pad_batch(
+        [
+            tuple(
+                list(itertools.chain.from_iterable(sentence[part] for sentence in encoded))
+                for part in range(len(encoded[0]) if encoded else 2)
+            )
+        ]
+    )
     return sentence_lengths, stack
 
 
 def _stacked(stack: FeatureBatch) -> dict:
     """The keyword arguments of `pack_tokens` held by a one-row `FeatureBatch`."""
-    return {"pair_ids": stack.pair_ids[0],
-            "unigram_values": None if stack.unigram_values is None else stack.unigram_values[0]}
+    return {
+        "pair_ids": stack.pair_ids[0],
+        "unigram_values": None if stack.unigram_values is None else stack.unigram_values[0],
+    }
 
 
 def _check_label_lengths(labels, sentence_lengths) -> None:
@@ -290,21 +302,22 @@ def _check_stack(unigram_ids, sentence_lengths, pair_ids, unigram_values):
     sentence_lengths = [int(n) for n in sentence_lengths]
     offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
     if offsets[-1] != unigram_ids.shape[0]:
-        raise ValueError(f"sentence_lengths must add up to the {unigram_ids.shape[0]} tokens of unigram_ids, "
-                         f"got {offsets[-1]}")
+        raise ValueError(
+            f"sentence_lengths must add up to the {unigram_ids.shape[0]} tokens of unigram_ids, got {offsets[-1]}"
+        )
     pair_ids = np.zeros((unigram_ids.shape[0], 0), np.int32) if pair_ids is None else np.asarray(pair_ids)
     if pair_ids.shape[0] != unigram_ids.shape[0]:
         raise ValueError(f"pair_ids must have shape [N, F2] with N = {unigram_ids.shape[0]}, got {pair_ids.shape}")
     if unigram_values is not None:
         unigram_values = np.asarray(unigram_values, dtype=np.float64)
         if unigram_values.shape != unigram_ids.shape:
-            raise ValueError(f"unigram_values must have the shape of unigram_ids {unigram_ids.shape}, "
-                             f"got {unigram_values.shape}")
+            raise ValueError(
+                f"unigram_values must have the shape of unigram_ids {unigram_ids.shape}, got {unigram_values.shape}"
+            )
     return unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values
 
 
-def pack(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None,
-         num_buckets: int = 6) -> PackedCorpus:
+def pack(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None, num_buckets: int = 6) -> PackedCorpus:
     """Pack encoded sentences (from `FeatureIndex.encode`, with or without
     values) and optional label ids into a `PackedCorpus` with at most
     `num_buckets` length buckets."""
@@ -312,13 +325,21 @@ def pack(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None
     return pack_tokens(stack.unigram_ids[0], sentence_lengths, labels, num_buckets, **_stacked(stack))
 
 
-def pack_tokens(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]] | None = None,
-                num_buckets: int = 6, *, pair_ids=None, unigram_values=None) -> PackedCorpus:
+def pack_tokens(
+    unigram_ids,
+    sentence_lengths: Sequence[int] | np.ndarray,
+    labels: Sequence[Sequence[int]] | None = None,
+    num_buckets: int = 6,
+    *,
+    pair_ids=None,
+    unigram_values=None,
+) -> PackedCorpus:
     """`pack` from a token stack: `unigram_ids [N, F]` (-1 = padding) over the
     N tokens of sentences of `sentence_lengths [S]`, in order; `pair_ids
     [N, F2]` (default none) and `unigram_values [N, F]` (default all 1)."""
     unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values = _check_stack(
-        unigram_ids, sentence_lengths, pair_ids, unigram_values)
+        unigram_ids, sentence_lengths, pair_ids, unigram_values
+    )
     if labels is not None:
         _check_label_lengths(labels, sentence_lengths)
     positions, lengths, label_arrays, members = [], [], [], []
@@ -334,12 +355,21 @@ def pack_tokens(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, label
             for row, i in enumerate(indices):
                 bucket_labels[row, : sentence_lengths[i]] = labels[i]
             label_arrays.append(bucket_labels)
-    return PackedCorpus(unigram_ids, pair_ids, tuple(positions), tuple(lengths),
-                        tuple(label_arrays) if labels is not None else None, tuple(members), None, unigram_values)
+    return PackedCorpus(
+        unigram_ids,
+        pair_ids,
+        tuple(positions),
+        tuple(lengths),
+        tuple(label_arrays) if labels is not None else None,
+        tuple(members),
+        None,
+        unigram_values,
+    )
 
 
-def pack_rows(encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: int | None = None,
-              multiple: int = 8) -> PackedCorpus:
+def pack_rows(
+    encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: int | None = None, multiple: int = 8
+) -> PackedCorpus:
     """Pack labelled encoded sentences back to back into rows of `width`
     positions (default: the longest sentence, rounded up to `multiple`),
     `starts` marking each sentence's first position, for the row losses
@@ -398,12 +428,20 @@ def _row_bucket(rows: list, width: int, sentence_lengths: np.ndarray, offsets: n
     return positions, row_lengths, row_labels, members, starts
 
 
-def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, labels: Sequence[Sequence[int]],
-                    width: int | None = None, multiple: int = 8, *, pair_ids=None,
-                    unigram_values=None) -> PackedCorpus:
+def pack_token_rows(
+    unigram_ids,
+    sentence_lengths: Sequence[int] | np.ndarray,
+    labels: Sequence[Sequence[int]],
+    width: int | None = None,
+    multiple: int = 8,
+    *,
+    pair_ids=None,
+    unigram_values=None,
+) -> PackedCorpus:
     """`pack_rows` from a token stack (arguments as in `pack_tokens`)."""
     unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values = _check_stack(
-        unigram_ids, sentence_lengths, pair_ids, unigram_values)
+        unigram_ids, sentence_lengths, pair_ids, unigram_values
+    )
     _check_label_lengths(labels, sentence_lengths)
     wide = max(multiple * -(-max(sentence_lengths, default=0) // multiple), multiple)
     if width is None:
@@ -415,7 +453,9 @@ def pack_token_rows(unigram_ids, sentence_lengths: Sequence[int] | np.ndarray, l
     groups = [(width, pool[:split])] + ([(wide, pool[split:])] if split < len(pool) else [])
     stack_labels = np.fromiter(itertools.chain.from_iterable(labels), np.int32, int(offsets[-1]))
     lengths = np.asarray(sentence_lengths, np.int64)
-    buckets = [_row_bucket(_greedy_rows(group, bucket_width), bucket_width, lengths, offsets, stack_labels)
-               for bucket_width, group in groups]
+    buckets = [
+        _row_bucket(_greedy_rows(group, bucket_width), bucket_width, lengths, offsets, stack_labels)
+        for bucket_width, group in groups
+    ]
     positions, row_lengths, row_labels, members, starts = (tuple(parts) for parts in zip(*buckets))
     return PackedCorpus(unigram_ids, pair_ids, positions, row_lengths, row_labels, members, starts, unigram_values)

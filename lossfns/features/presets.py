@@ -92,16 +92,26 @@ def crfsuite_ner(tokens: Tokens) -> TokenFeatures:
             raise ValueError(f"crfsuite_ner needs (word, POS) token rows, got {tuple(row)!r} at position {t}")
         word, tag = row[0], row[1]
         features = ["bias", f"word.lower()={word.lower()}", f"word[-3:]={word[-3:]}", f"word[-2:]={word[-2:]}"]
-        features += [name for name, test in (("word.isupper()", word.isupper()), ("word.istitle()", word.istitle()),
-                                             ("word.isdigit()", word.isdigit())) if test]
+        features += [
+            name
+            for name, test in (
+                ("word.isupper()", word.isupper()),
+                ("word.istitle()", word.istitle()),
+                ("word.isdigit()", word.isdigit()),
+            )
+            if test
+        ]
         features += [f"postag={tag}", f"postag[:2]={tag[:2]}"]
         for offset, edge in ((-1, "BOS"), (1, "EOS")):
             if 0 <= t + offset < len(tokens):
                 other, other_tag = tokens[t + offset][0], tokens[t + offset][1]
                 name = f"{offset:+d}" if offset > 0 else f"{offset}"
                 features.append(f"{name}:word.lower()={other.lower()}")
-                features += [f"{name}:{test}" for test, value in (("word.istitle()", other.istitle()),
-                                                                 ("word.isupper()", other.isupper())) if value]
+                features += [
+                    f"{name}:{test}"
+                    for test, value in (("word.istitle()", other.istitle()), ("word.isupper()", other.isupper()))
+                    if value
+                ]
                 features += [f"{name}:postag={other_tag}", f"{name}:postag[:2]={other_tag[:2]}"]
             else:
                 features.append(edge)
@@ -127,8 +137,9 @@ def lavergne_pos(tokens: Tokens) -> TokenFeatures:
         features += [f"suffix{n}={word[-n:]}" for n in range(1, 5) if len(word) >= n]
         window = {offset: _word_at(tokens, t + offset) for offset in range(-2, 3)}
         features += [f"{offset:+d}:word={window[offset]}" for offset in (-2, -1, 1, 2)]
-        features += [f"{offset:+d}{offset + 1:+d}:words={window[offset]}|{window[offset + 1]}"
-                     for offset in range(-2, 2)]
+        features += [
+            f"{offset:+d}{offset + 1:+d}:words={window[offset]}|{window[offset + 1]}" for offset in range(-2, 2)
+        ]
         unigram.append(features)
     return TokenFeatures(unigram, [[] for _ in tokens])
 

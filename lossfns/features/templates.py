@@ -106,8 +106,15 @@ class Templates(NamedTuple):
 
 # Wapiti's character classes (C locale, as its matcher calls isalpha & co.).
 _PUNCTUATION = re.escape("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-_CLASSES = {"a": "A-Za-z", "d": "0-9", "l": "a-z", "u": "A-Z", "w": "A-Za-z0-9", "s": " \\t\\n\\r\\f\\v",
-            "p": _PUNCTUATION}
+_CLASSES = {
+    "a": "A-Za-z",
+    "d": "0-9",
+    "l": "a-z",
+    "u": "A-Z",
+    "w": "A-Za-z0-9",
+    "s": " \\t\\n\\r\\f\\v",
+    "p": _PUNCTUATION,
+}
 
 
 def wapiti_regex(pattern: str) -> str:
@@ -155,8 +162,10 @@ def _parse_body(body: str, source: str, line_number: int, line: str, dialect: st
             parts.append(body[position:percent])
         match = _MACRO.match(body, percent)
         if match is None:
-            raise ValueError(f"{source}:{line_number}: malformed macro at column {percent + 1} of {line!r}; "
-                             'expected %x[row,col], %t[row,col,"regex"] or %m[row,col,"regex"]')
+            raise ValueError(
+                f"{source}:{line_number}: malformed macro at column {percent + 1} of {line!r}; "
+                'expected %x[row,col], %t[row,col,"regex"] or %m[row,col,"regex"]'
+            )
         letter, mode, row, column, pattern = match.groups()
         kind = letter.lower()
         if kind == "x" and pattern is not None:
@@ -213,9 +222,11 @@ def parse_templates(text: str, source: str = "<templates>", *, dialect: str = "p
             groups.remove("pair")
         for group in groups:
             if (group, prefix) in prefixes:
-                raise ValueError(f"{source}:{line_number}: template text {prefix!r} before the first macro is "
-                                 f"already used on line {prefixes[group, prefix]}: their observation strings "
-                                 "could coincide; give each template its own name")
+                raise ValueError(
+                    f"{source}:{line_number}: template text {prefix!r} before the first macro is "
+                    f"already used on line {prefixes[group, prefix]}: their observation strings "
+                    "could coincide; give each template its own name"
+                )
             prefixes[group, prefix] = line_number
         if "unigram" in groups:
             unigram.append(template)
@@ -240,8 +251,10 @@ def _cell(tokens: Sequence[Sequence[str]], position: int, macro: Macro, template
         try:
             index = position + int(offset)
         except ValueError:
-            raise ValueError(f"template {template.name} (line {template.line_number}) reads a row offset from "
-                             f"column {macro.row}, but token {position} has {offset!r} there") from None
+            raise ValueError(
+                f"template {template.name} (line {template.line_number}) reads a row offset from "
+                f"column {macro.row}, but token {position} has {offset!r} there"
+            ) from None
     else:
         index = position + macro.row
     if index < 0:
@@ -254,8 +267,10 @@ def _cell(tokens: Sequence[Sequence[str]], position: int, macro: Macro, template
 def _column(tokens: Sequence[Sequence[str]], index: int, column: int, template: Template) -> str:
     row = tokens[index]
     if column >= len(row):
-        raise ValueError(f"template {template.name} (line {template.line_number}) reads column {column}, "
-                         f"but token {index} has only {len(row)} columns: {tuple(row)!r}")
+        raise ValueError(
+            f"template {template.name} (line {template.line_number}) reads column {column}, "
+            f"but token {index} has only {len(row)} columns: {tuple(row)!r}"
+        )
     return row[column]
 
 

@@ -82,8 +82,10 @@ def _prepare(potentials, lengths):
         batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
         transitions = as_float_array("transitions", potentials.transitions, 2, "[L, L] or [..., L, L]")
         if transitions.shape[-2:] != (L, L):
-            raise ValueError(f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
-                             f"got shape {transitions.shape}")
+            raise ValueError(
+                f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
+                f"got shape {transitions.shape}"
+            )
         start = potentials.start
         if start is None:
             start = jnp.zeros((L,), unary.dtype)
@@ -94,8 +96,10 @@ def _prepare(potentials, lengths):
             try:
                 jnp.broadcast_shapes(array.shape[:-core], batch_shape)
             except ValueError:
-                raise ValueError(f"{name} batch shape {array.shape[:-core]} does not broadcast to the "
-                                 f"batch shape {batch_shape} of unary") from None
+                raise ValueError(
+                    f"{name} batch shape {array.shape[:-core]} does not broadcast to the "
+                    f"batch shape {batch_shape} of unary"
+                ) from None
             check_finite_or_neg_inf(name, array)
         dtype = jnp.result_type(unary, transitions, start)
         potentials = FactoredPotentials(unary.astype(dtype), transitions.astype(dtype), start.astype(dtype))
@@ -105,8 +109,9 @@ def _prepare(potentials, lengths):
         potentials = as_float_array("potentials", potentials, 3, "[..., T, L, L]")
         batch_shape, (T, L, L2) = potentials.shape[:-3], potentials.shape[-3:]
         if L != L2:
-            raise ValueError(f"potentials must have shape [..., T, L, L] (square in the last two axes), "
-                             f"got shape {potentials.shape}")
+            raise ValueError(
+                f"potentials must have shape [..., T, L, L] (square in the last two axes), got shape {potentials.shape}"
+            )
         potentials = DensePotentials(potentials)
     if L < 1:
         raise ValueError("potentials must have at least one label (L >= 1)")
@@ -118,8 +123,9 @@ def _prepare(potentials, lengths):
 def _check_scores_inside(potentials, lengths) -> None:
     """NaN or +inf scores are refused at positions inside the lengths; padding
     past them is never read, so it may hold anything."""
-    name, scores = (("potentials", potentials.scores) if isinstance(potentials, DensePotentials)
-                    else ("unary", potentials.unary))
+    name, scores = (
+        ("potentials", potentials.scores) if isinstance(potentials, DensePotentials) else ("unary", potentials.unary)
+    )
     values, lengths = concrete(scores), concrete(lengths)
     if values is None or lengths is None:
         return
@@ -149,7 +155,7 @@ def _map_batch(fn, potentials, lengths, *batched):
     batch_shape = lengths.shape
     size = math.prod(batch_shape)
     flat, axes = potentials.batched(batch_shape)
-    extra = [jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape):]), b) for b in batched]
+    extra = [jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape) :]), b) for b in batched]
     with kernel.batch_size(size):
         out = jax.vmap(fn, in_axes=(axes, 0) + (0,) * len(extra))(flat, lengths.reshape(size), *extra)
     return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
@@ -263,8 +269,10 @@ def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Lo
 def _as_starts(starts, shape: tuple) -> jax.Array:
     starts = jnp.asarray(starts)
     if starts.dtype != jnp.bool_ or starts.shape != tuple(shape):
-        raise ValueError(f"starts must be a bool array of shape {tuple(shape)} ([..., T], matching the "
-                         f"potentials), got dtype {starts.dtype} and shape {starts.shape}")
+        raise ValueError(
+            f"starts must be a bool array of shape {tuple(shape)} ([..., T], matching the "
+            f"potentials), got dtype {starts.dtype} and shape {starts.shape}"
+        )
     return starts
 
 
@@ -291,8 +299,7 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
         raise ValueError(f"semiring must be semirings.Log, Real or Max for row_forward, got {semiring!r}")
     potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
     starts = _as_starts(starts, batch_shape + (T,))
-    return _map_batch(_instance(_forward_instance, _log_semiring(semiring), "sequential"), potentials, lengths,
-                      starts)
+    return _map_batch(_instance(_forward_instance, _log_semiring(semiring), "sequential"), potentials, lengths, starts)
 
 
 def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = semirings.Log):

@@ -54,16 +54,19 @@ def _split(label: str, scheme: str, prefixes: dict) -> tuple[str | None, str]:
     allowed = sorted(p for p in prefixes.values() if p is not None)
     prefix, dash, kind = label.partition("-")
     if not dash or not kind or prefix not in allowed:
-        raise ValueError(f"labels: {label!r} is not a {scheme} label (expected 'O' or one of "
-                         f"{', '.join(p + '-TYPE' for p in allowed)}); for another label set, build the "
-                         "allowed-transition masks by hand")
+        raise ValueError(
+            f"labels: {label!r} is not a {scheme} label (expected 'O' or one of "
+            f"{', '.join(p + '-TYPE' for p in allowed)}); for another label set, build the "
+            "allowed-transition masks by hand"
+        )
     return prefix, kind
 
 
 def _fits(labels: Sequence[str], prefixes: dict) -> bool:
     allowed = {p for p in prefixes.values() if p is not None}
-    return all(label == "O" or (label.partition("-")[0] in allowed and label.partition("-")[2] != "")
-               for label in labels)
+    return all(
+        label == "O" or (label.partition("-")[0] in allowed and label.partition("-")[2] != "") for label in labels
+    )
 
 
 def scheme_of(labels: Sequence[str]) -> str | None:
@@ -105,7 +108,9 @@ def allowed_transitions(labels: Sequence[str], scheme: str = "IOB2") -> AllowedT
             return before in opens and now_kind == before_kind
         return True
 
-    transitions = np.array([[may_follow(a, b) for b in split] for a in split], dtype=bool).reshape(len(split), len(split))
+    transitions = np.array([[may_follow(a, b) for b in split] for a in split], dtype=bool).reshape(
+        len(split), len(split)
+    )
     start = np.array([prefix not in continues for prefix, _ in split], dtype=bool)
     end = np.array([closes_silently or prefix not in opens for prefix, _ in split], dtype=bool)
     return AllowedTransitions(transitions, start, end)

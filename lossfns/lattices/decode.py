@@ -77,8 +77,10 @@ def backtrace(history, column, length, final, *, stop_at_length: bool = False):
         t = length - 1 - i  # the position of `state`; below 0 once a mapped chain is done
         label = state // k
         labels = labels.at[jnp.where(t >= 0, t, T)].set(label, mode="drop")
-        candidates = jax.lax.dynamic_index_in_dim(history, jnp.maximum(t - 1, 0), 0, False) \
+        candidates = (
+            jax.lax.dynamic_index_in_dim(history, jnp.maximum(t - 1, 0), 0, False)
             + column(jnp.maximum(t, 0), label)[:, None]
+        )
         previous = _nth_best(candidates.reshape(-1), state % k, k)
         return labels, jnp.where(t > 0, previous, state)
 

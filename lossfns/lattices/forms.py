@@ -72,8 +72,7 @@ def generic_lift(semiring, scores):
 
     def step(value, inputs, t, live):
         matrices, scales = inputs
-        matrix_t = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, time_axis(x), False),
-                                          matrices)
+        matrix_t = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, time_axis(x), False), matrices)
         return semiring.vecmat(value, matrix_t), kernel.at_position(scales, t), ()
 
     return (matrices, scales), step
@@ -81,7 +80,7 @@ def generic_lift(semiring, scores):
 
 def _flatten(x, batch_shape, core: int):
     """`x [*batch_shape, *core dims] -> [prod(batch_shape), *core dims]`."""
-    return x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core:])
+    return x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core :])
 
 
 class DensePotentials(NamedTuple):
@@ -128,7 +127,9 @@ class DensePotentials(NamedTuple):
         return self.scores[jnp.arange(labels.shape[0]), previous, labels]
 
     def batched(self, batch_shape):
-        return DensePotentials(_flatten(self.scores, batch_shape, 3)), DensePotentials._make((0,))  # in_axes: its leaf is an axis
+        return DensePotentials(_flatten(self.scores, batch_shape, 3)), DensePotentials._make(
+            (0,)
+        )  # in_axes: its leaf is an axis
 
     def unshared(self, batch_shape):
         return self
@@ -190,8 +191,11 @@ class FactoredPotentials(NamedTuple):
         def step(value, inputs, t, live):
             transitions, unary, unary_scale = inputs
             unary_t = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, t, x.ndim - 2, False), unary)
-            return (semiring.times(semiring.vecmat(value, transitions), unary_t),
-                    kernel.at_position(unary_scale, t) + transition_scale, ())
+            return (
+                semiring.times(semiring.vecmat(value, transitions), unary_t),
+                kernel.at_position(unary_scale, t) + transition_scale,
+                (),
+            )
 
         return (transitions, unary, unary_scale), step
 
@@ -230,8 +234,11 @@ class FactoredPotentials(NamedTuple):
         per-example expected counts rather than batch sums."""
         L = self.num_labels
         assert self.start is not None  # filled with zeros on entry
-        return FactoredPotentials(self.unary, jnp.broadcast_to(self.transitions, batch_shape + (L, L)),
-                                  jnp.broadcast_to(self.start, batch_shape + (L,)))
+        return FactoredPotentials(
+            self.unary,
+            jnp.broadcast_to(self.transitions, batch_shape + (L, L)),
+            jnp.broadcast_to(self.start, batch_shape + (L,)),
+        )
 
     def as_argument(self):
         return self

@@ -142,10 +142,16 @@ TUNING = {
     # Measured on the 2-core CPU machine (benchmarks/results/README.md). The
     # parallel algorithm was 4-9x slower than the scan on CPU (NUMERICS.md 7):
     # never the default there.
-    "cpu": Tuning(fused_matmul_max_size=2 ** 12, fused_products_max_labels=16,
-                  edge_sums_in_scan_max_size=2 ** 15, keep_factors_max_bytes=2 ** 24,
-                  parallel_min_steps=2 ** 62, parallel_max_labels=0, label_multiple=8,
-                  label_multiple_min_labels=32),
+    "cpu": Tuning(
+        fused_matmul_max_size=2**12,
+        fused_products_max_labels=16,
+        edge_sums_in_scan_max_size=2**15,
+        keep_factors_max_bytes=2**24,
+        parallel_min_steps=2**62,
+        parallel_max_labels=0,
+        label_multiple=8,
+        label_multiple_min_labels=32,
+    ),
     # Accelerators, from first principles (no GPU was lent to measure): dots
     # everywhere, edge sums as one product, factors kept. A sequential step
     # costs a few microseconds of launches and synchronisation whatever its
@@ -154,10 +160,16 @@ TUNING = {
     # spread over thousands of lanes, and B T L^2 memory with the exact dot
     # product `log_matmul`). From 64 positions the scan's latency dominates;
     # up to 128 labels a level's products stay well within one device.
-    "default": Tuning(fused_matmul_max_size=0, fused_products_max_labels=0,
-                      edge_sums_in_scan_max_size=0, keep_factors_max_bytes=2 ** 62,
-                      parallel_min_steps=64, parallel_max_labels=128, label_multiple=1,
-                      label_multiple_min_labels=0),
+    "default": Tuning(
+        fused_matmul_max_size=0,
+        fused_products_max_labels=0,
+        edge_sums_in_scan_max_size=0,
+        keep_factors_max_bytes=2**62,
+        parallel_min_steps=64,
+        parallel_max_labels=128,
+        label_multiple=1,
+        label_multiple_min_labels=0,
+    ),
 }
 """Per-backend thresholds that pick the algorithm and the intermediates kept; the tests force every
 branch on CPU by replacing the entry."""
@@ -390,7 +402,8 @@ def factored_log_steps(unary, transitions):
     def step(log_alpha, inputs, t, live):
         sums = _vecmat(jnp.exp(log_alpha), inputs.factors)
         log_sums, recovered = _checked_step(
-            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted, 0), live)
+            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted, 0), live
+        )
         return log_sums + at_position(inputs.continued, t), jnp.zeros((), unary.dtype), (log_sums, recovered)
 
     return inputs, step
@@ -426,7 +439,8 @@ def dense_log_steps(scores):
     def step(log_alpha, inputs, t, live):
         sums = _block_vecmat(jnp.exp(log_alpha), inputs.block(t))
         log_sums, recovered = _checked_step(
-            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted(t), 0), live)
+            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted(t), 0), live
+        )
         return log_sums + at_position(inputs.shifts, t), jnp.zeros((), scores.dtype), (log_sums, recovered)
 
     return inputs, step
@@ -564,11 +578,18 @@ def factored_tangent(potentials, length, starts, forward: Forward, tangent):
         edges = _contract(weighted, edge_sums)
     else:
         edges = jnp.sum((alphas @ weighted) * ratios)
-    exact_edges = jax.lax.cond(jnp.any(recovered), lambda: _factored_exact_edges(forward, chains, nodes),
-                               lambda: jnp.zeros((L, L), alphas.dtype))
+    exact_edges = jax.lax.cond(
+        jnp.any(recovered),
+        lambda: _factored_exact_edges(forward, chains, nodes),
+        lambda: jnp.zeros((L, L), alphas.dtype),
+    )
     firsts = jnp.sum(jnp.where(chains.starts[:, None], nodes, 0.0), 0)  # pyright: ignore[reportArgumentType]  # a scan output
-    return (jnp.sum(nodes * _masked(nodes, tangent.unary)) + edges  # pyright: ignore[reportArgumentType]  # a scan output
-            + _contract(transitions_tangent, exact_edges) + jnp.sum(firsts * _masked(firsts, tangent.start)))
+    return (
+        jnp.sum(nodes * _masked(nodes, tangent.unary))  # pyright: ignore[reportArgumentType]  # a scan output
+        + edges
+        + _contract(transitions_tangent, exact_edges)
+        + jnp.sum(firsts * _masked(firsts, tangent.start))
+    )
 
 
 def _factored_exact_edges(forward: Forward, chains: _Chains, nodes):
@@ -583,8 +604,7 @@ def _factored_exact_edges(forward: Forward, chains: _Chains, nodes):
         return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
 
     L = nodes.shape[-1]
-    edges, _ = jax.lax.scan(step, jnp.zeros((L, L), nodes.dtype),
-                            (forward.values[:-1], log_sums[1:], nodes[1:], taken))
+    edges, _ = jax.lax.scan(step, jnp.zeros((L, L), nodes.dtype), (forward.values[:-1], log_sums[1:], nodes[1:], taken))
     return edges
 
 
@@ -625,8 +645,7 @@ def dense_tangent(potentials, length, starts, forward: Forward, tangent):
     _, (nodes, ratios) = jax.lax.scan(step, jnp.zeros((L,), alphas.dtype), inputs, reverse=True)
     # edges[t] = xi_{t+1}: from t's forward vector through block t + 1 to t + 1's ratio
     edges = alphas[:-1, :, None] * blocks.all()[1:] * ratios[:-1, None, :]
-    edges = jax.lax.cond(jnp.any(recovered), lambda: _dense_exact_edges(forward, chains, nodes, edges),
-                         lambda: edges)
+    edges = jax.lax.cond(jnp.any(recovered), lambda: _dense_exact_edges(forward, chains, nodes, edges), lambda: edges)
     marginals = jnp.concatenate([jnp.zeros((1, L, L), edges.dtype), edges])
     heads = jnp.zeros((T, L, L), edges.dtype).at[:, 0].set(jnp.where(chains.starts[:, None], nodes, 0.0))
     marginals = jnp.where(chains.starts[:, None, None], heads, marginals)
@@ -675,6 +694,8 @@ def log_matmul(left, right):
     tau = recovery_threshold(sums.dtype, left.shape[-1])
     recover = any_in_batch(jnp.any(joined & (sums < tau)))
     log_sums = jax.lax.cond(
-        recover, lambda: logsumexp(shifted_left[..., :, :, None] + shifted_right[..., None, :, :], -2),
-        lambda: safe_log(sums))
+        recover,
+        lambda: logsumexp(shifted_left[..., :, :, None] + shifted_right[..., None, :, :], -2),
+        lambda: safe_log(sums),
+    )
     return log_sums + row_shift[..., :, None] + column_shift[..., None, :]

@@ -24,19 +24,20 @@ from . import dag
 def _as_sentence(sentence) -> tuple[int, ...]:
     words = np.asarray(sentence)
     if words.ndim != 1 or (words.size and not np.issubdtype(words.dtype, np.integer)):
-        raise ValueError(f"sentence must be a 1-D sequence of integer word ids [m], got shape {words.shape} "
-                         f"and dtype {words.dtype}")
+        raise ValueError(
+            f"sentence must be a 1-D sequence of integer word ids [m], got shape {words.shape} and dtype {words.dtype}"
+        )
     if (words < 0).any():
         raise ValueError(f"sentence word ids must be non-negative, got {words.tolist()}")
     return tuple(int(w) for w in words)
 
 
 def _deletions(words):
-    return {words[:i] + words[i + 1:] for i in range(len(words))}
+    return {words[:i] + words[i + 1 :] for i in range(len(words))}
 
 
 def _transpositions(words):
-    return {words[:i] + (words[i + 1], words[i]) + words[i + 2:] for i in range(len(words) - 1)}
+    return {words[:i] + (words[i + 1], words[i]) + words[i + 2 :] for i in range(len(words) - 1)}
 
 
 def del1word(sentence: Sequence[int]) -> dag.Lattice:

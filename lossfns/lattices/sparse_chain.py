@@ -86,14 +86,19 @@ class SparsePotentials(NamedTuple):
     dtype = forms.FactoredPotentials.dtype
 
     def masked(self, valid):
-        return self._replace(unary=jnp.where(valid[:, None], self.unary, 0.0),
-                             pair_weights=jnp.where(valid[:, None], self.pair_weights, 0.0))
+        return self._replace(
+            unary=jnp.where(valid[:, None], self.unary, 0.0),
+            pair_weights=jnp.where(valid[:, None], self.pair_weights, 0.0),
+        )
 
     def _pairs(self, weights):
         """The pair scores `[..., L, L]` of per-pair weights `[..., K]`."""
         L = self.num_labels
-        return jnp.zeros(weights.shape[:-1] + (L, L), weights.dtype).at[..., self.pair_previous, self.pair_next].add(
-            weights)
+        return (
+            jnp.zeros(weights.shape[:-1] + (L, L), weights.dtype)
+            .at[..., self.pair_previous, self.pair_next]
+            .add(weights)
+        )
 
     def first_scores(self):
         from_start = jnp.where(self.pair_previous == 0, self.pair_weights, 0.0)
@@ -115,8 +120,11 @@ class SparsePotentials(NamedTuple):
 
     def column(self, inputs_t, label):
         unary_t, weights_t = inputs_t
-        pairs = jnp.zeros((self.num_labels,), weights_t.dtype).at[self.pair_previous].add(
-            jnp.where(self.pair_next == label, weights_t, 0.0))
+        pairs = (
+            jnp.zeros((self.num_labels,), weights_t.dtype)
+            .at[self.pair_previous]
+            .add(jnp.where(self.pair_next == label, weights_t, 0.0))
+        )
         return self._transitions()[:, label] + unary_t[label] + pairs
 
     def edge_scores(self):
@@ -135,14 +143,22 @@ class SparsePotentials(NamedTuple):
         return self.unary[positions, labels] + edge + pairs
 
     def batched(self, batch_shape):
-        flat = lambda x, core: x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core:])
+        flat = lambda x, core: x.reshape((math.prod(batch_shape),) + x.shape[x.ndim - core :])
         transitions = self.transitions
         shared = transitions is None or transitions.ndim == 2
         if transitions is not None and not shared:
             transitions = flat(jnp.broadcast_to(transitions, batch_shape + transitions.shape[-2:]), 2)
-        return (SparsePotentials(flat(self.unary, 2), flat(self.pair_weights, 2), self.pair_previous, self.pair_next,
-                                 flat(self.start, 1), transitions),
-                SparsePotentials._make((0, 0, None, None, 0, None if shared else 0)))  # in_axes: its leaves are axes
+        return (
+            SparsePotentials(
+                flat(self.unary, 2),
+                flat(self.pair_weights, 2),
+                self.pair_previous,
+                self.pair_next,
+                flat(self.start, 1),
+                transitions,
+            ),
+            SparsePotentials._make((0, 0, None, None, 0, None if shared else 0)),
+        )  # in_axes: its leaves are axes
 
     def unshared(self, batch_shape):
         """Per-example transitions, so that their derivatives are per-example
@@ -163,8 +179,12 @@ class SparsePotentials(NamedTuple):
 def _sparse_log_step(potentials: SparsePotentials):
     """`(inputs, step)` of the log semiring: the checked sparse product above
     on log-space forward scores (see the module docstring)."""
-    unary, pair_weights, previous, following = (potentials.unary, potentials.pair_weights,
-                                                potentials.pair_previous, potentials.pair_next)
+    unary, pair_weights, previous, following = (
+        potentials.unary,
+        potentials.pair_weights,
+        potentials.pair_previous,
+        potentials.pair_next,
+    )
     T, L = unary.shape
     rank_one = potentials.transitions is None  # Lavergne's case: the dense part is sum(alpha)
     transitions = potentials._transitions()
@@ -209,14 +229,19 @@ def _label_indices(name: str, indices, size: int, num_labels: int) -> jax.Array:
     """Pair support indices `[K]` of ints in `[0, num_labels)`."""
     indices = jnp.asarray(indices)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array of shape [{size}] (K, from pair_weights), "
-                        f"got dtype {indices.dtype}")
+        raise TypeError(
+            f"{name} must be an integer array of shape [{size}] (K, from pair_weights), got dtype {indices.dtype}"
+        )
     if indices.shape != (size,):
-        raise ValueError(f"{name} must have shape [{size}] (K, from pair_weights [..., T, K]), got shape {indices.shape}")
+        raise ValueError(
+            f"{name} must have shape [{size}] (K, from pair_weights [..., T, K]), got shape {indices.shape}"
+        )
     value = concrete(indices)
     if value is not None and value.size and (value.min() < 0 or value.max() >= num_labels):
-        raise ValueError(f"{name} must lie in [0, {num_labels}) (L labels, from unary), "
-                         f"got {int(value[(value < 0) | (value >= num_labels)][0])}")
+        raise ValueError(
+            f"{name} must lie in [0, {num_labels}) (L labels, from unary), "
+            f"got {int(value[(value < 0) | (value >= num_labels)][0])}"
+        )
     return indices.astype(jnp.int32)
 
 
@@ -230,8 +255,10 @@ def _prepare(potentials: SparsePotentials, lengths):
         raise ValueError("unary must have at least one label (L >= 1)")
     pair_weights = as_float_array("pair_weights", potentials.pair_weights, 2, "[..., T, K]")
     if pair_weights.shape[:-1] != unary.shape[:-1]:
-        raise ValueError(f"pair_weights must have shape {batch_shape + (T,)} + [K] (batch and T from unary "
-                         f"{unary.shape}), got shape {pair_weights.shape}")
+        raise ValueError(
+            f"pair_weights must have shape {batch_shape + (T,)} + [K] (batch and T from unary "
+            f"{unary.shape}), got shape {pair_weights.shape}"
+        )
     K = pair_weights.shape[-1]
     previous = _label_indices("pair_previous", potentials.pair_previous, K, L)
     following = _label_indices("pair_next", potentials.pair_next, K, L)
@@ -242,26 +269,37 @@ def _prepare(potentials: SparsePotentials, lengths):
     try:
         jnp.broadcast_shapes(start.shape[:-1], batch_shape)
     except ValueError:
-        raise ValueError(f"start batch shape {start.shape[:-1]} does not broadcast to the batch shape "
-                         f"{batch_shape} of unary") from None
+        raise ValueError(
+            f"start batch shape {start.shape[:-1]} does not broadcast to the batch shape {batch_shape} of unary"
+        ) from None
     transitions = potentials.transitions
     if transitions is not None:
         transitions = as_float_array("transitions", transitions, 2, "[L, L] or [..., L, L]")
         if transitions.shape[-2:] != (L, L):
-            raise ValueError(f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
-                             f"got shape {transitions.shape}")
+            raise ValueError(
+                f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
+                f"got shape {transitions.shape}"
+            )
         try:
             jnp.broadcast_shapes(transitions.shape[:-2], batch_shape)
         except ValueError:
-            raise ValueError(f"transitions batch shape {transitions.shape[:-2]} does not broadcast to the batch "
-                             f"shape {batch_shape} of unary") from None
+            raise ValueError(
+                f"transitions batch shape {transitions.shape[:-2]} does not broadcast to the batch "
+                f"shape {batch_shape} of unary"
+            ) from None
     for name, array in (("pair_weights", pair_weights), ("start", start), ("transitions", transitions)):
         if array is not None:
             check_finite_or_neg_inf(name, array)
     dtype = jnp.result_type(*(x for x in (unary, pair_weights, start, transitions) if x is not None))
     start = jnp.broadcast_to(start.astype(dtype), batch_shape + (L,))
-    potentials = SparsePotentials(unary.astype(dtype), pair_weights.astype(dtype), previous, following, start,
-                                  None if transitions is None else transitions.astype(dtype))
+    potentials = SparsePotentials(
+        unary.astype(dtype),
+        pair_weights.astype(dtype),
+        previous,
+        following,
+        start,
+        None if transitions is None else transitions.astype(dtype),
+    )
     return potentials, as_lengths(lengths, batch_shape, T), batch_shape, T, L
 
 

@@ -55,14 +55,18 @@ class TaggerParams(NamedTuple):
     spelling: jax.Array | None = None
 
 
-def init_params(num_tags: int, vocabulary_size: int, *, order: int = 1, num_spelling_features: int = 0,
-                dtype=jnp.float32) -> TaggerParams:
+def init_params(
+    num_tags: int, vocabulary_size: int, *, order: int = 1, num_spelling_features: int = 0, dtype=jnp.float32
+) -> TaggerParams:
     """All-zero weights (Smith & Eisner start CE at theta = 0)."""
     _check_order(order)
     K = num_tags
-    return TaggerParams(jnp.zeros((K, vocabulary_size), dtype), jnp.zeros((K + 1, K), dtype),
-                        jnp.zeros((K + 1, K + 1, K), dtype) if order == 2 else None,
-                        jnp.zeros((num_spelling_features, K), dtype) if num_spelling_features else None)
+    return TaggerParams(
+        jnp.zeros((K, vocabulary_size), dtype),
+        jnp.zeros((K + 1, K), dtype),
+        jnp.zeros((K + 1, K + 1, K), dtype) if order == 2 else None,
+        jnp.zeros((num_spelling_features, K), dtype) if num_spelling_features else None,
+    )
 
 
 def _check_order(order):
@@ -70,8 +74,9 @@ def _check_order(order):
         raise ValueError(f"order must be 1 (tag bigrams) or 2 (tag trigrams), got {order!r}")
 
 
-def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_dictionary=None,
-              as_numpy: bool = False) -> TaggedLattice:
+def intersect(
+    word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_dictionary=None, as_numpy: bool = False
+) -> TaggedLattice:
     """The (string, tag sequence) lattice of one word lattice and a tagger.
 
     Args:
@@ -84,8 +89,10 @@ def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_d
     Only (state, history) pairs reachable from the start are built.
     """
     _check_order(order)
-    src, dst, word, valid, final = (np.asarray(x) for x in (word_lattice.src, word_lattice.dst, word_lattice.symbol,
-                                                            word_lattice.arc_valid, word_lattice.final))
+    src, dst, word, valid, final = (
+        np.asarray(x)
+        for x in (word_lattice.src, word_lattice.dst, word_lattice.symbol, word_lattice.arc_valid, word_lattice.final)
+    )
     if src.ndim != 1:
         raise ValueError(f"intersect takes one word lattice (src [A]), got batch shape {src.shape[:-1]}")
     K, base = num_tags, num_tags + 1
@@ -97,7 +104,7 @@ def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_d
             raise ValueError(f"tag_dictionary must have shape [V, {K}] (num_tags = {K}), got {allowed.shape}")
     if valid.any() and word[valid].max() >= allowed.shape[0]:
         raise ValueError(f"word id {int(word[valid].max())} is outside the tag dictionary's {allowed.shape[0]} words")
-    start_code = sum(K * base ** i for i in range(order))  # the all-boundary history
+    start_code = sum(K * base**i for i in range(order))  # the all-boundary history
     histories = {0: np.array([start_code])}
     pieces = []
     for state in range(final.shape[0]):  # topological order: a state's histories are complete here
@@ -113,17 +120,22 @@ def intersect(word_lattice: dag.Lattice, num_tags: int, *, order: int = 1, tag_d
         new_code = (code % base ** (order - 1)) * base + tag
         pieces.append((np.full(code.size, state), code, dst[arc], new_code, arc, tag))
         for target in np.unique(dst[arc]):
-            histories[target] = np.concatenate([histories.get(target, np.zeros(0, np.int64)),
-                                                new_code[dst[arc] == target]])
+            histories[target] = np.concatenate(
+                [histories.get(target, np.zeros(0, np.int64)), new_code[dst[arc] == target]]
+            )
     columns = [np.concatenate([p[i] for p in pieces]) if pieces else np.zeros(0, np.int64) for i in range(6)]
     from_state, from_code, to_state, to_code, arc, tag = columns
     # Product states sorted by (word-lattice state, history): topological, start first.
-    keys = np.unique(np.concatenate([[start_code], from_state * base ** order + from_code,
-                                     to_state * base ** order + to_code]))
-    number = lambda state, code: np.searchsorted(keys, state * base ** order + code)
-    product_final = np.flatnonzero(final[keys // base ** order])
-    lattice = dag.from_arcs_numpy(np.stack([number(from_state, from_code), number(to_state, to_code), tag], axis=1),
-                                   final=product_final, num_states=keys.size)
+    keys = np.unique(
+        np.concatenate([[start_code], from_state * base**order + from_code, to_state * base**order + to_code])
+    )
+    number = lambda state, code: np.searchsorted(keys, state * base**order + code)
+    product_final = np.flatnonzero(final[keys // base**order])
+    lattice = dag.from_arcs_numpy(
+        np.stack([number(from_state, from_code), number(to_state, to_code), tag], axis=1),
+        final=product_final,
+        num_states=keys.size,
+    )
     history = np.stack([from_code // base ** (order - 1 - i) % base for i in range(order)], axis=-1)
     tagged = TaggedLattice(lattice, np.asarray(word[arc], np.int32), np.asarray(history.reshape(-1, order), np.int32))
     # numpy while building, device arrays (a transfer, no compilation) once.
@@ -135,8 +147,11 @@ def stack(tagged: Sequence[TaggedLattice]) -> TaggedLattice:
     lattices = dag.stack([t.lattice for t in tagged])
     A = lattices.num_arcs
     grow = lambda a, value: np.concatenate([np.asarray(a), np.full((A - a.shape[0],) + a.shape[1:], value, a.dtype)])
-    return TaggedLattice(lattices, jnp.asarray(np.stack([grow(t.word, 0) for t in tagged])),
-                         jnp.asarray(np.stack([grow(t.history, 0) for t in tagged])))
+    return TaggedLattice(
+        lattices,
+        jnp.asarray(np.stack([grow(t.word, 0) for t in tagged])),
+        jnp.asarray(np.stack([grow(t.history, 0) for t in tagged])),
+    )
 
 
 def pack(tagged: Sequence[TaggedLattice], **sizes) -> TaggedLattice:
@@ -145,8 +160,9 @@ def pack(tagged: Sequence[TaggedLattice], **sizes) -> TaggedLattice:
     lattices before it. Far less padding than `stack`."""
     packed = dag.pack([t.lattice for t in tagged], **sizes)
     A = packed.num_arcs
-    cat = lambda parts, width: np.concatenate([np.asarray(p).reshape((-1,) + width) for p in parts]
-                                              + [np.zeros((0,) + width, np.int32)]).astype(np.int32)
+    cat = lambda parts, width: np.concatenate(
+        [np.asarray(p).reshape((-1,) + width) for p in parts] + [np.zeros((0,) + width, np.int32)]
+    ).astype(np.int32)
     word = cat([t.word for t in tagged], ())
     history = cat([t.history for t in tagged], tuple(np.shape(tagged[0].history)[1:]) if tagged else (1,))
     word = np.concatenate([word, np.zeros(A - word.shape[0], np.int32)])
@@ -190,11 +206,18 @@ def spelling_features(vocabulary: Sequence[str]) -> tuple[np.ndarray, list[str]]
     rows = []
     for word in vocabulary:
         features = [f"suffix{n}:{word[-n:]}" for n in (1, 2, 3) if len(word) >= n]
-        features += [name for name, test in (("capitalized", word[:1].isupper()), ("hyphen", "-" in word),
-                                              ("digit", any(c.isdigit() for c in word))) if test]
+        features += [
+            name
+            for name, test in (
+                ("capitalized", word[:1].isupper()),
+                ("hyphen", "-" in word),
+                ("digit", any(c.isdigit() for c in word)),
+            )
+            if test
+        ]
         rows.append([index.setdefault(f, len(index)) for f in features])
     names = list(index)
     ids = np.full((len(rows), 6), -1, np.int32)
     for row, features in enumerate(rows):
-        ids[row, :len(features)] = features
+        ids[row, : len(features)] = features
     return ids, names

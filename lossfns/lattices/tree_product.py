@@ -23,7 +23,7 @@ from . import kernel
 def _flat_normalize(semiring, value, ndim):
     """`semiring.normalize` over the last `ndim` logical axes at once."""
     core = jax.tree_util.tree_leaves(value)[0]
-    core_shape = core.shape[core.ndim - ndim:]
+    core_shape = core.shape[core.ndim - ndim :]
     flat = jax.tree_util.tree_map(lambda x: x.reshape(x.shape[: x.ndim - ndim] + (-1,)), value)
     flat, scale = semiring.normalize(flat, -1)
     return jax.tree_util.tree_map(lambda x: x.reshape(x.shape[:-1] + core_shape), flat), scale
@@ -47,8 +47,9 @@ def forward(semiring, potentials, length, matmul=None):
     scores = potentials.edge_scores()[1:]
     L = scores.shape[-1]
     matrices, scales = semiring.convert_scaled(scores, (-2, -1))
-    identity = semiring.select(jnp.eye(L, dtype=bool), semiring.one((L, L), scores.dtype),
-                               semiring.zero((L, L), scores.dtype))
+    identity = semiring.select(
+        jnp.eye(L, dtype=bool), semiring.one((L, L), scores.dtype), semiring.zero((L, L), scores.dtype)
+    )
     step_valid = valid[1:]
     matrices = semiring.select(step_valid[:, None, None], matrices, semiring.expand_dims(identity, -3))
     scales = jnp.where(step_valid, scales, 0.0)

@@ -17,8 +17,9 @@ from ..lattices import dag
 from ..semirings import Semiring
 
 
-def contrastive_log_likelihood(numerator_lattice, numerator_scores, denominator_lattice, denominator_scores, *,
-                               semiring: Semiring = semirings.Log):
+def contrastive_log_likelihood(
+    numerator_lattice, numerator_scores, denominator_lattice, denominator_scores, *, semiring: Semiring = semirings.Log
+):
     """`log sum_y u(x, y) - log sum_{(x', y) in N(x) x Y} u(x', y)`, `[...]`.
 
     numerator_lattice / numerator_scores `[..., A]`: the observed string x

@@ -31,15 +31,15 @@ def hamming_loss(predicted, labels, lengths=None):
         if array.ndim < 1:
             raise ValueError(f"{name} must have shape [..., T] (rank >= 1), got shape {array.shape}")
     if predicted.shape != labels.shape:
-        raise ValueError(f"predicted must have the shape of labels {labels.shape} ([..., T]), "
-                         f"got shape {predicted.shape}")
+        raise ValueError(
+            f"predicted must have the shape of labels {labels.shape} ([..., T]), got shape {predicted.shape}"
+        )
     lengths = as_lengths(lengths, labels.shape[:-1], labels.shape[-1])
     inside = jnp.arange(labels.shape[-1]) < lengths[..., None]
     return jnp.sum(inside & (predicted != labels), axis=-1).astype(jnp.int32)
 
 
-def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log,
-                     algorithm: str = "auto"):
+def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """The most probable label at each position (argmax of the node
     marginals), `[..., T]` int32, -1 past each length. Minimises the expected
     Hamming loss; the result need not be an allowed sequence."""
@@ -59,9 +59,11 @@ def rank_loss(potentials, labels, lengths=None, *, max_sequences: int = 100_000)
     """
     labels, lengths, inside, L = chain_inputs(potentials, labels, lengths)
     T = labels.shape[-1]
-    if L ** T > max_sequences:
-        raise ValueError(f"rank_loss enumerates L ** T = {L} ** {T} sequences, more than max_sequences = "
-                         f"{max_sequences}; it is a brute-force evaluation for small problems")
+    if L**T > max_sequences:
+        raise ValueError(
+            f"rank_loss enumerates L ** T = {L} ** {T} sequences, more than max_sequences = "
+            f"{max_sequences}; it is a brute-force evaluation for small problems"
+        )
     candidates = jnp.asarray(np.array(list(itertools.product(range(L), repeat=T)), np.int32).reshape(-1, T))
     broadcast = lambda y: jnp.broadcast_to(y, labels.shape)
     scores = jax.vmap(lambda y: chain.score(potentials, broadcast(y), lengths))(candidates)  # [N, ...]

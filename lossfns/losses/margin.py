@@ -46,4 +46,3 @@ def structured_hinge_loss(potentials, labels, lengths=None, *, cost_weight: floa
     cost = jnp.where(inside[..., None] & wrong, cost_weight, 0.0)
     augmented = add_to_label_scores(potentials, cost)
     return excess_over_gold(_decoded_score(augmented, lengths), chain.score(potentials, labels, lengths))
-

@@ -25,8 +25,7 @@ from ..semirings import Semiring
 from ._chain_inputs import chain_inputs, gold_label_scores
 
 
-def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                   algorithm: str = "auto"):
+def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """`(P(y_t = labels_t | x) [..., T], inside [..., T] bool)`; the
     probabilities are 0 outside each length."""
     labels, lengths, inside, _ = chain_inputs(potentials, labels, lengths)
@@ -46,8 +45,9 @@ def _sum_positions(per_position_loss, probability, inside):
     return jnp.sum(jnp.where(inside, terms, 0.0), axis=-1)
 
 
-def pointwise_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                       algorithm: str = "auto"):
+def pointwise_log_loss(
+    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
+):
     """`-sum_t log P(y_t = labels_t | x)`, `[...]`.
 
     Gradient: `sum_t (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
@@ -56,8 +56,9 @@ def pointwise_log_loss(potentials, labels, lengths=None, *, semiring: Semiring =
     return _sum_positions(lambda p: -jnp.log(p), probability, inside)
 
 
-def pointwise_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                       algorithm: str = "auto"):
+def pointwise_exp_loss(
+    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
+):
     """`sum_t (1 / P(y_t = labels_t | x) - 1)`, `[...]`.
 
     Gradient: `sum_t (1 / P(labels_t | x)) (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
@@ -67,8 +68,9 @@ def pointwise_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring =
     return _sum_positions(lambda p: (1.0 - p) / p, probability, inside)
 
 
-def expected_hamming_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                          algorithm: str = "auto"):
+def expected_hamming_loss(
+    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
+):
     """Expected number of wrong labels under the model, `sum_t (1 - P(y_t = labels_t | x))`, `[...]`.
 
     Bounded in `[0, length]`; never infinite.

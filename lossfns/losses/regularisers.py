@@ -22,7 +22,8 @@ def _penalised_leaves(params, mask):
     if callable(mask):
         mask = mask(params)
     selected = jax.tree_util.tree_map(
-        lambda keep, subtree: jax.tree_util.tree_map(lambda x: jnp.where(keep, x, 0.0), subtree), mask, params)
+        lambda keep, subtree: jax.tree_util.tree_map(lambda x: jnp.where(keep, x, 0.0), subtree), mask, params
+    )
     return jax.tree_util.tree_leaves(selected)
 
 

@@ -25,11 +25,14 @@ def _candidate_inputs(scores, reference, mask):
     batch_shape = scores.shape[:-1]
     reference = as_integer_array("reference", reference, f"an integer array of shape {batch_shape}")
     if reference.shape != batch_shape:
-        raise ValueError(f"reference must have shape {batch_shape} (scores' [..., N] without N), got shape {reference.shape}")
+        raise ValueError(
+            f"reference must have shape {batch_shape} (scores' [..., N] without N), got shape {reference.shape}"
+        )
     mask = jnp.ones(scores.shape, bool) if mask is None else jnp.asarray(mask)
     if mask.dtype != jnp.bool_ or mask.shape != scores.shape:
-        raise ValueError(f"mask must be a bool array of shape {scores.shape} (like scores), "
-                         f"got {mask.dtype} of shape {mask.shape}")
+        raise ValueError(
+            f"mask must be a bool array of shape {scores.shape} (like scores), got {mask.dtype} of shape {mask.shape}"
+        )
     value, mask_value = concrete(reference), concrete(mask)
     if value is not None and mask_value is not None and value.size:
         if value.min() < 0 or value.max() >= scores.shape[-1]:

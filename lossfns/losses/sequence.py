@@ -25,8 +25,7 @@ from ..semirings import Semiring
 from ._chain_inputs import excess_over_gold
 
 
-def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                      algorithm: str = "auto"):
+def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """`log Z(x) - s(x, y) = -log P(y | x)`, `[...]` (the CRF objective).
 
     Gradient: `E_P[S | x] - S(x, y)`. `semiring` is `Log` (exact with -inf)
@@ -46,8 +45,7 @@ def row_sequence_log_loss(potentials, labels, starts, lengths=None, *, semiring:
     return excess_over_gold(log_z, chain.row_score(potentials, labels, starts, lengths))
 
 
-def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                      algorithm: str = "auto"):
+def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`, `[...]`.
 
     Computed as `expm1(log Z - s)`, exact for small losses. Gradient:
@@ -64,8 +62,9 @@ def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
     return jnp.where(jnp.isinf(log_loss), jnp.inf, loss)
 
 
-def log_sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log,
-                          algorithm: str = "auto"):
+def log_sequence_exp_loss(
+    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
+):
     """`log(1 / P(y | x) - 1) = log(1 - P(y | x)) - log P(y | x)`, `[...]`.
 
     The log of `sequence_exp_loss`, finite for very wrong models where the

@@ -7,6 +7,15 @@ from .constraints import constrain
 from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
 from .packed import TrainingData, corpus_loss, corpus_potentials, weights_objective
 
-__all__ = ["constraints", "packed", "constrain",
-           "ChainStructure", "ChainWeights", "LinearChainModel",
-           "TrainingData", "corpus_loss", "corpus_potentials", "weights_objective"]
+__all__ = [
+    "constraints",
+    "packed",
+    "constrain",
+    "ChainStructure",
+    "ChainWeights",
+    "LinearChainModel",
+    "TrainingData",
+    "corpus_loss",
+    "corpus_potentials",
+    "weights_objective",
+]

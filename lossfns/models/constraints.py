@@ -31,8 +31,11 @@ def constrain(potentials, moves: AllowedTransitions, lengths):
         else:  # the forbidden moves join as a shared transition matrix
             shared = jnp.zeros((), unary.dtype) if potentials.transitions is None else potentials.transitions
         start_scores = jnp.zeros((), unary.dtype) if potentials.start is None else potentials.start  # None: zeros
-        return potentials._replace(unary=unary, transitions=jnp.where(transitions, shared, -jnp.inf),
-                                   start=jnp.where(start, start_scores, -jnp.inf))
+        return potentials._replace(
+            unary=unary,
+            transitions=jnp.where(transitions, shared, -jnp.inf),
+            start=jnp.where(start, start_scores, -jnp.inf),
+        )
     first = jnp.where(start, potentials[..., :1, :, :], -jnp.inf)
     rest = jnp.where(transitions, potentials[..., 1:, :, :], -jnp.inf)
     edges = jnp.concatenate([first, rest], axis=-3)

@@ -180,26 +180,36 @@ class LinearChainModel(eqx.Module):
         return dataclasses.replace(self, transitions=jnp.where(mask, self.transitions, 0.0), transition_mask=mask)
 
     @staticmethod
-    def zeros(num_features: int, num_labels: int, num_pair_features: int = 0, *, emission_mask=None,
-              dtype=jnp.float32) -> LinearChainModel:
+    def zeros(
+        num_features: int, num_labels: int, num_pair_features: int = 0, *, emission_mask=None, dtype=jnp.float32
+    ) -> LinearChainModel:
         """All-zero weights (the usual starting point of convex training)."""
         if num_features < 0 or num_labels < 1 or num_pair_features < 0:
-            raise ValueError(f"need num_features >= 0, num_labels >= 1, num_pair_features >= 0, got "
-                             f"{num_features}, {num_labels}, {num_pair_features}")
+            raise ValueError(
+                f"need num_features >= 0, num_labels >= 1, num_pair_features >= 0, got "
+                f"{num_features}, {num_labels}, {num_pair_features}"
+            )
         if emission_mask is not None:
             emission_mask = jnp.asarray(emission_mask, dtype=bool)
             if emission_mask.shape != (num_features, num_labels):
-                raise ValueError(f"emission_mask must have shape [K, L] = {(num_features, num_labels)}, "
-                                 f"got shape {emission_mask.shape}")
+                raise ValueError(
+                    f"emission_mask must have shape [K, L] = {(num_features, num_labels)}, "
+                    f"got shape {emission_mask.shape}"
+                )
         check_allocation("emission weights W", (num_features, num_labels), dtype)
         check_allocation("label-pair-observation weights", (num_pair_features, num_labels, num_labels), dtype)
-        return LinearChainModel(jnp.zeros((num_features, num_labels), dtype), jnp.zeros((num_labels, num_labels), dtype),
-                                jnp.zeros((num_labels,), dtype),
-                                jnp.zeros((num_pair_features, num_labels, num_labels), dtype), emission_mask)
+        return LinearChainModel(
+            jnp.zeros((num_features, num_labels), dtype),
+            jnp.zeros((num_labels, num_labels), dtype),
+            jnp.zeros((num_labels,), dtype),
+            jnp.zeros((num_pair_features, num_labels, num_labels), dtype),
+            emission_mask,
+        )
 
     @staticmethod
-    def observed(batches, num_features: int, num_labels: int, num_pair_features: int = 0, *,
-                 dtype=jnp.float32) -> LinearChainModel:
+    def observed(
+        batches, num_features: int, num_labels: int, num_pair_features: int = 0, *, dtype=jnp.float32
+    ) -> LinearChainModel:
         """All-zero weights on only the (feature, label) pairs and (pair
         feature, previous label, label) triples seen in the labelled `batches`
         (`features.FeatureBatch`es), as CRFsuite creates features; on few
@@ -222,8 +232,10 @@ class LinearChainModel(eqx.Module):
         if unigram_values is not None:
             unigram_values = jnp.asarray(unigram_values)
             if unigram_values.shape != unigram_ids.shape or not jnp.issubdtype(unigram_values.dtype, jnp.floating):
-                raise ValueError(f"unigram_values must be a float array of the shape of unigram_ids "
-                                 f"{unigram_ids.shape}, got {unigram_values.dtype} {unigram_values.shape}")
+                raise ValueError(
+                    f"unigram_values must be a float array of the shape of unigram_ids "
+                    f"{unigram_ids.shape}, got {unigram_values.dtype} {unigram_values.shape}"
+                )
         return _sum_rows(self._masked_emission(), unigram_ids, unigram_values)
 
     def _masked_emission(self) -> jax.Array:
@@ -250,8 +262,10 @@ class LinearChainModel(eqx.Module):
             raise ValueError("pair_ids [..., T, F2] is required: the model has label-pair-observation features")
         pair_ids = _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0])
         if pair_ids.shape[:-1] != unary.shape[:-1]:
-            raise ValueError(f"pair_ids must have shape [..., T, F2] with [..., T] = {unary.shape[:-1]} "
-                             f"(from unigram_ids), got shape {pair_ids.shape}")
+            raise ValueError(
+                f"pair_ids must have shape [..., T, F2] with [..., T] = {unary.shape[:-1]} "
+                f"(from unigram_ids), got shape {pair_ids.shape}"
+            )
         if self.pair_support is not None:
             return self._sparse(unary, _sum_rows(self._pair_table(), pair_ids))
         return self._edges(unary, _sum_rows(self._masked_pair_emission(), pair_ids))
@@ -355,8 +369,9 @@ class LinearChainModel(eqx.Module):
         return LinearChainModel.from_weights(weights, structure, self.pair_support)
 
     @staticmethod
-    def from_weights(weights: ChainWeights, structure: ChainStructure,
-                     pair_support: tuple | None = None) -> LinearChainModel:
+    def from_weights(
+        weights: ChainWeights, structure: ChainStructure, pair_support: tuple | None = None
+    ) -> LinearChainModel:
         """The model of `weights` and `structure` (`weights()`, `structure()`)
         with the static sparse `pair_support` (`with_pair_mask`): nothing
         else is needed, so a training objective is a function of shapes and
@@ -368,8 +383,16 @@ class LinearChainModel(eqx.Module):
         if structure.transition_mask is not None:
             # A transition that does not exist reads 0, so its gradient is 0.
             transitions = jnp.where(structure.transition_mask, transitions, 0.0)
-        return LinearChainModel(emission, transitions, weights.start, weights.pair_emission, structure.emission_mask,
-                                structure.pair_mask, pair_support, structure.transition_mask)
+        return LinearChainModel(
+            emission,
+            transitions,
+            weights.start,
+            weights.pair_emission,
+            structure.emission_mask,
+            structure.pair_mask,
+            pair_support,
+            structure.transition_mask,
+        )
 
     def trainable(self):
         """`(params, static)`: the floating-point weights and the rest (the mask),
@@ -390,8 +413,10 @@ class LinearChainModel(eqx.Module):
 
     def num_parameters(self) -> int:
         """Number of weights that can be non-zero (masked weights excluded)."""
-        masked = sum(0 if mask is None else int(np.count_nonzero(~np.asarray(mask)))
-                     for mask in (self.emission_mask, self.pair_mask, self.transition_mask))
+        masked = sum(
+            0 if mask is None else int(np.count_nonzero(~np.asarray(mask)))
+            for mask in (self.emission_mask, self.pair_mask, self.transition_mask)
+        )
         params, _ = self.trainable()
         return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params)) - masked
 

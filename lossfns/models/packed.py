@@ -48,14 +48,20 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | 
         raise ValueError("arrays: the loss needs labels; pack the corpus with its labels")
     if all_starts is not None:
         if loss is not None:
-            raise ValueError("loss: rows of several sentences (pack_rows) take only the default log-loss; "
-                             "pack a custom loss's corpus into length buckets (features.pack)")
+            raise ValueError(
+                "loss: rows of several sentences (pack_rows) take only the default log-loss; "
+                "pack a custom loss's corpus into length buckets (features.pack)"
+            )
         row_loss = functools.partial(row_sequence_log_loss, semiring=semirings.Real)
-        return sum(jnp.sum(row_loss(p, labels, starts, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
-                   for p, labels, starts, lengths in zip(buckets, all_labels, all_starts, arrays.lengths))
+        return sum(
+            jnp.sum(row_loss(p, labels, starts, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
+            for p, labels, starts, lengths in zip(buckets, all_labels, all_starts, arrays.lengths)
+        )
     loss = functools.partial(sequence_log_loss, semiring=semirings.Real) if loss is None else loss
-    return sum(jnp.sum(loss(p, labels, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
-               for p, labels, lengths in zip(buckets, all_labels, arrays.lengths))
+    return sum(
+        jnp.sum(loss(p, labels, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
+        for p, labels, lengths in zip(buckets, all_labels, arrays.lengths)
+    )
 
 
 class TrainingData(NamedTuple):
@@ -118,5 +124,6 @@ def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: AllowedT
 @jax.jit
 def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
     """Per bucket, the label marginals `P(y_t = j | x)` `[B_b, T_b, L]` (0 past each length)."""
-    return tuple(chain.node_marginals(p, lengths) for p, lengths in zip(_constrained(model, arrays, moves),
-                                                                       arrays.lengths))
+    return tuple(
+        chain.node_marginals(p, lengths) for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths)
+    )

@@ -78,8 +78,11 @@ def _as_allowed(allowed, num_tags: int) -> AllowedTransitions | None:
     if not isinstance(allowed, AllowedTransitions):
         allowed = AllowedTransitions(allowed, np.ones(num_tags, bool), np.ones(num_tags, bool))
     out = []
-    for name, mask, shape in zip(("allowed.transitions", "allowed.start", "allowed.end"), allowed,
-                                 ((num_tags, num_tags), (num_tags,), (num_tags,))):
+    for name, mask, shape in zip(
+        ("allowed.transitions", "allowed.start", "allowed.end"),
+        allowed,
+        ((num_tags, num_tags), (num_tags,), (num_tags,)),
+    ):
         mask = jnp.asarray(mask)
         if mask.dtype != jnp.bool_:
             raise TypeError(f"{name} must be a bool array of shape {shape}, got dtype {mask.dtype}")
@@ -156,17 +159,24 @@ class CRF(eqx.Module):
         for name, array in (("start_transitions", start_transitions), ("end_transitions", end_transitions)):
             array = as_float_array(name, array, 1, f"[{L}]")
             if array.shape != (L,):
-                raise ValueError(f"{name} must have shape [{L}] (L = {L} tags, from transitions), got shape {array.shape}")
+                raise ValueError(
+                    f"{name} must have shape [{L}] (L = {L} tags, from transitions), got shape {array.shape}"
+                )
             arrays.append(array)
         for name, array in zip(("transitions", "start_transitions", "end_transitions"), arrays):
             value = concrete(array)
             if value is not None and not np.isfinite(value).all():
-                raise ValueError(f"{name} must be finite (forbid moves with allowed=, not -inf), "
-                                 f"got {value[~np.isfinite(value)].flat[0]}")
+                raise ValueError(
+                    f"{name} must be finite (forbid moves with allowed=, not -inf), "
+                    f"got {value[~np.isfinite(value)].flat[0]}"
+                )
         dtype = jnp.result_type(*arrays)
         crf = cls(L, key=jax.random.key(0), allowed=allowed, dtype=dtype)
-        return eqx.tree_at(lambda c: (c.transitions, c.start_transitions, c.end_transitions), crf,
-                           tuple(array.astype(dtype) for array in arrays))
+        return eqx.tree_at(
+            lambda c: (c.transitions, c.start_transitions, c.end_transitions),
+            crf,
+            tuple(array.astype(dtype) for array in arrays),
+        )
 
     @property
     def num_tags(self) -> int:
@@ -178,14 +188,18 @@ class CRF(eqx.Module):
         """`(transitions, start, end)` with the forbidden moves at -inf."""
         if self.allowed is None:
             return self.transitions, self.start_transitions, self.end_transitions
-        return tuple(jnp.where(mask, score, -jnp.inf) for mask, score in
-                     zip(self.allowed, (self.transitions, self.start_transitions, self.end_transitions)))
+        return tuple(
+            jnp.where(mask, score, -jnp.inf)
+            for mask, score in zip(self.allowed, (self.transitions, self.start_transitions, self.end_transitions))
+        )
 
     def _emissions(self, emissions):
         emissions = as_float_array("emissions", emissions, 2, "[..., T, L]")
         if emissions.shape[-1] != self.num_tags:
-            raise ValueError(f"emissions must have shape [..., T, {self.num_tags}] ({self.num_tags} tags of this "
-                             f"CRF), got shape {emissions.shape}")
+            raise ValueError(
+                f"emissions must have shape [..., T, {self.num_tags}] ({self.num_tags} tags of this "
+                f"CRF), got shape {emissions.shape}"
+            )
         return emissions
 
     def _lengths(self, emissions, mask, lengths):
@@ -199,11 +213,14 @@ class CRF(eqx.Module):
             raise ValueError("give mask or lengths, not both")
         mask = jnp.asarray(mask)
         if mask.dtype != jnp.bool_:
-            raise TypeError(f"mask must be a bool array of shape {batch_shape + (T,)} ([..., T], True on each "
-                            f"sequence's first positions), got dtype {mask.dtype} (use mask.astype(bool))")
+            raise TypeError(
+                f"mask must be a bool array of shape {batch_shape + (T,)} ([..., T], True on each "
+                f"sequence's first positions), got dtype {mask.dtype} (use mask.astype(bool))"
+            )
         if mask.shape != batch_shape + (T,):
-            raise ValueError(f"mask must have shape {batch_shape + (T,)} (the [..., T] of emissions), "
-                             f"got shape {mask.shape}")
+            raise ValueError(
+                f"mask must have shape {batch_shape + (T,)} (the [..., T] of emissions), got shape {mask.shape}"
+            )
         lengths = jnp.sum(mask, -1, dtype=jnp.int32)
         prefix = jnp.all(mask == (jnp.arange(T) < lengths[..., None]), -1)
         known = concrete(prefix)
@@ -213,9 +230,11 @@ class CRF(eqx.Module):
             row = tuple(int(i) for i in np.argwhere(~known)[0])
             holes = np.asarray(mask)[row]
             t = int(np.argmax(holes[1:] & ~holes[:-1])) + 1
-            raise ValueError(f"mask must be a prefix mask (True on a sequence's first positions, then False), got a "
-                             f"True after a False at index {row + (t,)}: a chain cannot skip positions; put padding "
-                             "at the end, or leave positions unlabelled with partial_log_likelihood")
+            raise ValueError(
+                f"mask must be a prefix mask (True on a sequence's first positions, then False), got a "
+                f"True after a False at index {row + (t,)}: a chain cannot skip positions; put padding "
+                "at the end, or leave positions unlabelled with partial_log_likelihood"
+            )
         return lengths, None
 
     def _potentials(self, emissions, lengths) -> FactoredPotentials:
@@ -297,13 +316,17 @@ class CRF(eqx.Module):
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         possible = jnp.asarray(possible)
         if possible.dtype != jnp.bool_ or possible.shape != emissions.shape:
-            raise ValueError(f"possible must be a bool array of shape {emissions.shape} ([..., T, L], like "
-                             f"emissions), got dtype {possible.dtype} and shape {possible.shape}")
+            raise ValueError(
+                f"possible must be a bool array of shape {emissions.shape} ([..., T, L], like "
+                f"emissions), got dtype {possible.dtype} and shape {possible.shape}"
+            )
         inside = jnp.arange(emissions.shape[-2]) < lengths[..., None]
         empty = concrete(inside & ~jnp.any(possible, -1))
         if empty is not None and empty.any():
-            raise ValueError(f"possible must allow at least one tag at every position inside a sequence, got none "
-                             f"at index {tuple(int(i) for i in np.argwhere(empty)[0])}")
+            raise ValueError(
+                f"possible must allow at least one tag at every position inside a sequence, got none "
+                f"at index {tuple(int(i) for i in np.argwhere(empty)[0])}"
+            )
         return _partial_log_likelihood(self, emissions, lengths, prefix, possible)
 
     def softmax_margin_loss(self, emissions, tags, mask=None, *, lengths=None, cost=1.0) -> jax.Array:

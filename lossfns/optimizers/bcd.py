@@ -140,9 +140,19 @@ def _device_jobs(jobs: schedule.Jobs, rows: int, width: int) -> PackedChains:
     as32 = lambda x: jnp.asarray(np.asarray(x, np.int64), jnp.int32)
     # One unused entry at the end, so that no array is empty (never read).
     padded = lambda x: as32(np.concatenate([x, [0]]))
-    return PackedChains(as32(jobs.chain_begin), as32(jobs.round_begin), padded(jobs.cell), padded(jobs.token),
-                        padded(jobs.length), padded(jobs.mode), padded(jobs.slot), padded(jobs.direction), rows,
-                        width, jobs.max_chains)
+    return PackedChains(
+        as32(jobs.chain_begin),
+        as32(jobs.round_begin),
+        padded(jobs.cell),
+        padded(jobs.token),
+        padded(jobs.length),
+        padded(jobs.mode),
+        padded(jobs.slot),
+        padded(jobs.direction),
+        rows,
+        width,
+        jobs.max_chains,
+    )
 
 
 def _per_round(round_of, slot, values, num_rounds, width, fill):
@@ -151,8 +161,14 @@ def _per_round(round_of, slot, values, num_rounds, width, fill):
     return jnp.asarray(out, jnp.int32)
 
 
-def bcd_data(corpus: PackedCorpus, model: LinearChainModel, *, rows_per_job: int = 128,
-             window_rows: int = 16, cells_per_chunk: int = 1024) -> BcdData:
+def bcd_data(
+    corpus: PackedCorpus,
+    model: LinearChainModel,
+    *,
+    rows_per_job: int = 128,
+    window_rows: int = 16,
+    cells_per_chunk: int = 1024,
+) -> BcdData:
     """The static plan of BCD sweeps of `model`'s weights on a labelled corpus.
 
     corpus: a `features.PackedCorpus` with labels (`features.pack` or
@@ -164,19 +180,24 @@ def bcd_data(corpus: PackedCorpus, model: LinearChainModel, *, rows_per_job: int
     cells_per_chunk: active cells per step of the statistics pass.
     """
     if not isinstance(corpus, PackedCorpus):
-        raise TypeError(f"corpus must be a features.PackedCorpus (features.pack or features.pack_rows), got "
-                        f"{type(corpus).__name__}")
+        raise TypeError(
+            f"corpus must be a features.PackedCorpus (features.pack or features.pack_rows), got {type(corpus).__name__}"
+        )
     if not isinstance(model, LinearChainModel):
         raise TypeError(f"model must be a models.LinearChainModel, got {type(model).__name__}")
-    for name, value in (("rows_per_job", rows_per_job), ("window_rows", window_rows),
-                        ("cells_per_chunk", cells_per_chunk)):
+    for name, value in (
+        ("rows_per_job", rows_per_job),
+        ("window_rows", window_rows),
+        ("cells_per_chunk", cells_per_chunk),
+    ):
         check_int(name, value)
     K, K2, L = model.emission.shape[0], model.pair_emission.shape[0], model.num_labels
     unigram_ids, pair_ids = np.asarray(corpus.unigram_ids), np.asarray(corpus.pair_ids)
     for name, ids, size in (("corpus.unigram_ids", unigram_ids, K), ("corpus.pair_ids", pair_ids, K2)):
         if ids.size and (ids.min() < -1 or ids.max() >= size):
-            raise ValueError(f"{name} must hold ids in [-1, {size}) (the model's rows), got values in "
-                             f"[{ids.min()}, {ids.max()}]")
+            raise ValueError(
+                f"{name} must hold ids in [-1, {size}) (the model's rows), got values in [{ids.min()}, {ids.max()}]"
+            )
     sentences = schedule.corpus_sentences(corpus)
     if sentences.labels.size and sentences.labels.max() >= L:
         raise ValueError(f"corpus labels must lie in [0, {L}) (the model's labels), got {sentences.labels.max()}")
@@ -195,8 +216,9 @@ def bcd_data(corpus: PackedCorpus, model: LinearChainModel, *, rows_per_job: int
     matrix_rank = np.zeros(num_blocks, np.int64)
     ranked = order[has_matrix[order]]
     matrix_sizes = np.bincount(round_of_block[ranked], minlength=num_rounds)
-    matrix_rank[ranked] = (np.arange(ranked.shape[0])
-                           - np.concatenate([[0], np.cumsum(matrix_sizes)])[round_of_block[ranked]])
+    matrix_rank[ranked] = (
+        np.arange(ranked.shape[0]) - np.concatenate([[0], np.cumsum(matrix_sizes)])[round_of_block[ranked]]
+    )
     width = int(round_sizes.max(initial=1))
     matrix_width = int(matrix_sizes.max(initial=1))
     per_round = lambda values, fill=0: _per_round(round_of_block, slot, values, num_rounds, width, fill)
@@ -212,12 +234,23 @@ def bcd_data(corpus: PackedCorpus, model: LinearChainModel, *, rows_per_job: int
     chunks = []
     for part, slot_of in ((~cell_matrix, slot), (cell_matrix, matrix_slot)):
         for keep in (part & ~several, part & several):
-            begin, (token, slots, count) = schedule.chunk_cells(cell_round[keep], num_rounds, cells_per_chunk,
-                                                                cell_token[keep], slot_of[cell_block[keep]],
-                                                                cell_count[keep])
-            chunks.append(CellChunks(jnp.asarray(begin, jnp.int32), jnp.asarray(token, jnp.int32),
-                                     jnp.asarray(slots, jnp.int32), jnp.asarray(count, jnp.int32),
-                                     max(int(np.diff(begin).max(initial=0)), 1)))
+            begin, (token, slots, count) = schedule.chunk_cells(
+                cell_round[keep],
+                num_rounds,
+                cells_per_chunk,
+                cell_token[keep],
+                slot_of[cell_block[keep]],
+                cell_count[keep],
+            )
+            chunks.append(
+                CellChunks(
+                    jnp.asarray(begin, jnp.int32),
+                    jnp.asarray(token, jnp.int32),
+                    jnp.asarray(slots, jnp.int32),
+                    jnp.asarray(count, jnp.int32),
+                    max(int(np.diff(begin).max(initial=0)), 1),
+                )
+            )
 
     # Chains of each visit (the paper's truncation) and of each sentence.
     offsets = sentences.offsets
@@ -228,29 +261,73 @@ def bcd_data(corpus: PackedCorpus, model: LinearChainModel, *, rows_per_job: int
     start_token = offsets[visits.sentence]
     window_start = np.maximum(visits.first - 1, 0)
     extents = schedule.chain_extents(visits, visit_round, sentences)
-    forward = schedule.pack_jobs(visit_round, num_rounds, extents.forward_token, extents.forward_length,
-                                 extents.forward_mode, visit_slot, 1, rows_per_job, row_width)
-    backward = schedule.pack_jobs(visit_round, num_rounds, extents.backward_token, extents.backward_length,
-                                  extents.backward_mode, visit_slot, -1, rows_per_job, row_width)
+    forward = schedule.pack_jobs(
+        visit_round,
+        num_rounds,
+        extents.forward_token,
+        extents.forward_length,
+        extents.forward_mode,
+        visit_slot,
+        1,
+        rows_per_job,
+        row_width,
+    )
+    backward = schedule.pack_jobs(
+        visit_round,
+        num_rounds,
+        extents.backward_token,
+        extents.backward_length,
+        extents.backward_mode,
+        visit_slot,
+        -1,
+        rows_per_job,
+        row_width,
+    )
     multi = visits.first < visits.last
-    windows = schedule.pack_jobs(visit_round[multi], num_rounds, (start_token + window_start)[multi],
-                                 (visits.last - window_start + 1)[multi],
-                                 np.where(visits.first > 0, schedule.FROM_FORWARD, schedule.SENTENCE_START)[multi],
-                                 visit_slot[multi], 1, window_rows, row_width)
+    windows = schedule.pack_jobs(
+        visit_round[multi],
+        num_rounds,
+        (start_token + window_start)[multi],
+        (visits.last - window_start + 1)[multi],
+        np.where(visits.first > 0, schedule.FROM_FORWARD, schedule.SENTENCE_START)[multi],
+        visit_slot[multi],
+        1,
+        window_rows,
+        row_width,
+    )
     nonempty = np.nonzero(lengths > 0)[0]
-    whole = schedule.pack_jobs(np.zeros_like(nonempty), 1, offsets[nonempty], lengths[nonempty],
-                               np.full_like(nonempty, schedule.SENTENCE_START), np.zeros_like(nonempty), 1,
-                               rows_per_job, row_width)
+    whole = schedule.pack_jobs(
+        np.zeros_like(nonempty),
+        1,
+        offsets[nonempty],
+        lengths[nonempty],
+        np.full_like(nonempty, schedule.SENTENCE_START),
+        np.zeros_like(nonempty),
+        1,
+        rows_per_job,
+        row_width,
+    )
     is_first = np.zeros(offsets[-1], bool)
     is_first[offsets[:-1]] = True
-    return BcdData(*[jnp.asarray(unigram_ids, jnp.int32), jnp.asarray(pair_ids, jnp.int32),
-                   jnp.asarray(sentences.labels, jnp.int32), jnp.asarray(is_first),
-                   per_round(blocks.vector_part), per_round(blocks.vector_row), per_round(blocks.matrix_part),
-                   per_round(blocks.matrix_row), per_round(matrix_slot, matrix_width), jnp.asarray(matrix_block,
-                                                                                                   jnp.int32),
-                   *chunks, _device_jobs(forward, rows_per_job, row_width),
-                   _device_jobs(backward, rows_per_job, row_width), _device_jobs(windows, window_rows, row_width),
-                   _device_jobs(whole, rows_per_job, row_width)])  # a list: the chunks' count is not static
+    return BcdData(
+        *[
+            jnp.asarray(unigram_ids, jnp.int32),
+            jnp.asarray(pair_ids, jnp.int32),
+            jnp.asarray(sentences.labels, jnp.int32),
+            jnp.asarray(is_first),
+            per_round(blocks.vector_part),
+            per_round(blocks.vector_row),
+            per_round(blocks.matrix_part),
+            per_round(blocks.matrix_row),
+            per_round(matrix_slot, matrix_width),
+            jnp.asarray(matrix_block, jnp.int32),
+            *chunks,
+            _device_jobs(forward, rows_per_job, row_width),
+            _device_jobs(backward, rows_per_job, row_width),
+            _device_jobs(windows, window_rows, row_width),
+            _device_jobs(whole, rows_per_job, row_width),
+        ]
+    )  # a list: the chunks' count is not static
 
 
 # ---------------------------------------------------------------------------
@@ -280,14 +357,25 @@ def _weights(model: LinearChainModel) -> _Weights:
     else:
         pair_mask = jnp.asarray(model.pair_mask, bool)
         transitions_mask = jnp.any(pair_mask, axis=0)
-    return _Weights(jnp.where(emission_mask, model.emission, 0.0), jnp.where(transitions_mask, model.transitions, 0.0),
-                    model.start, jnp.where(pair_mask, model.pair_emission, 0.0), emission_mask, transitions_mask,
-                    pair_mask)
+    return _Weights(
+        jnp.where(emission_mask, model.emission, 0.0),
+        jnp.where(transitions_mask, model.transitions, 0.0),
+        model.start,
+        jnp.where(pair_mask, model.pair_emission, 0.0),
+        emission_mask,
+        transitions_mask,
+        pair_mask,
+    )
 
 
 def _with_weights(model: LinearChainModel, weights: _Weights) -> LinearChainModel:
-    return dataclasses.replace(model, emission=weights.emission, transitions=weights.transitions, start=weights.start,
-                               pair_emission=weights.pair_emission)
+    return dataclasses.replace(
+        model,
+        emission=weights.emission,
+        transitions=weights.transitions,
+        start=weights.start,
+        pair_emission=weights.pair_emission,
+    )
 
 
 def _pad_row(x):
@@ -299,7 +387,8 @@ def _pair_scores(weights: _Weights, data: BcdData, token):
     """Label-pair-observation scores `[..., L, L]` of tokens (N = padding: 0)."""
     ids = jnp.concatenate([data.pair_ids, jnp.full((1, data.pair_ids.shape[1]), -1, jnp.int32)])[token]
     rows = weights.pair_emission.at[jnp.where(ids >= 0, ids, weights.pair_emission.shape[0])].get(
-        mode="fill", fill_value=0)
+        mode="fill", fill_value=0
+    )
     return jnp.sum(rows, axis=-3)
 
 
@@ -336,8 +425,9 @@ def _job_cells(jobs: PackedChains, j, num_tokens: int) -> _Cells:
     take = lambda x: jnp.where(present, x.at[index].get(mode="fill", fill_value=0), 0)
     first_cell = jnp.where(present, take(jobs.cell), size)
     length, token0, mode, slot = take(jobs.length), take(jobs.token), take(jobs.mode), take(jobs.slot)
-    owner = jax.lax.cummax(jnp.full((size,), -1, jnp.int32).at[first_cell].set(jnp.arange(M, dtype=jnp.int32),
-                                                                                   mode="drop"))
+    owner = jax.lax.cummax(
+        jnp.full((size,), -1, jnp.int32).at[first_cell].set(jnp.arange(M, dtype=jnp.int32), mode="drop")
+    )
     chain_of = jnp.maximum(owner, 0)
     offset = jnp.arange(size) - first_cell[chain_of]
     valid = (owner >= 0) & (offset < length[chain_of])
@@ -345,8 +435,17 @@ def _job_cells(jobs: PackedChains, j, num_tokens: int) -> _Cells:
     token = jnp.where(valid, token0[chain_of] + direction * offset, num_tokens)
     lengths = jnp.sum(valid.reshape(jobs.rows, jobs.width), axis=1)
     last_cell = jnp.clip(first_cell + length - 1, 0, size - 1)
-    return _Cells(token, valid & (offset == 0), valid, mode[chain_of], lengths, last_cell,
-                  token0 + direction * (length - 1), slot, present)
+    return _Cells(
+        token,
+        valid & (offset == 0),
+        valid,
+        mode[chain_of],
+        lengths,
+        last_cell,
+        token0 + direction * (length - 1),
+        slot,
+        present,
+    )
 
 
 class _Offsets(NamedTuple):
@@ -392,9 +491,13 @@ def _job_scores(jobs: PackedChains, j, weights: _Weights, buffers, data: BcdData
     shape = (jobs.rows, jobs.width)
     starts = cells.starts.reshape(shape)
     if not _dense(data):
-        potentials = FactoredPotentials(jnp.where(cells.starts[:, None], first, emitted).reshape(shape + (L,)),
-                                        jnp.where(forward, transitions, transitions.T), jnp.zeros_like(weights.start))
+        potentials = FactoredPotentials(
+            jnp.where(cells.starts[:, None], first, emitted).reshape(shape + (L,)),
+            jnp.where(forward, transitions, transitions.T),
+            jnp.zeros_like(weights.start),
+        )
     else:
+
         def blocks(scored):
             psi = transitions + _pair_scores(weights, data, scored) + emission(scored)[:, None, :]
             if offsets is None:
@@ -403,8 +506,11 @@ def _job_scores(jobs: PackedChains, j, weights: _Weights, buffers, data: BcdData
             return psi + count * offsets.matrix[buffers.matrix_slot[scored]]
 
         # Reversed, step t scores the transposed block of the position after t.
-        psi = jax.lax.cond(forward, lambda: blocks(token),
-                           lambda: jnp.swapaxes(blocks(jnp.where(cells.valid, token + 1, num_tokens)), -1, -2))
+        psi = jax.lax.cond(
+            forward,
+            lambda: blocks(token),
+            lambda: jnp.swapaxes(blocks(jnp.where(cells.valid, token + 1, num_tokens)), -1, -2),
+        )
         reversed_first = jnp.where((cells.mode == schedule.REVERSED_START)[:, None], 0.0, first)
         psi = jnp.where(cells.starts[:, None, None], reversed_first[:, None, :], psi)
         potentials = psi.reshape(shape + (L, L))
@@ -443,8 +549,11 @@ class _Buffers(NamedTuple):
 
 def _cell_fields(cells: CellChunks, c, num_tokens: int, num_slots: int):
     """Chunk c's tokens (padding: N), slots (padding: `num_slots`) and counts (padding: 0)."""
-    return (jnp.where(cells.token[c] >= 0, cells.token[c], num_tokens),
-            jnp.where(cells.slot[c] >= 0, cells.slot[c], num_slots), jnp.maximum(cells.count[c], 0))
+    return (
+        jnp.where(cells.token[c] >= 0, cells.token[c], num_tokens),
+        jnp.where(cells.slot[c] >= 0, cells.slot[c], num_slots),
+        jnp.maximum(cells.count[c], 0),
+    )
 
 
 def _mark_round(buffers: _Buffers, data: BcdData, r, clear: bool) -> _Buffers:
@@ -462,8 +571,9 @@ def _mark_round(buffers: _Buffers, data: BcdData, r, clear: bool) -> _Buffers:
 
     vector_slot, vector_count = mark(data.vector_multi, buffers.vector_slot, buffers.vector_count, B)
     matrix_slot, matrix_count = mark(data.matrix_multi, buffers.matrix_slot, buffers.matrix_count, B2)
-    return buffers._replace(vector_slot=vector_slot, vector_count=vector_count, matrix_slot=matrix_slot,
-                            matrix_count=matrix_count)
+    return buffers._replace(
+        vector_slot=vector_slot, vector_count=vector_count, matrix_slot=matrix_slot, matrix_count=matrix_count
+    )
 
 
 def _forward_backward(weights: _Weights, data: BcdData, buffers: _Buffers, r) -> _Buffers:
@@ -518,8 +628,10 @@ def _statistics(weights: _Weights, data: BcdData, buffers: _Buffers, r) -> _Stat
     N, dtype = data.labels.shape[0], weights.start.dtype
     labels = jnp.concatenate([data.labels, jnp.zeros((1,), jnp.int32)])
     one_hot = lambda token: jax.nn.one_hot(labels[token], L, dtype=dtype)
-    gold_of = {False: one_hot,
-               True: lambda token: one_hot(jnp.maximum(token - 1, 0))[:, :, None] * one_hot(token)[:, None, :]}
+    gold_of = {
+        False: one_hot,
+        True: lambda token: one_hot(jnp.maximum(token - 1, 0))[:, :, None] * one_hot(token)[:, None, :],
+    }
 
     def accumulate(cells: CellChunks, num_slots, matrix: bool, totals, store=None):
         size = cells.token.shape[1]
@@ -531,8 +643,11 @@ def _statistics(weights: _Weights, data: BcdData, buffers: _Buffers, r) -> _Stat
             marginal = jnp.exp(log_marginal)
             weight = count.astype(dtype).reshape((-1,) + (1,) * log_marginal.ndim)[:, 0]
             add = lambda total, x: total + jax.ops.segment_sum(x, slot, num_segments=num_slots + 1)[:num_slots]
-            totals = (add(totals[0], weight * marginal), add(totals[1], weight ** 2 * marginal * (1 - marginal)),
-                      add(totals[2], weight * gold_of[matrix](token)))
+            totals = (
+                add(totals[0], weight * marginal),
+                add(totals[1], weight**2 * marginal * (1 - marginal)),
+                add(totals[2], weight * gold_of[matrix](token)),
+            )
             if store is not None:
                 store = jax.lax.dynamic_update_slice_in_dim(store, log_marginal, (c - cells.round_begin[r]) * size, 0)
             return totals, store
@@ -545,13 +660,17 @@ def _statistics(weights: _Weights, data: BcdData, buffers: _Buffers, r) -> _Stat
     def single_store(cells, shape):
         return jnp.zeros((cells.max_chunks * cells.token.shape[1],) + shape, dtype)
 
-    vector, vector_single = accumulate(data.vector_single, B, False, zeros(B, (L,)),
-                                       single_store(data.vector_single, (L,)))
+    vector, vector_single = accumulate(
+        data.vector_single, B, False, zeros(B, (L,)), single_store(data.vector_single, (L,))
+    )
     vector, _ = accumulate(data.vector_multi, B, False, vector)
-    matrix, matrix_single = accumulate(data.matrix_single, B2, True, zeros(B2, (L, L)),
-                                       single_store(data.matrix_single, (L, L)))
+    matrix, matrix_single = accumulate(
+        data.matrix_single, B2, True, zeros(B2, (L, L)), single_store(data.matrix_single, (L, L))
+    )
     matrix, _ = accumulate(data.matrix_multi, B2, True, matrix)
     return _Statistics._make((*vector, *matrix, vector_single, matrix_single))
+
+
 class _Blocks(NamedTuple):
     """The round's blocks: current weights, masks and parts (vector `[B, L]`,
     matrix `[B2, L, L]`)."""
@@ -573,19 +692,30 @@ def _round_blocks(weights: _Weights, data: BcdData, r) -> _Blocks:
     matrix_part = jnp.where(matrix_block < B, data.matrix_part[r][jnp.minimum(matrix_block, B - 1)], 0)
     matrix_row = jnp.where(matrix_block < B, data.matrix_row[r][jnp.minimum(matrix_block, B - 1)], 0)
     is_emission = (vector_part == schedule.EMISSION)[:, None]
-    vector = jnp.where(is_emission, weights.emission[vector_row],
-                       jnp.where((vector_part == schedule.START)[:, None], weights.start[None], 0.0))
+    vector = jnp.where(
+        is_emission,
+        weights.emission[vector_row],
+        jnp.where((vector_part == schedule.START)[:, None], weights.start[None], 0.0),
+    )
     vector_mask = jnp.where(is_emission, weights.emission_mask[vector_row], (vector_part == schedule.START)[:, None])
     is_pair = (matrix_part == schedule.PAIR)[:, None, None]
     pair_row = jnp.minimum(matrix_row, max(weights.pair_emission.shape[0] - 1, 0))
-    pair_weights = weights.pair_emission[pair_row] if weights.pair_emission.shape[0] else jnp.zeros_like(
-        weights.transitions)[None]
-    pair_mask = weights.pair_mask[pair_row] if weights.pair_emission.shape[0] else jnp.zeros(
-        (1,) + weights.transitions.shape, bool)
-    matrix = jnp.where(is_pair, pair_weights,
-                       jnp.where((matrix_part == schedule.TRANSITIONS)[:, None, None], weights.transitions[None], 0.0))
-    matrix_mask = jnp.where(is_pair, pair_mask, (matrix_part == schedule.TRANSITIONS)[:, None, None]
-                            & weights.transitions_mask[None])
+    pair_weights = (
+        weights.pair_emission[pair_row] if weights.pair_emission.shape[0] else jnp.zeros_like(weights.transitions)[None]
+    )
+    pair_mask = (
+        weights.pair_mask[pair_row]
+        if weights.pair_emission.shape[0]
+        else jnp.zeros((1,) + weights.transitions.shape, bool)
+    )
+    matrix = jnp.where(
+        is_pair,
+        pair_weights,
+        jnp.where((matrix_part == schedule.TRANSITIONS)[:, None, None], weights.transitions[None], 0.0),
+    )
+    matrix_mask = jnp.where(
+        is_pair, pair_mask, (matrix_part == schedule.TRANSITIONS)[:, None, None] & weights.transitions_mask[None]
+    )
     return _Blocks(vector, vector_mask, vector_part, vector_row, matrix, matrix_mask, matrix_part, matrix_row)
 
 
@@ -606,7 +736,7 @@ def _per_block(vector_terms, matrix_terms, matrix_block, num_blocks):
 
 def _penalty(vector, matrix, matrix_block, num_blocks, l1, l2):
     """Per block `[B]`: the elastic-net penalty of its weights."""
-    terms = lambda x, axes: jnp.sum(l1 * jnp.abs(x) + 0.5 * l2 * x ** 2, axis=axes)
+    terms = lambda x, axes: jnp.sum(l1 * jnp.abs(x) + 0.5 * l2 * x**2, axis=axes)
     return _per_block(terms(vector, 1), terms(matrix, (1, 2)), matrix_block, num_blocks)
 
 
@@ -621,8 +751,9 @@ def _window_sums(weights: _Weights, data: BcdData, buffers: _Buffers, r, offsets
         chains = _chain_totals(cells, scores, log_scale, buffers.beta)
         return totals + jax.ops.segment_sum(chains, jnp.where(cells.present, cells.slot, B), num_segments=B + 1)[:B]
 
-    return jax.lax.fori_loop(data.windows.round_begin[r], data.windows.round_begin[r + 1], body,
-                             jnp.zeros((B,), weights.start.dtype))
+    return jax.lax.fori_loop(
+        data.windows.round_begin[r], data.windows.round_begin[r + 1], body, jnp.zeros((B,), weights.start.dtype)
+    )
 
 
 def _single_changes(data: BcdData, stats: _Statistics, r, vector_move, matrix_move):
@@ -642,14 +773,15 @@ def _single_changes(data: BcdData, stats: _Statistics, r, vector_move, matrix_mo
             log_marginal = jax.lax.dynamic_slice_in_dim(store, (c - cells.round_begin[r]) * size, size, 0)
             shift = count.astype(move.dtype).reshape((-1,) + (1,) * len(axes)) * move[slot]
             change = jax.nn.logsumexp(log_marginal + shift, axis=axes)
-            return totals + jax.ops.segment_sum(jnp.where(count > 0, change, 0.0), block_of(slot),
-                                                num_segments=B + 1)[:B]
+            return (
+                totals + jax.ops.segment_sum(jnp.where(count > 0, change, 0.0), block_of(slot), num_segments=B + 1)[:B]
+            )
 
-        return jax.lax.fori_loop(cells.round_begin[r], cells.round_begin[r + 1], body,
-                                 jnp.zeros((B,), move.dtype))
+        return jax.lax.fori_loop(cells.round_begin[r], cells.round_begin[r + 1], body, jnp.zeros((B,), move.dtype))
 
-    return (total(data.vector_single, stats.vector_single, pad(vector_move), B, lambda slot: slot)
-            + total(data.matrix_single, stats.matrix_single, pad(matrix_move), B2, lambda slot: matrix_block[slot]))
+    return total(data.vector_single, stats.vector_single, pad(vector_move), B, lambda slot: slot) + total(
+        data.matrix_single, stats.matrix_single, pad(matrix_move), B2, lambda slot: matrix_block[slot]
+    )
 
 
 def _trial_offsets(data: BcdData, blocks: _Blocks, vector_step, matrix_step) -> _Offsets:
@@ -659,8 +791,9 @@ def _trial_offsets(data: BcdData, blocks: _Blocks, vector_step, matrix_step) -> 
     pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x[:1])])
     if _dense(data):
         return _Offsets(pad(vector_step), pad(matrix_step), jnp.zeros_like(matrix_step[0]))
-    transitions = jnp.sum(jnp.where((blocks.matrix_part == schedule.TRANSITIONS)[:, None, None], matrix_step, 0.0),
-                          axis=0)
+    transitions = jnp.sum(
+        jnp.where((blocks.matrix_part == schedule.TRANSITIONS)[:, None, None], matrix_step, 0.0), axis=0
+    )
     return _Offsets(pad(vector_step), pad(matrix_step), transitions)
 
 
@@ -676,19 +809,26 @@ def _round_update(weights: _Weights, data: BcdData, buffers: _Buffers, r, l1, l2
     of_matrix = lambda x: x[jnp.minimum(matrix_block, B - 1)][:, None, None]  # padding slots never move
     vector_gradient = stats.vector_expected - stats.vector_gold
     matrix_gradient = stats.matrix_expected - stats.matrix_gold
-    vector_target, vector_curvature = _proposal(blocks.vector, vector_gradient, stats.vector_curvature,
-                                                blocks.vector_mask, l1, l2, max_step)
-    matrix_target, matrix_curvature = _proposal(blocks.matrix, matrix_gradient, stats.matrix_curvature,
-                                                blocks.matrix_mask, l1, l2, max_step)
+    vector_target, vector_curvature = _proposal(
+        blocks.vector, vector_gradient, stats.vector_curvature, blocks.vector_mask, l1, l2, max_step
+    )
+    matrix_target, matrix_curvature = _proposal(
+        blocks.matrix, matrix_gradient, stats.matrix_curvature, blocks.matrix_mask, l1, l2, max_step
+    )
     vector_delta, matrix_delta = vector_target - blocks.vector, matrix_target - blocks.matrix
-    gold_change = per_block(jnp.sum(stats.vector_gold * vector_delta, 1),
-                            jnp.sum(stats.matrix_gold * matrix_delta, (1, 2)))
+    gold_change = per_block(
+        jnp.sum(stats.vector_gold * vector_delta, 1), jnp.sum(stats.matrix_gold * matrix_delta, (1, 2))
+    )
     penalty_before = _penalty(blocks.vector, blocks.matrix, matrix_block, B, l1, l2)
     # The quadratic model's decrease; below the objective's rounding a move is not worth (nor able) checking.
-    predicted = (per_block(jnp.sum(vector_gradient * vector_delta + 0.5 * vector_curvature * vector_delta ** 2, 1),
-                           jnp.sum(matrix_gradient * matrix_delta + 0.5 * matrix_curvature * matrix_delta ** 2,
-                                   (1, 2)))
-                 + _penalty(vector_target, matrix_target, matrix_block, B, l1, l2) - penalty_before)
+    predicted = (
+        per_block(
+            jnp.sum(vector_gradient * vector_delta + 0.5 * vector_curvature * vector_delta**2, 1),
+            jnp.sum(matrix_gradient * matrix_delta + 0.5 * matrix_curvature * matrix_delta**2, (1, 2)),
+        )
+        + _penalty(vector_target, matrix_target, matrix_block, B, l1, l2)
+        - penalty_before
+    )
     cells = per_block(jnp.sum(stats.vector_gold, 1), jnp.sum(stats.matrix_gold, (1, 2)))
     noise = 16 * jnp.finfo(dtype).eps * (cells + 1)
 
@@ -699,8 +839,11 @@ def _round_update(weights: _Weights, data: BcdData, buffers: _Buffers, r, l1, l2
         def change(step):
             vector_move, matrix_move = step[:, None] * vector_delta, of_matrix(step) * matrix_delta
             offsets = _trial_offsets(data, blocks, vector_move, matrix_move)
-            log_z = (_window_sums(weights, data, buffers, r, offsets) - reference
-                     + _single_changes(data, stats, r, vector_move, matrix_move))
+            log_z = (
+                _window_sums(weights, data, buffers, r, offsets)
+                - reference
+                + _single_changes(data, stats, r, vector_move, matrix_move)
+            )
             penalty = _penalty(blocks.vector + vector_move, blocks.matrix + matrix_move, matrix_block, B, l1, l2)
             return log_z - step * gold_change + penalty - penalty_before
 
@@ -749,8 +892,9 @@ def _write_blocks(weights: _Weights, blocks: _Blocks, vector, matrix) -> _Weight
     pair_rows = jnp.where(blocks.matrix_part == schedule.PAIR, blocks.matrix_row, K2)
     pair_emission = weights.pair_emission.at[pair_rows].set(matrix, mode="drop") if K2 else weights.pair_emission
     is_transitions = (blocks.matrix_part == schedule.TRANSITIONS)[:, None, None]
-    transitions = jnp.where(jnp.any(is_transitions), jnp.sum(jnp.where(is_transitions, matrix, 0.0), 0),
-                            weights.transitions)
+    transitions = jnp.where(
+        jnp.any(is_transitions), jnp.sum(jnp.where(is_transitions, matrix, 0.0), 0), weights.transitions
+    )
     return weights._replace(emission=emission, start=start, pair_emission=pair_emission, transitions=transitions)
 
 
@@ -759,8 +903,15 @@ def _initial_buffers(weights: _Weights, model: LinearChainModel, data: BcdData) 
     B, B2 = data.vector_part.shape[1], data.matrix_block.shape[1]
     unary = _pad_row(dataclasses.replace(model, emission=weights.emission).unary(data.unigram_ids[:, None, :])[:, 0])
     zeros = jnp.zeros((N + 1, L), weights.start.dtype)
-    return _Buffers(unary, zeros, zeros, jnp.full((N + 1,), B, jnp.int32), jnp.zeros((N + 1,), jnp.int32),
-                    jnp.full((N + 1,), B2, jnp.int32), jnp.zeros((N + 1,), jnp.int32))
+    return _Buffers(
+        unary,
+        zeros,
+        zeros,
+        jnp.full((N + 1,), B, jnp.int32),
+        jnp.zeros((N + 1,), jnp.int32),
+        jnp.full((N + 1,), B2, jnp.int32),
+        jnp.zeros((N + 1,), jnp.int32),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -777,8 +928,10 @@ def _check_model(model, data: BcdData) -> None:
     if not isinstance(model, LinearChainModel):
         raise TypeError(f"model must be a models.LinearChainModel, got {type(model).__name__}")
     if _dense(data) != (model.pair_emission.shape[0] > 0):
-        raise ValueError("model and data disagree about label-pair-observation features: build the data with "
-                         "bcd_data(corpus, model) for this model")
+        raise ValueError(
+            "model and data disagree about label-pair-observation features: build the data with "
+            "bcd_data(corpus, model) for this model"
+        )
 
 
 def bcd_loss(model: LinearChainModel, data: BcdData) -> jax.Array:
@@ -807,8 +960,9 @@ def _gold_score(weights: _Weights, unary, data: BcdData) -> jax.Array:
     edges = jnp.where(data.is_first, weights.start[labels], weights.transitions[previous, labels])
     if _dense(data):
         ids = data.pair_ids
-        rows = weights.pair_emission.at[jnp.where(ids >= 0, ids, weights.pair_emission.shape[0]), previous[:, None],
-                                        labels[:, None]].get(mode="fill", fill_value=0)
+        rows = weights.pair_emission.at[
+            jnp.where(ids >= 0, ids, weights.pair_emission.shape[0]), previous[:, None], labels[:, None]
+        ].get(mode="fill", fill_value=0)
         edges = edges + jnp.where(data.is_first, 0.0, jnp.sum(rows, 1))
     return emitted + jnp.sum(edges)
 
@@ -818,7 +972,7 @@ def bcd_objective(model: LinearChainModel, data: BcdData, l1, l2=0.0) -> jax.Arr
     check_penalties(l1, l2)
     weights = _weights(model)
     tables = (weights.emission, weights.transitions, weights.start, weights.pair_emission)
-    return bcd_loss(model, data) + sum(l1 * jnp.sum(jnp.abs(x)) + 0.5 * l2 * jnp.sum(x ** 2) for x in tables)
+    return bcd_loss(model, data) + sum(l1 * jnp.sum(jnp.abs(x)) + 0.5 * l2 * jnp.sum(x**2) for x in tables)
 
 
 def bcd_block_statistics(model: LinearChainModel, data: BcdData) -> tuple[LinearChainModel, LinearChainModel]:
@@ -830,8 +984,12 @@ def bcd_block_statistics(model: LinearChainModel, data: BcdData) -> tuple[Linear
     _check_model(model, data)
     weights = _weights(model)
     dtype = weights.start.dtype
-    zeros = weights._replace(**{name: jnp.zeros_like(getattr(weights, name))
-                                for name in ("emission", "transitions", "start", "pair_emission")})
+    zeros = weights._replace(
+        **{
+            name: jnp.zeros_like(getattr(weights, name))
+            for name in ("emission", "transitions", "start", "pair_emission")
+        }
+    )
 
     def body(r, carry):
         gradient, curvature, buffers = carry
@@ -841,15 +999,23 @@ def bcd_block_statistics(model: LinearChainModel, data: BcdData) -> tuple[Linear
         blocks = _round_blocks(weights, data, r)
         masked = lambda x, mask: jnp.where(mask, x, 0.0).astype(dtype)
         # Every block is in one round: its rows are written once.
-        gradient = _write_blocks(gradient, blocks,
-                                 masked(stats.vector_expected - stats.vector_gold, blocks.vector_mask),
-                                 masked(stats.matrix_expected - stats.matrix_gold, blocks.matrix_mask))
-        curvature = _write_blocks(curvature, blocks, masked(stats.vector_curvature, blocks.vector_mask),
-                                  masked(stats.matrix_curvature, blocks.matrix_mask))
+        gradient = _write_blocks(
+            gradient,
+            blocks,
+            masked(stats.vector_expected - stats.vector_gold, blocks.vector_mask),
+            masked(stats.matrix_expected - stats.matrix_gold, blocks.matrix_mask),
+        )
+        curvature = _write_blocks(
+            curvature,
+            blocks,
+            masked(stats.vector_curvature, blocks.vector_mask),
+            masked(stats.matrix_curvature, blocks.matrix_mask),
+        )
         return gradient, curvature, _mark_round(buffers, data, r, clear=True)
 
-    gradient, curvature, _ = jax.lax.fori_loop(0, data.num_rounds, body,
-                                               (zeros, zeros, _initial_buffers(weights, model, data)))
+    gradient, curvature, _ = jax.lax.fori_loop(
+        0, data.num_rounds, body, (zeros, zeros, _initial_buffers(weights, model, data))
+    )
     return _with_weights(model, gradient), _with_weights(model, curvature)
 
 
@@ -880,13 +1046,26 @@ def bcd_sweep_fn(data: BcdData, l1, l2=0.0, *, max_step: float = 1.0, max_backtr
     return step_fn
 
 
-def bcd(data: BcdData, model: LinearChainModel, l1, l2=0.0, *, num_sweeps: int, tol: float = 1e-10,
-        max_step: float = 1.0, max_backtracking: int = 20):
+def bcd(
+    data: BcdData,
+    model: LinearChainModel,
+    l1,
+    l2=0.0,
+    *,
+    num_sweeps: int,
+    tol: float = 1e-10,
+    max_step: float = 1.0,
+    max_backtracking: int = 20,
+):
     """Run up to `num_sweeps` sweeps from `model`, stopping when the objective's
     relative change falls below `tol`; returns the final `LoopState`
     (`.inner` the model, `.trace` the objective after each sweep). Jit-able."""
     _check_data(data)
     check_int("num_sweeps", num_sweeps)
     loop = init_loop(model, num_sweeps, model.emission.dtype)
-    return run_loop(bcd_sweep_fn(data, l1, l2, max_step=max_step, max_backtracking=max_backtracking), loop,
-                    num_sweeps, relative_change_below(tol))
+    return run_loop(
+        bcd_sweep_fn(data, l1, l2, max_step=max_step, max_backtracking=max_backtracking),
+        loop,
+        num_sweeps,
+        relative_change_below(tol),
+    )

@@ -74,13 +74,17 @@ def corpus_sentences(corpus) -> Sentences:
         inside = positions >= 0
         labels[positions[inside]] = np.asarray(corpus.labels[b])[inside]
         seen[positions[inside]] = True
-        starts = (np.arange(positions.shape[1]) == 0)[None, :] if corpus.starts is None else np.asarray(corpus.starts[b])
+        starts = (
+            (np.arange(positions.shape[1]) == 0)[None, :] if corpus.starts is None else np.asarray(corpus.starts[b])
+        )
         first[positions[inside & starts]] = True
     if not seen.all():
         raise ValueError(f"corpus: token {int(np.argmin(seen))} of the token stack is in no bucket")
     if (labels < 0).any():
-        raise ValueError(f"corpus labels must be label ids >= 0 (a labelled corpus), got {int(labels.min())} at "
-                         f"token {int(np.argmin(labels))}")
+        raise ValueError(
+            f"corpus labels must be label ids >= 0 (a labelled corpus), got {int(labels.min())} at "
+            f"token {int(np.argmin(labels))}"
+        )
     offsets = np.concatenate([np.nonzero(first)[0], [num_tokens]]).astype(np.int64)
     if num_tokens and offsets[0] != 0:
         raise ValueError("corpus: the token stack must start with a sentence's first token")
@@ -198,8 +202,19 @@ def chain_extents(visits: Visits, visit_round: np.ndarray, sentences: Sentences)
     backward_mode = np.where(resume, FROM_BACKWARD, REVERSED_START)
     inverse = np.empty_like(order)
     inverse[order] = np.arange(order.shape[0])
-    return Extents(*(x[inverse] for x in (begin + forward_from, forward_length, forward_mode, begin + backward_from,
-                                          backward_length, backward_mode)))
+    return Extents(
+        *(
+            x[inverse]
+            for x in (
+                begin + forward_from,
+                forward_length,
+                forward_mode,
+                begin + backward_from,
+                backward_length,
+                backward_mode,
+            )
+        )
+    )
 
 
 def colour_blocks(visits: Visits, num_blocks: int, num_sentences: int) -> np.ndarray:
@@ -213,7 +228,7 @@ def colour_blocks(visits: Visits, num_blocks: int, num_sentences: int) -> np.nda
     order = np.argsort(-visit_counts, kind="stable")
     several = order[visit_counts[order] > 1]
     for b in several:
-        members = visits.sentence[starts[b]:starts[b + 1]]
+        members = visits.sentence[starts[b] : starts[b + 1]]
         free = ~np.bitwise_or.reduce(used[members], axis=0)
         if not free.any():
             used = np.concatenate([used, np.zeros_like(used)], axis=1)
@@ -229,12 +244,12 @@ def colour_blocks(visits: Visits, num_blocks: int, num_sentences: int) -> np.nda
     single, sentence_of = single[by_sentence], sentence_of[by_sentence]
     bounds = np.concatenate([[0], np.cumsum(np.bincount(sentence_of, minlength=num_sentences))])
     for s in np.nonzero(np.diff(bounds))[0]:
-        members = single[bounds[s]:bounds[s + 1]]
+        members = single[bounds[s] : bounds[s + 1]]
         free = np.nonzero(~np.unpackbits(used[s].view(np.uint8), bitorder="little").astype(bool))[0]
         if free.shape[0] < members.shape[0]:
             extra = np.arange(used.shape[1] * 64, used.shape[1] * 64 + members.shape[0])
             free = np.concatenate([free, extra])
-        rounds[members] = free[:members.shape[0]]
+        rounds[members] = free[: members.shape[0]]
     # Renumber the rounds used, keeping their order.
     return np.unique(rounds, return_inverse=True)[1]
 
@@ -273,8 +288,17 @@ def _next_fit(lengths: list[int], width: int) -> list[int]:
     return rows
 
 
-def pack_jobs(round_of: np.ndarray, num_rounds: int, token: np.ndarray, length: np.ndarray, mode: np.ndarray,
-              slot: np.ndarray, direction: int, rows: int, width: int) -> Jobs:
+def pack_jobs(
+    round_of: np.ndarray,
+    num_rounds: int,
+    token: np.ndarray,
+    length: np.ndarray,
+    mode: np.ndarray,
+    slot: np.ndarray,
+    direction: int,
+    rows: int,
+    width: int,
+) -> Jobs:
     """Pack chains (`[Z]` fields; `round_of` their round; chains of length 0
     are dropped) into jobs per round, longest chains first (next fit), `rows`
     rows of `width` cells per job."""
@@ -298,8 +322,17 @@ def pack_jobs(round_of: np.ndarray, num_rounds: int, token: np.ndarray, length: 
         round_begin.append(jobs)
     chain_begin = np.searchsorted(job, np.arange(jobs + 1), side="left")
     max_chains = int(np.diff(chain_begin).max(initial=1))
-    return Jobs(chain_begin, np.asarray(round_begin), cell, token, length, mode, slot,
-                np.full(jobs, direction, np.int64), max_chains)
+    return Jobs(
+        chain_begin,
+        np.asarray(round_begin),
+        cell,
+        token,
+        length,
+        mode,
+        slot,
+        np.full(jobs, direction, np.int64),
+        max_chains,
+    )
 
 
 def chunk_cells(round_of: np.ndarray, num_rounds: int, size: int, *fields):

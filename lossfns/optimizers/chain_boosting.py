@@ -177,8 +177,11 @@ def sequence_pieces(ids, labels, lengths, piece_length: int):
     """
     piece_length = check_int("piece_length", piece_length)
     if isinstance(ids, (list, tuple)):
-        if not (isinstance(labels, (list, tuple)) and isinstance(lengths, (list, tuple))
-                and len(ids) == len(labels) == len(lengths)):
+        if not (
+            isinstance(labels, (list, tuple))
+            and isinstance(lengths, (list, tuple))
+            and len(ids) == len(labels) == len(lengths)
+        ):
             raise ValueError("ids, labels and lengths must be arrays or lists of arrays of the same length")
         parts = [sequence_pieces(*bucket, piece_length) for bucket in zip(ids, labels, lengths)]
         return tuple(np.concatenate(part) for part in zip(*parts))
@@ -187,11 +190,16 @@ def sequence_pieces(ids, labels, lengths, piece_length: int):
     lengths = _host_arrays("lengths", lengths, 1, "[N]")
     N, T, _ = ids.shape
     if labels.shape != (N, T) or lengths.shape != (N,):
-        raise ValueError(f"labels must have shape [N, T] = {(N, T)} and lengths [N] = {(N,)} (from ids), "
-                         f"got {labels.shape} and {lengths.shape}")
+        raise ValueError(
+            f"labels must have shape [N, T] = {(N, T)} and lengths [N] = {(N,)} (from ids), "
+            f"got {labels.shape} and {lengths.shape}"
+        )
     if lengths.size and (lengths.min() < 0 or lengths.max() > T):
-        raise ValueError(f"lengths must lie in [0, {T}] (the positions T of ids), got {int(lengths.max())}"
-                         if lengths.max() > T else f"lengths must lie in [0, {T}], got {int(lengths.min())}")
+        raise ValueError(
+            f"lengths must lie in [0, {T}] (the positions T of ids), got {int(lengths.max())}"
+            if lengths.max() > T
+            else f"lengths must lie in [0, {T}], got {int(lengths.min())}"
+        )
     counts = -(-lengths // piece_length)
     row = np.repeat(np.arange(N), counts)
     first = (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)) * piece_length
@@ -200,13 +208,24 @@ def sequence_pieces(ids, labels, lengths, piece_length: int):
     clipped = np.minimum(position, T - 1)
     piece_ids = np.where(inside[..., None], ids[row[:, None], clipped], -1)
     piece_labels = np.where(inside, labels[row[:, None], clipped], -1)
-    return (piece_ids.astype(np.int32), piece_labels.astype(np.int32),
-            np.minimum(lengths[row] - first, piece_length).astype(np.int32))
+    return (
+        piece_ids.astype(np.int32),
+        piece_labels.astype(np.int32),
+        np.minimum(lengths[row] - first, piece_length).astype(np.int32),
+    )
 
 
-def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int, *,
-                        tiers: Sequence[int] = (16, 128, 1024), block: int = 1024,
-                        dtype=jnp.float32) -> ChainBoostingData:
+def chain_boosting_data(
+    ids,
+    labels,
+    lengths,
+    num_features: int,
+    num_labels: int,
+    *,
+    tiers: Sequence[int] = (16, 128, 1024),
+    block: int = 1024,
+    dtype=jnp.float32,
+) -> ChainBoostingData:
     """The sparse boosting layout of a corpus (numpy, outside `jit`).
 
     ids: `[N, T, F]` observation ids in `[0, num_features)` (-1: none;
@@ -225,8 +244,10 @@ def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int
     labels = _host_arrays("labels", labels, 2, "[N, T]")
     lengths = _host_arrays("lengths", lengths, 1, "[N]")
     if labels.shape != (N, T) or lengths.shape != (N,):
-        raise ValueError(f"labels must have shape [N, T] = {(N, T)} and lengths [N] = {(N,)} (from ids), "
-                         f"got {labels.shape} and {lengths.shape}")
+        raise ValueError(
+            f"labels must have shape [N, T] = {(N, T)} and lengths [N] = {(N,)} (from ids), "
+            f"got {labels.shape} and {lengths.shape}"
+        )
     if N == 0 or T == 0:
         raise ValueError(f"ids must hold at least one sequence and one position, got shape {ids.shape}")
     if lengths.min() < 0 or lengths.max() > T:
@@ -240,8 +261,10 @@ def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int
     bad_ids = inside[..., None] & ((ids < -1) | (ids >= num_features))
     if bad_ids.any():
         where = tuple(int(i) for i in np.argwhere(bad_ids)[0])
-        raise ValueError(f"ids must lie in [-1, {num_features}) (-1: none; num_features = {num_features}), "
-                         f"got {int(ids[where])} at index {where}")
+        raise ValueError(
+            f"ids must lie in [-1, {num_features}) (-1: none; num_features = {num_features}), "
+            f"got {int(ids[where])} at index {where}"
+        )
     ids = np.where(inside[..., None] & (ids >= 0), ids, -1)
     labels = np.where(inside, labels, -1)
 
@@ -250,8 +273,9 @@ def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int
     piece, position, _ = np.nonzero(occurring)
     feature = ids[occurring]
     gold = labels[piece, position]
-    pair_key, occurrence_to_pair, pair_size = np.unique(piece * num_features + feature, return_inverse=True,
-                                                       return_counts=True)
+    pair_key, occurrence_to_pair, pair_size = np.unique(
+        piece * num_features + feature, return_inverse=True, return_counts=True
+    )
     pair_piece, pair_feat = pair_key // num_features, pair_key % num_features
     pair_local = np.arange(len(pair_key)) - np.searchsorted(pair_piece, pair_piece)
     Q = int(pair_local.max(initial=0)) + 1
@@ -267,16 +291,20 @@ def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int
     gold_piece = pair_piece[gold_of]
     gold_local = np.arange(len(gold_key)) - np.searchsorted(gold_piece, gold_piece)
     G = int(gold_local.max(initial=0)) + 1
-    gold_pair, gold_label, gold_count = np.full((N, G), Q, np.int64), np.zeros((N, G), np.int64), \
-        np.zeros((N, G), np.int64)
+    gold_pair, gold_label, gold_count = (
+        np.full((N, G), Q, np.int64),
+        np.zeros((N, G), np.int64),
+        np.zeros((N, G), np.int64),
+    )
     gold_pair[gold_piece, gold_local] = pair_local[gold_of]
     gold_label[gold_piece, gold_local] = gold_lab
     gold_count[gold_piece, gold_local] = gold_size
 
     # Gold transitions per sequence, with counts.
     rows, steps = np.nonzero(np.arange(1, T)[None, :] < lengths[:, None])
-    transition_key, transition_size = np.unique((rows * L + labels[rows, steps]) * L + labels[rows, steps + 1],
-                                                return_counts=True)
+    transition_key, transition_size = np.unique(
+        (rows * L + labels[rows, steps]) * L + labels[rows, steps + 1], return_counts=True
+    )
     transition_piece = transition_key // (L * L)
     transition_local = np.arange(len(transition_key)) - np.searchsorted(transition_piece, transition_piece)
     H = int(transition_local.max(initial=0)) + 1
@@ -300,20 +328,64 @@ def chain_boosting_data(ids, labels, lengths, num_features: int, num_labels: int
     feature_pieces = np.concatenate([pair_piece[by_feature], np.full(max(tiers), N, np.int64)])
     feature_piece_start = np.searchsorted(pair_feat[by_feature], np.arange(num_features + 1))
 
-    lowest, highest = _global_ranges(pair_feat, pair_size, pair_local, pair_piece, gold_of, gold_lab, gold_size,
-                                     transition_key, transition_size, lengths, labels, num_features, L)
+    lowest, highest = _global_ranges(
+        pair_feat,
+        pair_size,
+        pair_local,
+        pair_piece,
+        gold_of,
+        gold_lab,
+        gold_size,
+        transition_key,
+        transition_size,
+        lengths,
+        labels,
+        num_features,
+        L,
+    )
     as_int = lambda a: jnp.asarray(a, jnp.int32)
     return ChainBoostingData(
-        as_int(ids), as_int(labels), as_int(lengths), as_int(occurrence_pair), as_int(pair_feature),
-        as_int(pair_count), as_int(gold_pair), as_int(gold_label), as_int(gold_count), as_int(transition_from),
-        as_int(transition_to), as_int(transition_count), as_int(feature_slot), as_int(feature_range),
-        tuple(as_int(members) for members in group_features), as_int(feature_piece_start), as_int(feature_pieces),
-        jnp.asarray(lowest, dtype), jnp.asarray(highest, dtype), num_features, L,
-        tuple(tier for tier in tiers if tier < N), block)
+        as_int(ids),
+        as_int(labels),
+        as_int(lengths),
+        as_int(occurrence_pair),
+        as_int(pair_feature),
+        as_int(pair_count),
+        as_int(gold_pair),
+        as_int(gold_label),
+        as_int(gold_count),
+        as_int(transition_from),
+        as_int(transition_to),
+        as_int(transition_count),
+        as_int(feature_slot),
+        as_int(feature_range),
+        tuple(as_int(members) for members in group_features),
+        as_int(feature_piece_start),
+        as_int(feature_pieces),
+        jnp.asarray(lowest, dtype),
+        jnp.asarray(highest, dtype),
+        num_features,
+        L,
+        tuple(tier for tier in tiers if tier < N),
+        block,
+    )
 
 
-def _global_ranges(pair_feat, pair_size, pair_local, pair_piece, gold_of, gold_lab, gold_size, transition_key,
-                   transition_size, lengths, labels, num_features: int, L: int):
+def _global_ranges(
+    pair_feat,
+    pair_size,
+    pair_local,
+    pair_piece,
+    gold_of,
+    gold_lab,
+    gold_size,
+    transition_key,
+    transition_size,
+    lengths,
+    labels,
+    num_features: int,
+    L: int,
+):
     """`(lowest, highest)` `[K L + L^2 + L]`: each weak learner's range of u
     over all sequences (0 where it never varies)."""
     # Emission (f, l): u in [-g, c - g] per sequence where f occurs.
@@ -339,8 +411,9 @@ def _global_ranges(pair_feat, pair_size, pair_local, pair_piece, gold_of, gold_l
         lacking = seen < np.count_nonzero(lengths == length)
         transition_high = np.maximum(transition_high, np.where(lacking, most(length), 0))
         high_gold = np.zeros(L * L, np.int64)
-        np.maximum.at(high_gold, pair_index[members], most(length).reshape(-1)[pair_index[members]]
-                      - transition_size[members])
+        np.maximum.at(
+            high_gold, pair_index[members], most(length).reshape(-1)[pair_index[members]] - transition_size[members]
+        )
         transition_high = np.maximum(transition_high, high_gold.reshape(L, L))
     np.maximum.at(transition_low.reshape(-1), pair_index, transition_size)
     # Start l: u in [-1, 0] for the gold first label, [0, 1] for the others.
@@ -360,7 +433,7 @@ def _global_ranges(pair_feat, pair_size, pair_local, pair_piece, gold_of, gold_l
 def _weights(theta, data: ChainBoostingData):
     """`(emission [K, L], transitions [L, L], start [L])` of the flat weights `[K L + L^2 + L]`."""
     K, L = data.num_features, data.num_labels
-    return (theta[:K * L].reshape(K, L), theta[K * L:K * L + L * L].reshape(L, L), theta[K * L + L * L:])
+    return (theta[: K * L].reshape(K, L), theta[K * L : K * L + L * L].reshape(L, L), theta[K * L + L * L :])
 
 
 def chain_boosting_model(theta, data: ChainBoostingData) -> LinearChainModel:
@@ -378,14 +451,20 @@ def _slots(data: ChainBoostingData, rows):
     B, labels = rows.shape[0], jnp.arange(L)
     feature, count = data.pair_feature[rows], data.pair_count[rows]
     width, centre = 2 * data.feature_range[feature] + 1, data.feature_range[feature]
-    emission = jnp.where((count > 0)[..., None], data.feature_slot[feature][..., None] + labels * width[..., None]
-                         + (centre + count)[..., None], num_slots)
+    emission = jnp.where(
+        (count > 0)[..., None],
+        data.feature_slot[feature][..., None] + labels * width[..., None] + (centre + count)[..., None],
+        num_slots,
+    )
     gold_pair = jnp.minimum(data.gold_pair[rows], feature.shape[1] - 1)
     gold_count, gold_label = data.gold_count[rows], data.gold_label[rows]
     g_feature = jnp.take_along_axis(feature, gold_pair, 1)
     g_count = jnp.take_along_axis(count, gold_pair, 1)
-    g_base = data.feature_slot[g_feature] + gold_label * (2 * data.feature_range[g_feature] + 1) \
+    g_base = (
+        data.feature_slot[g_feature]
+        + gold_label * (2 * data.feature_range[g_feature] + 1)
         + data.feature_range[g_feature]
+    )
     live = gold_count > 0
     gold_low = jnp.where(live, g_base - gold_count, num_slots)
     gold_high = jnp.where(live, g_base + g_count - gold_count, num_slots)
@@ -402,9 +481,18 @@ def _slots(data: ChainBoostingData, rows):
     transition_high = jnp.where(t_live, t_base + t_most - t_count, num_slots)
     start = jnp.broadcast_to(start_offset + 3 * labels + 2, (B, L))
     start_low = start_offset + 3 * jnp.maximum(data.labels[rows, 0], 0)
-    return jnp.concatenate([emission.reshape(-1), gold_low.reshape(-1), gold_high.reshape(-1), transition.reshape(-1),
-                            transition_low.reshape(-1), transition_high.reshape(-1), start.reshape(-1),
-                            start_low])
+    return jnp.concatenate(
+        [
+            emission.reshape(-1),
+            gold_low.reshape(-1),
+            gold_high.reshape(-1),
+            transition.reshape(-1),
+            transition_low.reshape(-1),
+            transition_high.reshape(-1),
+            start.reshape(-1),
+            start_low,
+        ]
+    )
 
 
 def _most(lengths, L: int):
@@ -429,7 +517,8 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
         return jnp.sum(log_z), log_z
 
     (_, log_z), (node, expected, first) = jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True)(
-        unary, jnp.broadcast_to(transitions, (B, L, L)), jnp.broadcast_to(start, (B, L)))
+        unary, jnp.broadcast_to(transitions, (B, L, L)), jnp.broadcast_to(start, (B, L))
+    )
     log_losses = log_z - chain.score(chain.FactoredPotentials(unary, transitions, start), labels, lengths)
     weight = jnp.where(valid, jnp.exp(log_weights(log_losses) - log_scale), 0.0)  # D(i) W / W_scale
     inverse = jnp.where(valid, jnp.exp(log_losses - log_scale), 0.0)  # (1 / P_i) / W_scale
@@ -439,12 +528,19 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
     # Emission: per (sequence, feature) the marginal mass of its occurrences per label.
     Q = data.pair_feature.shape[1]
     occurrence = data.occurrence_pair[rows]
-    sums = jnp.zeros((B, Q + 1, L), dtype).at[batch[:, None, None], occurrence].add(
-        jnp.broadcast_to(node[:, :, None, :], occurrence.shape + (L,)))[:, :Q]
+    sums = (
+        jnp.zeros((B, Q + 1, L), dtype)
+        .at[batch[:, None, None], occurrence]
+        .add(jnp.broadcast_to(node[:, :, None, :], occurrence.shape + (L,)))[:, :Q]
+    )
     count = data.pair_count[rows].astype(dtype)
     gold_pair, gold_label, gold_count = data.gold_pair[rows], data.gold_label[rows], data.gold_count[rows]
-    is_gold = jnp.zeros((B, Q + 1, L), jnp.int32).at[batch[:, None], gold_pair, gold_label].add(
-        (gold_count > 0).astype(jnp.int32))[:, :Q] > 0
+    is_gold = (
+        jnp.zeros((B, Q + 1, L), jnp.int32)
+        .at[batch[:, None], gold_pair, gold_label]
+        .add((gold_count > 0).astype(jnp.int32))[:, :Q]
+        > 0
+    )
     safe_count = jnp.maximum(count, 1.0)[..., None]
     # A label that is gold at none of the feature's occurrences: u in [0, c],
     # all of the mass of its bound that is not at 0 sits at c: (1 / P) E_P[S] / c.
@@ -459,24 +555,41 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
     most = _most(lengths, L).astype(dtype)
     t_count = data.transition_count[rows]
     t_pair = data.transition_from[rows] * L + data.transition_to[rows]
-    is_gold_transition = jnp.zeros((B, L * L), jnp.int32).at[batch[:, None], t_pair].add(
-        (t_count > 0).astype(jnp.int32)).reshape(B, L, L) > 0
-    transition_values = jnp.where(is_gold_transition | (most == 0), 0.0,
-                                  inverse[:, None, None] * expected / jnp.maximum(most, 1.0))
+    is_gold_transition = (
+        jnp.zeros((B, L * L), jnp.int32)
+        .at[batch[:, None], t_pair]
+        .add((t_count > 0).astype(jnp.int32))
+        .reshape(B, L, L)
+        > 0
+    )
+    transition_values = jnp.where(
+        is_gold_transition | (most == 0), 0.0, inverse[:, None, None] * expected / jnp.maximum(most, 1.0)
+    )
     t_expected = jnp.take_along_axis(expected.reshape(B, L * L), t_pair, 1)
     t_most = jnp.take_along_axis(most.reshape(B, L * L), t_pair, 1)
-    transition_low = jnp.where(t_count > 0, _low_mass(weight[:, None], inverse[:, None], t_most,
-                                                      t_count.astype(dtype), t_expected), 0.0)
+    transition_low = jnp.where(
+        t_count > 0, _low_mass(weight[:, None], inverse[:, None], t_most, t_count.astype(dtype), t_expected), 0.0
+    )
     transition_high = jnp.where(t_count > 0, weight[:, None] - transition_low, 0.0)
 
     # Start: u in [-1, 0] for the gold first label (mass at -1), [0, 1] for the others.
     first_gold = jax.nn.one_hot(labels[:, 0], L, dtype=bool) & (lengths > 0)[:, None]
     start_values = jnp.where(first_gold, 0.0, inverse[:, None] * first)
-    start_low = jnp.where(lengths > 0, inverse * (1.0 - jnp.take_along_axis(first, jnp.maximum(labels[:, :1], 0),
-                                                                             1)[:, 0]), 0.0)
-    values = jnp.concatenate([emission_values.reshape(-1), gold_low.reshape(-1), gold_high.reshape(-1),
-                              transition_values.reshape(-1), transition_low.reshape(-1),
-                              transition_high.reshape(-1), start_values.reshape(-1), start_low])
+    start_low = jnp.where(
+        lengths > 0, inverse * (1.0 - jnp.take_along_axis(first, jnp.maximum(labels[:, :1], 0), 1)[:, 0]), 0.0
+    )
+    values = jnp.concatenate(
+        [
+            emission_values.reshape(-1),
+            gold_low.reshape(-1),
+            gold_high.reshape(-1),
+            transition_values.reshape(-1),
+            transition_low.reshape(-1),
+            transition_high.reshape(-1),
+            start_values.reshape(-1),
+            start_low,
+        ]
+    )
     return jnp.where(valid, log_losses, 0.0), values
 
 
@@ -537,8 +650,9 @@ def chain_statistics(data: ChainBoostingData, theta) -> ChainStatistics:
     return ChainStatistics(log_losses, masses, log_scale, jnp.zeros((), jnp.int32))
 
 
-def update_chain_statistics(data: ChainBoostingData, statistics: ChainStatistics, theta, new_theta, feature,
-                            refresh_every: int) -> ChainStatistics:
+def update_chain_statistics(
+    data: ChainBoostingData, statistics: ChainStatistics, theta, new_theta, feature, refresh_every: int
+) -> ChainStatistics:
     """The statistics at `new_theta`, which differs from `theta` in weak
     learner `feature` only (see the module docstring for when a full pass
     runs instead of an incremental one)."""
@@ -548,8 +662,11 @@ def update_chain_statistics(data: ChainBoostingData, statistics: ChainStatistics
     first = data.feature_piece_start[observed]
     occurrences = data.feature_piece_start[observed + 1] - first
     tier = jnp.sum(occurrences > jnp.asarray(data.tiers, jnp.int32)) if data.tiers else 0
-    due = (~emission | (statistics.since_refresh + 1 >= refresh_every)
-           | (log_exp_loss(statistics.log_losses) < statistics.log_scale - RESCALE_NATS))
+    due = (
+        ~emission
+        | (statistics.since_refresh + 1 >= refresh_every)
+        | (log_exp_loss(statistics.log_losses) < statistics.log_scale - RESCALE_NATS)
+    )
 
     def incremental(capacity):
         def run(_):
@@ -562,6 +679,7 @@ def update_chain_statistics(data: ChainBoostingData, statistics: ChainStatistics
             masses = statistics.masses.at[_slots(data, rows)].add(new - old, mode="drop")
             log_losses = statistics.log_losses.at[jnp.where(valid, rows, N)].set(new_losses, mode="drop")
             return ChainStatistics(log_losses, masses, statistics.log_scale, statistics.since_refresh + 1)
+
         return run
 
     def full(_):
@@ -581,7 +699,7 @@ def chain_slot_groups(data: ChainBoostingData, masses):
     groups = []
     for c, (features, offset) in enumerate(zip(data.group_features, offsets), start=1):
         size = features.shape[0] * L * (2 * c + 1)
-        groups.append((masses[offset:offset + size].reshape(-1, 2 * c + 1), jnp.arange(-c, c + 1)))
+        groups.append((masses[offset : offset + size].reshape(-1, 2 * c + 1), jnp.arange(-c, c + 1)))
     groups.append((masses[transition_offset:start_offset].reshape(L * L, 2 * T - 1), jnp.arange(1 - T, T)))
     groups.append((masses[start_offset:].reshape(L, 3), jnp.arange(-1, 2)))
     return groups
@@ -605,9 +723,15 @@ def chain_weak_learner_row(data: ChainBoostingData, masses, feature):
     width_max = max(2 * len(data.group_features) + 1, 2 * T - 1, 3)
     observed = jnp.minimum(feature // L, K - 1)
     centre = jnp.where(feature < K * L, data.feature_range[observed], jnp.where(feature < K * L + L * L, T - 1, 1))
-    first = jnp.where(feature < K * L, data.feature_slot[observed] + feature % L * (2 * centre + 1),
-                      jnp.where(feature < K * L + L * L, transition_offset + (feature - K * L) * (2 * T - 1),
-                                start_offset + 3 * (feature - K * L - L * L)))
+    first = jnp.where(
+        feature < K * L,
+        data.feature_slot[observed] + feature % L * (2 * centre + 1),
+        jnp.where(
+            feature < K * L + L * L,
+            transition_offset + (feature - K * L) * (2 * T - 1),
+            start_offset + 3 * (feature - K * L - L * L),
+        ),
+    )
     offsets = jnp.arange(width_max)
     inside = offsets <= 2 * centre
     row = jnp.where(inside, masses.at[first + offsets].get(mode="fill", fill_value=0), 0.0)

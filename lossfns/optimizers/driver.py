@@ -103,8 +103,11 @@ def describe(value):
     process: callables by qualified name (a closure's captured values are not
     seen), partials with their arguments, never an object's address."""
     if isinstance(value, functools.partial):
-        return [describe(value.func), [describe(a) for a in value.args],
-                {k: describe(v) for k, v in sorted(value.keywords.items())}]
+        return [
+            describe(value.func),
+            [describe(a) for a in value.args],
+            {k: describe(v) for k, v in sorted(value.keywords.items())},
+        ]
     if isinstance(value, (list, tuple)):
         return [describe(v) for v in value]
     if isinstance(value, dict):
@@ -175,8 +178,10 @@ def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> LoopState:
     latest = checkpoint.latest_checkpoint(directory)
     if latest is None:
         return loop
-    refusal = (f"checkpoint_dir {directory}: {latest.name} was written for other data or other training "
-               "settings; use a new directory (or delete this one) to start afresh")
+    refusal = (
+        f"checkpoint_dir {directory}: {latest.name} was written for other data or other training "
+        "settings; use a new directory (or delete this one) to start afresh"
+    )
     try:
         # `latest_checkpoint` skipped damaged files, so a failure here is a structure mismatch.
         restored = checkpoint.load(latest, {"fingerprint": stamp, "loop": loop})
@@ -197,10 +202,23 @@ def _progress_bar(show: bool, total: int, initial: int, description: str | None)
     return tqdm(total=total, initial=initial, unit="step", desc=description, leave=False)
 
 
-def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, until: int | None = None,
-          chunk_steps: int = 1, checkpoint_dir=None, checkpoint_every: int = 1, keep: int = 1, settings=None,
-          progress: bool | None = None, callback: Callable | None = None, mesh=None,
-          description: str | None = None) -> DriveResult:
+def drive(
+    make_step: Callable,
+    loop: LoopState,
+    data=None,
+    *,
+    stop: StopRule,
+    until: int | None = None,
+    chunk_steps: int = 1,
+    checkpoint_dir=None,
+    checkpoint_every: int = 1,
+    keep: int = 1,
+    settings=None,
+    progress: bool | None = None,
+    callback: Callable | None = None,
+    mesh=None,
+    description: str | None = None,
+) -> DriveResult:
     """Run `loop` to its end: `advance(make_step, stop, loop, until, data)`
     in jitted chunks of `chunk_steps` steps.
 
@@ -255,8 +273,9 @@ def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, un
                 bar.update(step - before)
                 bar.set_postfix(objective=float(loop.value))
             # The trace is sliced on the host: a device slice per step length compiles a program each.
-            if callback is not None and callback(Report(step, float(loop.value), np.asarray(loop.trace)[:step],
-                                                        loop.inner)):
+            if callback is not None and callback(
+                Report(step, float(loop.value), np.asarray(loop.trace)[:step], loop.inner)
+            ):
                 done = jnp.ones((), bool)
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
             finished = step >= until or bool(loop.done)
@@ -269,9 +288,19 @@ def drive(make_step: Callable, loop: LoopState, data=None, *, stop: StopRule, un
     return DriveResult(loop, compile_seconds, run_seconds)
 
 
-def train(objective: Callable, params, optimizer: optax.GradientTransformation, data=None, *, max_steps: int,
-          stop: StopRule | None = None, regularizer: Callable | None = None,
-          penalty: Callable | None = None, mesh=None, **drive_options) -> TrainResult:
+def train(
+    objective: Callable,
+    params,
+    optimizer: optax.GradientTransformation,
+    data=None,
+    *,
+    max_steps: int,
+    stop: StopRule | None = None,
+    regularizer: Callable | None = None,
+    penalty: Callable | None = None,
+    mesh=None,
+    **drive_options,
+) -> TrainResult:
     """Minimise `objective(params, data) (+ regularizer(params))` with an
     optax-shaped optimizer, through `drive`.
 
@@ -299,7 +328,8 @@ def train(objective: Callable, params, optimizer: optax.GradientTransformation, 
         objective = parallel.sum_over_shards(objective, mesh)
     loop = init_loop((params, optimizer.init(params)), max_steps, float_dtype(params))
     stop = relative_change_below(1e-9) if stop is None else stop
-    run = drive(GradientSteps(objective, optimizer, regularizer, penalty), loop, data, stop=stop, mesh=mesh,
-                **drive_options)
+    run = drive(
+        GradientSteps(objective, optimizer, regularizer, penalty), loop, data, stop=stop, mesh=mesh, **drive_options
+    )
     result: MinimizeResult = minimize_result(run.loop)
     return TrainResult(*result, run.compile_seconds, run.run_seconds)

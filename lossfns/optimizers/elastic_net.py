@@ -55,12 +55,17 @@ def check_elastic_net(l1: float, l2: float, optimizer=None, regularizer=None) ->
     if optimizer is not None:
         check_optimizer(optimizer)
         if l1 > 0:
-            raise ValueError("l1 > 0 needs optimizer=None (OWL-QN); a custom optimizer only sees the smooth "
-                             "objective")
+            raise ValueError("l1 > 0 needs optimizer=None (OWL-QN); a custom optimizer only sees the smooth objective")
 
 
-def elastic_net_training(l1: float, l2: float, optimizer: optax.GradientTransformation | None = None, *,
-                         memory_size: int = 6, regularizer: Callable | None = None) -> ElasticNetTraining:
+def elastic_net_training(
+    l1: float,
+    l2: float,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    memory_size: int = 6,
+    regularizer: Callable | None = None,
+) -> ElasticNetTraining:
     """The optimizer for `f + l1 ||w||_1 + l2 / 2 ||w||^2 (+ regularizer)`:
     OWL-QN when `optimizer` is None and `l1 > 0`, else `optimizer` (default
     `optax.lbfgs`), `memory_size` pairs of history for the defaults."""

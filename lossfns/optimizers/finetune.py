@@ -19,8 +19,9 @@ def active_mask(params):
     return jax.tree_util.tree_map(lambda p: (p != 0).astype(p.dtype), params)
 
 
-def finetune(fun: Callable, params, *, l2: float = 1e-5, max_steps: int = 200, tol: float = 1e-10,
-             memory_size: int = 10) -> MinimizeResult:
+def finetune(
+    fun: Callable, params, *, l2: float = 1e-5, max_steps: int = 200, tol: float = 1e-10, memory_size: int = 10
+) -> MinimizeResult:
     """Minimise `fun(theta) + l2/2 ||theta||^2` over the non-zero coordinates
     of `params` only (the others stay exactly 0). Jit-able.
 
@@ -34,7 +35,7 @@ def finetune(fun: Callable, params, *, l2: float = 1e-5, max_steps: int = 200, t
 
     def restricted(p):
         theta = jax.tree_util.tree_map(jnp.multiply, mask, p)
-        squares = sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(theta))
+        squares = sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(theta))
         return fun(theta) + 0.5 * l2 * squares
 
     return minimize(restricted, params, optax.lbfgs(memory_size=memory_size), max_steps=max_steps, tol=tol)

@@ -80,8 +80,10 @@ def check_optimizer(optimizer, name: str = "optimizer") -> None:
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         given = getattr(optimizer, "__name__", None)
         hint = f" (call the constructor: {given}(...), not {given})" if callable(optimizer) and given else ""
-        raise TypeError(f"{name} must be an optax GradientTransformation (with .init and .update){hint}, "
-                        f"got {type(optimizer).__name__}{' ' + given if given else ''}")
+        raise TypeError(
+            f"{name} must be an optax GradientTransformation (with .init and .update){hint}, "
+            f"got {type(optimizer).__name__}{' ' + given if given else ''}"
+        )
 
 
 def check_float_params(params, name: str = "params") -> None:
@@ -95,8 +97,10 @@ def check_float_params(params, name: str = "params") -> None:
         dtype = jnp.result_type(leaf)
         if not jnp.issubdtype(dtype, jnp.floating):
             where = f" at {jax.tree_util.keystr(path)}" if path else ""
-            raise TypeError(f"{name} must be floating point (the optimizers take fractional steps), got dtype "
-                            f"{dtype}{where}; pass e.g. jnp.asarray(params, jnp.float32)")
+            raise TypeError(
+                f"{name} must be floating point (the optimizers take fractional steps), got dtype "
+                f"{dtype}{where}; pass e.g. jnp.asarray(params, jnp.float32)"
+            )
 
 
 class Status(enum.IntEnum):
@@ -130,8 +134,9 @@ def status_name(code) -> str:
     try:
         return Status(int(value)).name
     except ValueError:
-        raise ValueError(f"code must be one of {[int(s) for s in Status]} (a minimize status), "
-                         f"got {int(value)}") from None
+        raise ValueError(
+            f"code must be one of {[int(s) for s in Status]} (a minimize status), got {int(value)}"
+        ) from None
 
 
 def optimizer_status(opt_state) -> jax.Array:
@@ -139,6 +144,7 @@ def optimizer_status(opt_state) -> jax.Array:
     `NON_FINITE_OBJECTIVE` when its last update could not move (`owlqn`'s
     `status`; an `optax.lbfgs` zoom line search that ended with a zero step
     and no sufficient decrease), else `CONVERGED` (no failure to report)."""
+
     def field(name):
         try:
             return optax.tree.get(opt_state, name)
@@ -165,17 +171,26 @@ def halt_on_failure(inner, value) -> jax.Array:
 def loop_status(loop: LoopState) -> jax.Array:
     """The `Status` code `[]` int32 of a finished `minimize` loop."""
     failure = optimizer_status(loop.inner[1])
-    return jnp.where(~jnp.isfinite(loop.value), jnp.int32(NON_FINITE_OBJECTIVE),
-                     jnp.where(failure == LINE_SEARCH_FAILED, jnp.int32(LINE_SEARCH_FAILED),
-                               jnp.where(loop.done, jnp.int32(CONVERGED), jnp.int32(ITERATION_LIMIT))))
+    return jnp.where(
+        ~jnp.isfinite(loop.value),
+        jnp.int32(NON_FINITE_OBJECTIVE),
+        jnp.where(
+            failure == LINE_SEARCH_FAILED,
+            jnp.int32(LINE_SEARCH_FAILED),
+            jnp.where(loop.done, jnp.int32(CONVERGED), jnp.int32(ITERATION_LIMIT)),
+        ),
+    )
 
 
 def warn_on_failure(status) -> None:
     """A `RuntimeWarning` when a concrete `status` is a failure."""
     value = concrete(status)
     if value is not None and int(value) >= NON_FINITE_OBJECTIVE:
-        warnings.warn(f"optimisation stopped early with status {status_name(value)} "
-                      "(see MinimizeResult.status and .trace)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"optimisation stopped early with status {status_name(value)} (see MinimizeResult.status and .trace)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def check_callable(name: str, value) -> None:
@@ -205,10 +220,15 @@ class LoopState(NamedTuple):
         (BCD, the perceptrons, boosting, the rerankers): a non-finite last
         objective, else the stopping test fired (`CONVERGED`), else the
         iteration limit. (`minimize`'s result also knows a failed line search.)"""
-        return jnp.where(self.step > 0, jnp.where(~jnp.isfinite(self.value), jnp.int32(NON_FINITE_OBJECTIVE),
-                                                  jnp.where(self.done, jnp.int32(CONVERGED),
-                                                            jnp.int32(ITERATION_LIMIT))),
-                         jnp.int32(ITERATION_LIMIT))
+        return jnp.where(
+            self.step > 0,
+            jnp.where(
+                ~jnp.isfinite(self.value),
+                jnp.int32(NON_FINITE_OBJECTIVE),
+                jnp.where(self.done, jnp.int32(CONVERGED), jnp.int32(ITERATION_LIMIT)),
+            ),
+            jnp.int32(ITERATION_LIMIT),
+        )
 
 
 def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
@@ -216,8 +236,13 @@ def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
     max_steps = check_int("max_steps", max_steps)
     if dtype is None:
         dtype = jnp.result_type(float)
-    return LoopState(inner, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf, dtype),
-                     jnp.full((max_steps,), jnp.nan, dtype), jnp.zeros((), bool))
+    return LoopState(
+        inner,
+        jnp.zeros((), jnp.int32),
+        jnp.asarray(jnp.inf, dtype),
+        jnp.full((max_steps,), jnp.nan, dtype),
+        jnp.zeros((), bool),
+    )
 
 
 class RelativeChange(NamedTuple):
@@ -269,8 +294,9 @@ def relative_improvement_below(tol: float, period: int) -> RelativeImprovement:
     return RelativeImprovement(float(tol), int(period))
 
 
-def run_loop(step_fn: Callable, loop: LoopState, until, stop_fn: StopRule,
-             halt_fn: Callable | None = None) -> LoopState:
+def run_loop(
+    step_fn: Callable, loop: LoopState, until, stop_fn: StopRule, halt_fn: Callable | None = None
+) -> LoopState:
     """Advance `loop` with `step_fn` until `until` steps in total, the trace is
     full, or the stop rule `stop_fn(trace, num_steps)` fires (or `halt_fn(inner,
     value)`, e.g. `halt_on_failure`). Jit-able (`until` may be traced;
@@ -344,8 +370,9 @@ def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, par
     return params, opt_state, fun(params) if stored is None else stored
 
 
-def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
-                     penalty: Callable | None = None) -> Callable:
+def gradient_step_fn(
+    fun: Callable, optimizer: optax.GradientTransformation, penalty: Callable | None = None
+) -> Callable:
     """The `step_fn` of one optax update on `inner = (params, opt_state)`.
 
     The objective recorded is `fun(params) + penalty(params)` at the new
@@ -372,7 +399,8 @@ def gradient_step_fn(fun: Callable, optimizer: optax.GradientTransformation,
             # A NaN/inf objective at `params`: no update (it would spread NaN
             # into the parameters); the loop's `halt_on_failure` stops there.
             params, opt_state, value = jax.lax.cond(
-                jnp.isfinite(start), move, lambda _: (params, opt_state, jnp.asarray(start)), None)
+                jnp.isfinite(start), move, lambda _: (params, opt_state, jnp.asarray(start)), None
+            )
         return (params, opt_state), value if penalty is None else value + penalty(params)
 
     return step_fn
@@ -418,8 +446,15 @@ class MinimizeResult(NamedTuple):
     status: jax.Array
 
 
-def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, max_steps: int,
-             tol: float = 1e-9, penalty: Callable | None = None) -> MinimizeResult:
+def minimize(
+    fun: Callable,
+    params,
+    optimizer: optax.GradientTransformation,
+    *,
+    max_steps: int,
+    tol: float = 1e-9,
+    penalty: Callable | None = None,
+) -> MinimizeResult:
     """Minimise `fun(params)` (+ `penalty(params)`) with an optax optimizer.
 
     Runs up to `max_steps` updates in one `jax.lax.while_loop`, stopping when
@@ -443,8 +478,12 @@ def minimize(fun: Callable, params, optimizer: optax.GradientTransformation, *, 
     check_float_params(params)
     relative_change_below(tol)
     loop = init_loop((params, optimizer.init(params)), max_steps, float_dtype(params))
-    loop = advance(GradientSteps(lambda params, _: fun(params), optimizer, penalty=penalty),
-                   relative_change_below(tol), loop, max_steps)
+    loop = advance(
+        GradientSteps(lambda params, _: fun(params), optimizer, penalty=penalty),
+        relative_change_below(tol),
+        loop,
+        max_steps,
+    )
     return minimize_result(loop)
 
 
@@ -466,15 +505,18 @@ def num_examples(data) -> int:
     """The size `N` of the leading example axis shared by every leaf of `data`."""
     sizes = {jnp.shape(leaf)[0] if jnp.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(data)}
     if len(sizes) != 1 or None in sizes:
-        raise ValueError(f"data must be a pytree of arrays sharing a leading example axis [N, ...], "
-                         f"got leading sizes {sorted(map(str, sizes))}")
+        raise ValueError(
+            f"data must be a pytree of arrays sharing a leading example axis [N, ...], "
+            f"got leading sizes {sorted(map(str, sizes))}"
+        )
     size = sizes.pop()
     assert size is not None  # refused above
     return size
 
 
-def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, *, batch_size: int,
-                  penalty: Callable | None = None) -> Callable:
+def epoch_step_fn(
+    fun: Callable, optimizer: optax.GradientTransformation, data, *, batch_size: int, penalty: Callable | None = None
+) -> Callable:
     """The `step_fn` of one shuffled epoch of minibatch updates.
 
     inner: `(params, opt_state, key)`; the epoch's order is
@@ -487,8 +529,10 @@ def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, 
     """
     total = num_examples(data)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise TypeError(f"batch_size must be an int in [1, {total}] (the number of examples), "
-                        f"got {type(batch_size).__name__} {batch_size!r}")
+        raise TypeError(
+            f"batch_size must be an int in [1, {total}] (the number of examples), "
+            f"got {type(batch_size).__name__} {batch_size!r}"
+        )
     if not 1 <= batch_size <= total:
         raise ValueError(f"batch_size must lie in [1, {total}] (the number of examples), got {batch_size}")
     steps_per_epoch = total // batch_size
@@ -515,9 +559,18 @@ def epoch_step_fn(fun: Callable, optimizer: optax.GradientTransformation, data, 
     return step_fn
 
 
-def minimize_stochastic(fun: Callable, params, optimizer: optax.GradientTransformation, data, *, key,
-                        batch_size: int, num_epochs: int, tol: float = 0.0,
-                        penalty: Callable | None = None) -> MinimizeResult:
+def minimize_stochastic(
+    fun: Callable,
+    params,
+    optimizer: optax.GradientTransformation,
+    data,
+    *,
+    key,
+    batch_size: int,
+    num_epochs: int,
+    tol: float = 0.0,
+    penalty: Callable | None = None,
+) -> MinimizeResult:
     """Minibatch training for up to `num_epochs` epochs in one `while_loop`.
 
     fun: `(params, batch) -> loss summed over the batch`; data: pytree with a

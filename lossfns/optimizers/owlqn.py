@@ -82,7 +82,11 @@ def penalised_vector(params, mask) -> jax.Array:
         mask = mask(params)
     spread = jax.tree_util.tree_map(
         lambda keep, subtree: jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(jnp.asarray(keep, flat.dtype), jnp.shape(x)), subtree), mask, params)
+            lambda x: jnp.broadcast_to(jnp.asarray(keep, flat.dtype), jnp.shape(x)), subtree
+        ),
+        mask,
+        params,
+    )
     return ravel_pytree(spread)[0]
 
 
@@ -142,9 +146,16 @@ def check_penalties(l1, l2) -> None:
     check_scalar("l2", l2, 0)
 
 
-def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
-          max_linesearch_steps: int = 30, decrease_factor: float = 1e-4,
-          shrink: float = 0.5) -> optax.GradientTransformationExtraArgs:
+def owlqn(
+    l1: float,
+    l2: float = 0.0,
+    *,
+    memory_size: int = 5,
+    mask=None,
+    max_linesearch_steps: int = 30,
+    decrease_factor: float = 1e-4,
+    shrink: float = 0.5,
+) -> optax.GradientTransformationExtraArgs:
     """OWL-QN for `f(theta) + l1 ||theta||_1 + l2/2 ||theta||^2`.
 
     Args:
@@ -178,19 +189,27 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
         check_float_params(params)
         flat, _ = ravel_pytree(params)
         memory = jnp.zeros((memory_size,) + flat.shape, flat.dtype)
-        return OwlqnState(jnp.zeros((), jnp.int32), memory, memory, jnp.asarray(jnp.inf, flat.dtype),
-                          jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
+        return OwlqnState(
+            jnp.zeros((), jnp.int32),
+            memory,
+            memory,
+            jnp.asarray(jnp.inf, flat.dtype),
+            jax.tree_util.tree_map(jnp.zeros_like, params),
+            jnp.zeros((), jnp.int32),
+        )
 
     def update(grads, state, params=None, *, value=None, grad=None, value_fn=None, **extra_args):
         del grad  # `grads` is the same gradient of f
         if params is None or value_fn is None:
-            raise ValueError("owlqn.update needs params and value_fn= (and value= with grads, "
-                             "or value=None to let it evaluate f itself, as optax.lbfgs does)")
+            raise ValueError(
+                "owlqn.update needs params and value_fn= (and value= with grads, "
+                "or value=None to let it evaluate f itself, as optax.lbfgs does)"
+            )
         theta, unravel = ravel_pytree(params)
         weight = penalised_vector(params, mask)
 
         def total(x, f_value):
-            return f_value + l1 * jnp.sum(weight * jnp.abs(x)) + 0.5 * l2 * jnp.sum(weight * x ** 2)
+            return f_value + l1 * jnp.sum(weight * jnp.abs(x)) + 0.5 * l2 * jnp.sum(weight * x**2)
 
         def setup(f_value, f_grad):
             """The search from `theta`, given f's value and flat gradient there."""
@@ -201,8 +220,16 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
             orthant = jnp.where(theta != 0, jnp.sign(theta), -jnp.sign(pg))
             first_step = jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.linalg.norm(pg), jnp.finfo(theta.dtype).tiny))
             step = jnp.where(jnp.any(state.params_diffs != 0), 1.0, first_step).astype(theta.dtype)
-            return _Search(jnp.asarray(f_value, theta.dtype), f_grad, smooth_grad, total(theta, f_value), pg,
-                           direction, orthant, step)
+            return _Search(
+                jnp.asarray(f_value, theta.dtype),
+                f_grad,
+                smooth_grad,
+                total(theta, f_value),
+                pg,
+                direction,
+                orthant,
+                step,
+            )
 
         def trial_point(search, step_size):
             x = theta + step_size * search.direction
@@ -229,25 +256,39 @@ def owlqn(l1: float, l2: float = 0.0, *, memory_size: int = 5, mask=None,
             f_grad = ravel_pytree(f_grad)[0]
             # Unknown: `x` was `theta` itself; set up the search from it.
             search = jax.lax.cond(known, lambda: search, lambda: setup(f_value, f_grad))
-            accept = known & (total(x, f_value) <= search.start_objective
-                              + decrease_factor * jnp.dot(search.pg, x - theta))
+            accept = known & (
+                total(x, f_value) <= search.start_objective + decrease_factor * jnp.dot(search.pg, x - theta)
+            )
             next_step = jnp.where(known, step_size * shrink, search.step)
             step_size = jnp.where(accept, step_size, next_step)
             x = jnp.where(accept, x, trial_point(search, next_step))
             return search, count + known.astype(jnp.int32), step_size, x, f_value, f_grad, accept, jnp.ones((), bool)
 
-        initial = (search, jnp.zeros((), jnp.int32), step, jnp.where(known, trial_point(search, step), theta),
-                   search.value, search.f_grad, jnp.zeros((), bool), known)
+        initial = (
+            search,
+            jnp.zeros((), jnp.int32),
+            step,
+            jnp.where(known, trial_point(search, step), theta),
+            search.value,
+            search.f_grad,
+            jnp.zeros((), bool),
+            known,
+        )
         search, _, _, x, f_value, f_grad, accept, _ = jax.lax.while_loop(cond, body, initial)
         x = jnp.where(accept, x, theta)
         f_value = jnp.where(accept, f_value, search.value)
         f_grad = jnp.where(accept, f_grad, search.f_grad)
-        params_diffs, grad_diffs = push_pair(state.params_diffs, state.grad_diffs, x - theta,
-                                             f_grad + l2 * weight * x - search.smooth_grad)
-        status = jnp.where(~jnp.isfinite(search.start_objective), jnp.int32(NON_FINITE_OBJECTIVE),
-                           jnp.where(accept, jnp.int32(0), jnp.int32(LINE_SEARCH_FAILED)))
-        new_state = OwlqnState(state.count + 1, params_diffs, grad_diffs, f_value,
-                               ravel_pytree(grads)[1](f_grad), status)
+        params_diffs, grad_diffs = push_pair(
+            state.params_diffs, state.grad_diffs, x - theta, f_grad + l2 * weight * x - search.smooth_grad
+        )
+        status = jnp.where(
+            ~jnp.isfinite(search.start_objective),
+            jnp.int32(NON_FINITE_OBJECTIVE),
+            jnp.where(accept, jnp.int32(0), jnp.int32(LINE_SEARCH_FAILED)),
+        )
+        new_state = OwlqnState(
+            state.count + 1, params_diffs, grad_diffs, f_value, ravel_pytree(grads)[1](f_grad), status
+        )
         return unravel(x - theta), new_state
 
     return optax.GradientTransformationExtraArgs(init, update)  # pyright: ignore[reportArgumentType]  # optax's update protocol

@@ -51,8 +51,9 @@ def perceptron_init(params) -> PerceptronState:
 def averaged_params(state: PerceptronState):
     """The averaged perceptron's parameters (the current ones before any example)."""
     count = jnp.maximum(state.num_seen, 1)
-    return jax.tree_util.tree_map(lambda total, current: jnp.where(state.num_seen > 0, total / count, current),
-                                  state.summed_params, state.params)
+    return jax.tree_util.tree_map(
+        lambda total, current: jnp.where(state.num_seen > 0, total / count, current), state.summed_params, state.params
+    )
 
 
 def perceptron_update(potentials_fn: Callable, params, inputs, labels, length):
@@ -62,8 +63,9 @@ def perceptron_update(potentials_fn: Callable, params, inputs, labels, length):
     whose gradient is `S(x, yhat) - S(x, y)` (zero when Viterbi returns the
     gold sequence); `mistake` is `loss > 0` (the gold is not a best path).
     """
-    loss, gradient = jax.value_and_grad(
-        lambda p: losses.perceptron_loss(potentials_fn(p, inputs), labels, length))(params)
+    loss, gradient = jax.value_and_grad(lambda p: losses.perceptron_loss(potentials_fn(p, inputs), labels, length))(
+        params
+    )
     return jax.tree_util.tree_map(jnp.subtract, params, gradient), loss > 0
 
 
@@ -74,8 +76,10 @@ def check_sequence_data(data) -> None:
     total = num_examples(data)
     labels_shape, lengths_shape = jnp.shape(data.labels), jnp.shape(data.lengths)
     if len(labels_shape) != 2 or lengths_shape != (total,):
-        raise ValueError(f"data.labels must have shape [N, T] and data.lengths [N] with N = {total}, "
-                         f"got {labels_shape} and {lengths_shape}")
+        raise ValueError(
+            f"data.labels must have shape [N, T] and data.lengths [N] with N = {total}, "
+            f"got {labels_shape} and {lengths_shape}"
+        )
 
 
 def perceptron_epoch_fn(potentials_fn: Callable, data: SequenceData) -> Callable:
@@ -88,8 +92,9 @@ def perceptron_epoch_fn(potentials_fn: Callable, data: SequenceData) -> Callable
         def example(index, carry):
             state, mistakes = carry
             inputs = jax.tree_util.tree_map(lambda x: x[index], data.inputs)
-            params, mistake = perceptron_update(potentials_fn, state.params, inputs, data.labels[index],
-                                                data.lengths[index])
+            params, mistake = perceptron_update(
+                potentials_fn, state.params, inputs, data.labels[index], data.lengths[index]
+            )
             summed = jax.tree_util.tree_map(jnp.add, state.summed_params, params)
             return PerceptronState(params, summed, state.num_seen + 1), mistakes + mistake
 
@@ -104,8 +109,7 @@ def no_mistakes(trace, num_steps):
     return trace[num_steps - 1] == 0
 
 
-def perceptron(potentials_fn: Callable, params, data: SequenceData, *, num_epochs: int,
-               average: bool = True):
+def perceptron(potentials_fn: Callable, params, data: SequenceData, *, num_epochs: int, average: bool = True):
     """Train for up to `num_epochs` epochs (stopping after a clean one). Jit-able.
 
     potentials_fn: `(params, inputs_i) -> potentials` of one sequence

@@ -108,11 +108,16 @@ def reranking_data(features, reference, mask=None) -> RerankingData:
     features = as_float_array("features", features, 3, "[N, C, K]")
     raw = concrete(reference)
     # An int64 reference beyond int32 is refused, not wrapped (jax_enable_x64 off).
-    reference = as_int_array("reference", reference, raw) if raw is not None and raw.dtype.kind in "iu" \
+    reference = (
+        as_int_array("reference", reference, raw)
+        if raw is not None and raw.dtype.kind in "iu"
         else jnp.asarray(reference)
+    )
     if reference.shape != features.shape[:1] or not jnp.issubdtype(reference.dtype, jnp.integer):
-        raise ValueError(f"reference must be an int array of shape [N] = {features.shape[:1]}, "
-                         f"got {reference.dtype} {reference.shape}")
+        raise ValueError(
+            f"reference must be an int array of shape [N] = {features.shape[:1]}, "
+            f"got {reference.dtype} {reference.shape}"
+        )
     mask = jnp.ones(features.shape[:2], features.dtype) if mask is None else jnp.asarray(mask, features.dtype)
     if mask.shape != features.shape[:2]:
         raise ValueError(f"mask must have shape [N, C] = {features.shape[:2]}, got {mask.shape}")
@@ -123,8 +128,9 @@ def reranking_data(features, reference, mask=None) -> RerankingData:
 
 
 @renamed_arguments(valid="mask")
-def sparse_reranking_data(baseline, entries, mask=None, *, num_features: int | None = None,
-                          dtype=None) -> SparseRerankingData:
+def sparse_reranking_data(
+    baseline, entries, mask=None, *, num_features: int | None = None, dtype=None
+) -> SparseRerankingData:
     """`SparseRerankingData` from the differences `d = f(reference) - f(candidate)`.
 
     baseline: `[N, C]` `d_0` (read as 0 where `mask` is 0);
@@ -148,21 +154,28 @@ def sparse_reranking_data(baseline, entries, mask=None, *, num_features: int | N
         raise ValueError(f"mask must have shape [N, C] = {shape} (like baseline), got {mask.shape}")
     if not isinstance(entries, (tuple, list)) or len(entries) != 4:
         got = f" of length {len(entries)}" if isinstance(entries, (tuple, list)) else ""
-        raise ValueError("entries must be a tuple of 4 arrays (example [E], candidate [E], feature [E], value [E]), "
-                         f"got {type(entries).__name__}{got}")
+        raise ValueError(
+            "entries must be a tuple of 4 arrays (example [E], candidate [E], feature [E], value [E]), "
+            f"got {type(entries).__name__}{got}"
+        )
     example, candidate, feature, value = (np.asarray(a) for a in entries)
     for name, array in (("example", example), ("candidate", candidate), ("feature", feature), ("value", value)):
         if array.ndim != 1 or array.shape != example.shape:
-            raise ValueError(f"entries' {name} must have shape [E] = {example.shape[:1]} (like entries' example), "
-                             f"got shape {array.shape}")
+            raise ValueError(
+                f"entries' {name} must have shape [E] = {example.shape[:1]} (like entries' example), "
+                f"got shape {array.shape}"
+            )
         if name != "value" and array.size and not np.issubdtype(array.dtype, np.integer):
             raise ValueError(f"entries' {name} must be an int array of shape [E], got dtype {array.dtype}")
         if name == "value" and not np.issubdtype(array.dtype, np.number):
             raise ValueError(f"entries' value must be a numeric array of shape [E], got dtype {array.dtype}")
     example, candidate, feature = (a.astype(np.int64) for a in (example, candidate, feature))
     size = check_int("num_features", int(feature.max(initial=0)) + 1 if num_features is None else num_features)
-    for name, array, high in (("example", example, shape[0]), ("candidate", candidate, shape[1]),
-                              ("feature", feature, size)):
+    for name, array, high in (
+        ("example", example, shape[0]),
+        ("candidate", candidate, shape[1]),
+        ("feature", feature, size),
+    ):
         low = 1 if name == "feature" else 0
         outside = (array < low) | (array >= high)
         if outside.any():
@@ -183,11 +196,17 @@ def sparse_reranking_data(baseline, entries, mask=None, *, num_features: int | N
     counts = np.bincount(feature, minlength=size)
     counts[0] = np.count_nonzero(baseline)
     return SparseRerankingData(
-        jnp.asarray(baseline, dtype), jnp.asarray(mask, dtype),
-        jnp.asarray(example, jnp.int32), jnp.asarray(candidate, jnp.int32), jnp.asarray(feature, jnp.int32),
-        jnp.asarray(value, dtype), jnp.asarray(slot, jnp.int32),
-        jnp.asarray(unique["f0"], jnp.int32), jnp.asarray(unique["f1"], dtype),
-        jnp.asarray(counts, jnp.int32))
+        jnp.asarray(baseline, dtype),
+        jnp.asarray(mask, dtype),
+        jnp.asarray(example, jnp.int32),
+        jnp.asarray(candidate, jnp.int32),
+        jnp.asarray(feature, jnp.int32),
+        jnp.asarray(value, dtype),
+        jnp.asarray(slot, jnp.int32),
+        jnp.asarray(unique["f0"], jnp.int32),
+        jnp.asarray(unique["f1"], dtype),
+        jnp.asarray(counts, jnp.int32),
+    )
 
 
 def _check_finite(name: str, x) -> None:
@@ -206,21 +225,27 @@ def _check_references(reference, mask, num_candidates: int) -> None:
     outside = (reference < 0) | (reference >= num_candidates)
     if outside.any():
         row = int(np.argmax(outside))
-        raise ValueError(f"reference must lie in [0, {num_candidates}) (the candidate axis C), "
-                         f"got {int(reference[row])} at index {row}")
+        raise ValueError(
+            f"reference must lie in [0, {num_candidates}) (the candidate axis C), "
+            f"got {int(reference[row])} at index {row}"
+        )
     if mask is not None:
         absent = mask[np.arange(reference.shape[0]), reference] == 0
         if absent.any():
             row = int(np.argmax(absent))
-            raise ValueError(f"reference must be an existing candidate, got {int(reference[row])} at index {row}, "
-                             "which mask marks as absent")
+            raise ValueError(
+                f"reference must be an existing candidate, got {int(reference[row])} at index {row}, "
+                "which mask marks as absent"
+            )
 
 
 def _check_data(data) -> None:
     if not isinstance(data, (RerankingData, SparseRerankingData)):
-        raise TypeError("data must be a RerankingData (from reranking_data(features, reference, mask)) or a "
-                        "SparseRerankingData (from sparse_reranking_data(baseline, entries, mask)), "
-                        f"got {type(data).__name__}")
+        raise TypeError(
+            "data must be a RerankingData (from reranking_data(features, reference, mask)) or a "
+            "SparseRerankingData (from sparse_reranking_data(baseline, entries, mask)), "
+            f"got {type(data).__name__}"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -244,8 +269,11 @@ def _column(data: AnyRerankingData, feature) -> jax.Array:
     """`[N, C]` `d_k` of one (possibly traced) feature `k`."""
     if not isinstance(data, SparseRerankingData):
         return data.differences[:, :, feature]
-    scattered = jnp.zeros(data.mask.shape, data.mask.dtype).at[data.entry_example, data.entry_candidate].add(
-        jnp.where(data.entry_feature == feature, data.entry_value, 0.0))
+    scattered = (
+        jnp.zeros(data.mask.shape, data.mask.dtype)
+        .at[data.entry_example, data.entry_candidate]
+        .add(jnp.where(data.entry_feature == feature, data.entry_value, 0.0))
+    )
     return jnp.where(feature == 0, data.baseline, scattered)
 
 
@@ -253,8 +281,11 @@ def _margins(data: AnyRerankingData, weights) -> jax.Array:
     """`[N, C]` margins `M = d . lambda` of weights `[K]`."""
     if not isinstance(data, SparseRerankingData):
         return data.differences @ weights
-    return (weights[0] * data.baseline).at[data.entry_example, data.entry_candidate].add(
-        weights[data.entry_feature] * data.entry_value)
+    return (
+        (weights[0] * data.baseline)
+        .at[data.entry_example, data.entry_candidate]
+        .add(weights[data.entry_feature] * data.entry_value)
+    )
 
 
 def _weighted(data: AnyRerankingData, margins):
@@ -263,8 +294,9 @@ def _weighted(data: AnyRerankingData, margins):
     cached = data.mask * jnp.exp(-margins)
     if not isinstance(data, SparseRerankingData):
         return cached
-    mass = jax.ops.segment_sum(cached[data.entry_example, data.entry_candidate], data.entry_slot,
-                               num_segments=data.slot_feature.shape[0])
+    mass = jax.ops.segment_sum(
+        cached[data.entry_example, data.entry_candidate], data.entry_slot, num_segments=data.slot_feature.shape[0]
+    )
     return cached, mass
 
 
@@ -290,17 +322,23 @@ def _move_derivatives(data: AnyRerankingData, weighted, delta):
     cost more than the slots of all other features (see `_baseline_step`)."""
     if not isinstance(data, SparseRerankingData):
         scaled = weighted[..., None] * jnp.exp(-delta * data.differences)
-        return (-jnp.einsum("ick,ick->k", scaled, data.differences),
-                jnp.einsum("ick,ick->k", scaled, data.differences ** 2))
+        return (
+            -jnp.einsum("ick,ick->k", scaled, data.differences),
+            jnp.einsum("ick,ick->k", scaled, data.differences**2),
+        )
     _, mass = weighted
     scaled = mass * jnp.exp(-delta[data.slot_feature] * data.slot_value)
-    return -_per_feature(data, scaled * data.slot_value), _per_feature(data, scaled * data.slot_value ** 2)
+    return -_per_feature(data, scaled * data.slot_value), _per_feature(data, scaled * data.slot_value**2)
 
 
 def _optimal_moves(data: AnyRerankingData, weighted, max_step: float = 10.0) -> jax.Array:
     """`[K]` optimal steps by Newton on `_move_derivatives` (entry 0 as there)."""
-    return newton_minimize(lambda delta: _move_derivatives(data, weighted, delta), (num_features(data),),
-                           data.mask.dtype, max_step=max_step)
+    return newton_minimize(
+        lambda delta: _move_derivatives(data, weighted, delta),
+        (num_features(data),),
+        data.mask.dtype,
+        max_step=max_step,
+    )
 
 
 def _baseline_step(data: AnyRerankingData, cached, max_step: float = 10.0) -> jax.Array:
@@ -309,7 +347,7 @@ def _baseline_step(data: AnyRerankingData, cached, max_step: float = 10.0) -> ja
 
     def derivatives(delta):
         weighted = cached * jnp.exp(-delta[0] * baseline)
-        return -jnp.sum(weighted * baseline)[None], jnp.sum(weighted * baseline ** 2)[None]
+        return -jnp.sum(weighted * baseline)[None], jnp.sum(weighted * baseline**2)[None]
 
     return newton_minimize(derivatives, (1,), data.mask.dtype, max_step=max_step)[0]
 
@@ -387,6 +425,7 @@ def boosting_with_shrinkage_step_fn(data: AnyRerankingData, shrinkage: float) ->
     """Collins & Koo's boosting with shrinkage: `lambda_k += shrinkage * delta_k*`."""
     _check_data(data)
     check_scalar("shrinkage", shrinkage, 0, 1, low_open=True)
+
     def step_fn(state, step):
         feature, delta = _best_update(data, state)
         state = _move(data, state, feature, shrinkage * delta)
@@ -405,6 +444,7 @@ def fslr_step_fn(data: AnyRerankingData, epsilon: float, *, cap: bool = False) -
     """
     _check_data(data)
     check_scalar("epsilon", epsilon, 0, low_open=True)
+
     def step_fn(state, step):
         feature, delta = _best_update(data, state)
         move = epsilon * jnp.sign(delta)
@@ -430,8 +470,9 @@ def _forward_step(data, state, epsilon):
     return _move(data, state, feature, step)
 
 
-def blasso_step_fn(data: AnyRerankingData, epsilon: float, *, backward: bool = True,
-                   tolerance: float = 1e-12) -> Callable:
+def blasso_step_fn(
+    data: AnyRerankingData, epsilon: float, *, backward: bool = True, tolerance: float = 1e-12
+) -> Callable:
     """BLasso (Zhao & Yu; Gao et al. section 3.3).
 
     The first step is a forward step that sets `alpha = (ExpLoss before -
@@ -450,6 +491,7 @@ def blasso_step_fn(data: AnyRerankingData, epsilon: float, *, backward: bool = T
     _check_data(data)
     check_scalar("epsilon", epsilon, 0, low_open=True)
     check_scalar("tolerance", tolerance, 0)
+
     def forward(state):
         before = exp_loss(data, state.margins)
         moved = _forward_step(data, state, epsilon)

@@ -17,8 +17,16 @@ import jax.numpy as jnp
 from .minimize import check_int, check_scalar
 
 
-def newton_minimize(derivatives: Callable, shape, dtype, *, num_steps: int = 40,
-                    max_step: float = 10.0, tol: float | None = None, start=None) -> jax.Array:
+def newton_minimize(
+    derivatives: Callable,
+    shape,
+    dtype,
+    *,
+    num_steps: int = 40,
+    max_step: float = 10.0,
+    tol: float | None = None,
+    start=None,
+) -> jax.Array:
     """Minimiser `[*shape]` of convex scalar functions, elementwise.
 
     derivatives: `delta [*shape] -> (first [*shape], second [*shape])`;

@@ -129,9 +129,11 @@ AnyBoostingData = BoostingData | ChainBoostingData
 
 def _check_data(data) -> None:
     if not isinstance(data, (BoostingData, ChainBoostingData)):
-        raise TypeError("data must be a BoostingData (from boosting_data(potentials_fn, data, num_features)) "
-                        "or a ChainBoostingData (from chain_boosting_data(ids, labels, lengths, ...)), "
-                        f"got {type(data).__name__}")
+        raise TypeError(
+            "data must be a BoostingData (from boosting_data(potentials_fn, data, num_features)) "
+            "or a ChainBoostingData (from chain_boosting_data(ids, labels, lengths, ...)), "
+            f"got {type(data).__name__}"
+        )
 
 
 def _check_step(step) -> None:
@@ -159,8 +161,7 @@ def num_weak_learners(data: AnyBoostingData) -> int:
 
 
 @renamed_arguments(sequences="data")
-def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int, dtype=jnp.float64
-                  ) -> BoostingData:
+def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int, dtype=jnp.float64) -> BoostingData:
     """The dense layout: each sequence's range of `u_ik` for every feature,
     by Viterbi on the feature's own potentials (`K` runs per sequence).
 
@@ -174,7 +175,8 @@ def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int
 
     def one(inputs, labels, length):
         gold = jax.grad(lambda theta: chain.score(potentials_fn(theta, inputs), labels, length))(
-            jnp.zeros((num_features,), dtype))
+            jnp.zeros((num_features,), dtype)
+        )
         best = lambda theta: chain.viterbi(potentials_fn(theta, inputs), length)[0]
         return -jax.vmap(best)(-basis) - gold, jax.vmap(best)(basis) - gold
 
@@ -184,6 +186,7 @@ def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int
 
 def _dense_statistics(potentials_fn, data: BoostingData, theta) -> DenseStatistics:
     """`-log P(y_i | x_i)` `[N]` and its gradient `[N, K]`: one forward-backward per sequence."""
+
     def one(inputs, labels, length):
         return jax.value_and_grad(lambda t: losses.sequence_log_loss(potentials_fn(t, inputs), labels, length))(theta)
 
@@ -227,8 +230,10 @@ def _slot_groups(data, statistics, log_total):
     if isinstance(data, ChainBoostingData):
         # Drift between full passes can leave a hair below 0; a mass is never negative.
         scale = jnp.exp(statistics.log_scale - _finite_or_inf(log_total))
-        return [(jnp.maximum(masses, 0.0) * scale, values, masses.shape[1] == 3)
-                for masses, values in chain_slot_groups(data, statistics.masses)]
+        return [
+            (jnp.maximum(masses, 0.0) * scale, values, masses.shape[1] == 3)
+            for masses, values in chain_slot_groups(data, statistics.masses)
+        ]
     return [group + (False,) for group in _dense_slot_groups(data, statistics, log_total)]
 
 
@@ -237,7 +242,7 @@ def _weak_learner_row(data, statistics, log_total, feature):
     if isinstance(data, ChainBoostingData):
         masses, values = chain_weak_learner_row(data, statistics.masses, feature)
         return jnp.maximum(masses, 0.0) * jnp.exp(statistics.log_scale - _finite_or_inf(log_total)), values
-    (masses, values), = _dense_slot_groups(data, statistics, log_total)
+    ((masses, values),) = _dense_slot_groups(data, statistics, log_total)
     return masses[feature], values[feature]
 
 
@@ -280,7 +285,7 @@ def _two_point_gains(below, above):
     ratio = math.exp(2 * MAX_STEP)
     inside = (below <= ratio * above) & (above <= ratio * below)
     root = jnp.sqrt(below) + jnp.sqrt(above)
-    free = -(below - above) ** 2 / jnp.where(root > 0, root, 1.0) ** 2
+    free = -((below - above) ** 2) / jnp.where(root > 0, root, 1.0) ** 2
     clipped = jnp.where(below > above, MAX_STEP, -MAX_STEP)
     return jnp.where(inside, free, below * jnp.expm1(-clipped) + above * jnp.expm1(clipped))
 
@@ -290,6 +295,7 @@ def _newton_steps(masses, values):
     (e^(delta values) - 1)`, clipped to `MAX_STEP`: Newton steps from the
     minimiser of the two-point bound with the same masses and mean values
     on each side of 0 (exact for two-point rows, close for the others)."""
+
     def derivatives(delta):
         terms = masses * _exp(delta[:, None] * values)
         return jnp.sum(terms * values, axis=-1), jnp.sum(terms * values * values, axis=-1)
@@ -299,13 +305,21 @@ def _newton_steps(masses, values):
     reach_below = jnp.sum(jnp.where(values < 0, -masses * values, 0.0), axis=-1)  # below * mean |v|
     reach_above = jnp.sum(jnp.where(values > 0, masses * values, 0.0), axis=-1)
     spread = reach_below / jnp.where(below > 0, below, 1.0) + reach_above / jnp.where(above > 0, above, 1.0)
-    start = jnp.where((below > 0) & (above > 0),
-                      jnp.log(jnp.where(below > 0, reach_below, 1.0) / jnp.where(above > 0, reach_above, 1.0))
-                      / jnp.where(spread > 0, spread, 1.0),
-                      jnp.where(below > 0, MAX_STEP, jnp.where(above > 0, -MAX_STEP, 0.0)))
+    start = jnp.where(
+        (below > 0) & (above > 0),
+        jnp.log(jnp.where(below > 0, reach_below, 1.0) / jnp.where(above > 0, reach_above, 1.0))
+        / jnp.where(spread > 0, spread, 1.0),
+        jnp.where(below > 0, MAX_STEP, jnp.where(above > 0, -MAX_STEP, 0.0)),
+    )
     # Converged once a step moves by sqrt(eps): the next would be at rounding level.
-    return newton_minimize(derivatives, masses.shape[:1], masses.dtype, max_step=MAX_STEP,
-                           tol=math.sqrt(float(jnp.finfo(masses.dtype).eps)), start=start)
+    return newton_minimize(
+        derivatives,
+        masses.shape[:1],
+        masses.dtype,
+        max_step=MAX_STEP,
+        tol=math.sqrt(float(jnp.finfo(masses.dtype).eps)),
+        start=start,
+    )
 
 
 def _exp(x):
@@ -381,8 +395,10 @@ def round_bounds(data: AnyBoostingData, statistics, log_total, step: str = "line
         delta, gain = _closed_form_steps(first, *_ranges(data))
         return delta, 1.0 + gain
     steps = [_newton_steps(masses, values) for masses, values, _ in groups]
-    gains = [_gains(masses, values, two_point, None if two_point else delta)
-             for (masses, values, two_point), delta in zip(groups, steps)]
+    gains = [
+        _gains(masses, values, two_point, None if two_point else delta)
+        for (masses, values, two_point), delta in zip(groups, steps)
+    ]
     return _weak_learners(data, steps), 1.0 + _weak_learners(data, gains)
 
 
@@ -390,22 +406,30 @@ def _round(data, potentials_fn, state: BoostingState, index, step: str, tol: flo
     """One round: choose `k`, move `theta_k`, update the statistics and the stop rule."""
     feature, delta, gain = _choose(data, state.statistics, state.log_exp_loss, step)
     theta = state.theta.at[feature].add(delta)
-    statistics = _updated_statistics(data, potentials_fn, state.statistics, state.theta, theta, feature,
-                                     refresh_every)
+    statistics = _updated_statistics(data, potentials_fn, state.statistics, state.theta, theta, feature, refresh_every)
     log_total = log_exp_loss(statistics.log_losses)
     window = state.recent.shape[0]
     slot = index % window
     # The exp-loss fell by at most tol (relatively) over the last `window` rounds.
     flat = state.recent[slot] - log_total <= jnp.log1p(tol)
     converged = ((tol > 0) & flat) | (gain >= 0)
-    history = BoostingHistory(state.history.feature.at[index].set(feature),
-                              state.history.step.at[index].set(delta),
-                              state.history.bound.at[index].set(1.0 + gain))
+    history = BoostingHistory(
+        state.history.feature.at[index].set(feature),
+        state.history.step.at[index].set(delta),
+        state.history.bound.at[index].set(1.0 + gain),
+    )
     return BoostingState(theta, statistics, log_total, state.recent.at[slot].set(log_total), converged, history)
 
 
-def boosting_init(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_rounds: int,
-                  window: int = 100, theta=None, dtype=None) -> BoostingState:
+def boosting_init(
+    data: AnyBoostingData,
+    potentials_fn: Callable | None = None,
+    *,
+    max_rounds: int,
+    window: int = 100,
+    theta=None,
+    dtype=None,
+) -> BoostingState:
     """The state before the first round, from `theta` (default zeros `[K]`).
 
     max_rounds: the round cap (the history's length); window: rounds of the
@@ -421,14 +445,27 @@ def boosting_init(data: AnyBoostingData, potentials_fn: Callable | None = None, 
     if theta.shape != (K,):
         raise ValueError(f"theta must have shape [K] = {(K,)} (the weak learners of data), got {theta.shape}")
     statistics = _statistics(data, potentials_fn, theta)
-    history = BoostingHistory(jnp.full((max_rounds,), -1, jnp.int32), jnp.zeros((max_rounds,), dtype),
-                              jnp.full((max_rounds,), jnp.nan, dtype))
-    return BoostingState(theta, statistics, log_exp_loss(statistics.log_losses), jnp.full((window,), jnp.inf, dtype),
-                         jnp.zeros((), bool), history)
+    history = BoostingHistory(
+        jnp.full((max_rounds,), -1, jnp.int32), jnp.zeros((max_rounds,), dtype), jnp.full((max_rounds,), jnp.nan, dtype)
+    )
+    return BoostingState(
+        theta,
+        statistics,
+        log_exp_loss(statistics.log_losses),
+        jnp.full((window,), jnp.inf, dtype),
+        jnp.zeros((), bool),
+        history,
+    )
 
 
-def sequence_boosting_step_fn(data: AnyBoostingData, potentials_fn: Callable | None = None, *,
-                              step: str = "line_search", tol: float = 0.0, refresh_every: int = 100) -> Callable:
+def sequence_boosting_step_fn(
+    data: AnyBoostingData,
+    potentials_fn: Callable | None = None,
+    *,
+    step: str = "line_search",
+    tol: float = 0.0,
+    refresh_every: int = 100,
+) -> Callable:
     """The `step_fn` of one boosting round for `minimize.run_loop`; the
     objective recorded is the log exp-loss after the round. Stop the loop
     with `halt_fn=boosting_converged` (it never stops when `tol = 0`, except
@@ -464,8 +501,17 @@ def sequence_exp_loss(potentials_fn: Callable, theta, data: SequenceData) -> jax
 
 
 @renamed_arguments(num_rounds="max_rounds")
-def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features: int, *, max_rounds: int,
-                      step: str = "line_search", tol: float = 0.0, window: int = 10, dtype=jnp.float64):
+def sequence_boosting(
+    potentials_fn: Callable,
+    data: SequenceData,
+    num_features: int,
+    *,
+    max_rounds: int,
+    step: str = "line_search",
+    tol: float = 0.0,
+    window: int = 10,
+    dtype=jnp.float64,
+):
     """Boost any linear model from `theta = 0` for up to `max_rounds` rounds
     (dense layout; jit-able; `num_rounds=` is the deprecated name of `max_rounds=`, as in `boost`).
 
@@ -481,8 +527,13 @@ def sequence_boosting(potentials_fn: Callable, data: SequenceData, num_features:
     _check_step(step)
     dense = boosting_data(potentials_fn, data, num_features, dtype)
     state = boosting_init(dense, potentials_fn, max_rounds=max_rounds, window=window)
-    loop = run_loop(sequence_boosting_step_fn(dense, potentials_fn, step=step, tol=tol),
-                    init_loop(state, max_rounds, dtype), max_rounds, relative_change_below(0.0), boosting_converged)
+    loop = run_loop(
+        sequence_boosting_step_fn(dense, potentials_fn, step=step, tol=tol),
+        init_loop(state, max_rounds, dtype),
+        max_rounds,
+        relative_change_below(0.0),
+        boosting_converged,
+    )
     return loop.inner.theta, loop
 
 
@@ -529,11 +580,24 @@ class BoostingRun(NamedTuple):
         return self.stopped_by in ("exp-loss converged", "no weak learner lowers the bound", "development plateau")
 
 
-def boost(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_rounds: int,
-          step: str = "line_search", tol: float = 1e-4, window: int = 100, refresh_every: int = 100,
-          chunk_rounds: int = 100, evaluate: Callable | None = None, eval_every: int = 100,
-          patience: int | None = None, min_improvement: float = 0.0, until: int | None = None,
-          checkpoint_dir=None, progress: bool = False) -> BoostingRun:
+def boost(
+    data: AnyBoostingData,
+    potentials_fn: Callable | None = None,
+    *,
+    max_rounds: int,
+    step: str = "line_search",
+    tol: float = 1e-4,
+    window: int = 100,
+    refresh_every: int = 100,
+    chunk_rounds: int = 100,
+    evaluate: Callable | None = None,
+    eval_every: int = 100,
+    patience: int | None = None,
+    min_improvement: float = 0.0,
+    until: int | None = None,
+    checkpoint_dir=None,
+    progress: bool = False,
+) -> BoostingRun:
     """Run sequence boosting from `theta = 0` until a stop rule fires, from
     Python, in jitted chunks of rounds.
 
@@ -567,11 +631,23 @@ def boost(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_r
     loop = init_loop(state, max_rounds, state.theta.dtype)
     num_evaluations = -(-max_rounds // eval_every) + 2
     # Everything a resumed run needs besides the loop, in fixed shapes.
-    extras = {"evaluations": np.full((num_evaluations, 2), np.nan), "count": np.zeros((), np.int64),
-              "seconds": np.zeros(()), "best_theta": np.asarray(state.theta), "plateau": np.zeros((), bool)}
+    extras = {
+        "evaluations": np.full((num_evaluations, 2), np.nan),
+        "count": np.zeros((), np.int64),
+        "seconds": np.zeros(()),
+        "best_theta": np.asarray(state.theta),
+        "plateau": np.zeros((), bool),
+    }
     # Compiled ahead, so that the timed rounds exclude compilation.
-    run = _run_rounds_jit.lower(loop, data, jnp.zeros((), jnp.int32), potentials_fn=potentials_fn, step=step,
-                                tol=tol, refresh_every=refresh_every).compile()
+    run = _run_rounds_jit.lower(
+        loop,
+        data,
+        jnp.zeros((), jnp.int32),
+        potentials_fn=potentials_fn,
+        step=step,
+        tol=tol,
+        refresh_every=refresh_every,
+    ).compile()
     setup_seconds = time.perf_counter() - setup_start
     with checkpoint.locked(checkpoint_dir):
         if checkpoint_dir is not None:
@@ -593,14 +669,18 @@ def boost(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_r
             extras["evaluations"][count] = (round_index, score)
             extras["count"] = np.asarray(count + 1)
             if patience is not None and count + 1 > patience:
-                recent = extras["evaluations"][count + 1 - patience:count + 1, 1]
-                earlier = extras["evaluations"][:count + 1 - patience, 1]
+                recent = extras["evaluations"][count + 1 - patience : count + 1, 1]
+                earlier = extras["evaluations"][: count + 1 - patience, 1]
                 extras["plateau"] = np.asarray(np.max(recent) <= np.max(earlier) + min_improvement)
 
         stop_at = max_rounds if until is None else min(until, max_rounds)
         evaluate_now()
-        while int(loop.step) < stop_at and not bool(loop.inner.converged) and not bool(extras["plateau"]) \
-                and bool(jnp.isfinite(loop.inner.log_exp_loss)):
+        while (
+            int(loop.step) < stop_at
+            and not bool(loop.inner.converged)
+            and not bool(extras["plateau"])
+            and bool(jnp.isfinite(loop.inner.log_exp_loss))
+        ):
             before = int(loop.step)
             target = min(before + chunk_rounds, stop_at, (before // eval_every + 1) * eval_every)
             start = time.perf_counter()
@@ -620,8 +700,15 @@ def boost(data: AnyBoostingData, potentials_fn: Callable | None = None, *, max_r
     evaluate_now() if int(loop.step) >= stop_at else None
     count = int(extras["count"])
     best = jnp.asarray(extras["best_theta"]) if evaluate is not None and count else loop.inner.theta
-    return BoostingRun(loop.inner.theta, best, loop, extras["evaluations"][:count], _stopped_by(loop, extras,
-                       max_rounds), float(extras["seconds"]), setup_seconds)
+    return BoostingRun(
+        loop.inner.theta,
+        best,
+        loop,
+        extras["evaluations"][:count],
+        _stopped_by(loop, extras, max_rounds),
+        float(extras["seconds"]),
+        setup_seconds,
+    )
 
 
 def _stopped_by(loop: LoopState, extras: dict, max_rounds: int) -> str:
@@ -643,4 +730,3 @@ def _progress_bar(total: int, initial: int):
     except ImportError:  # tqdm is an optional extra: run silently without it
         return None
     return tqdm(total=total, initial=initial, unit="round")
-

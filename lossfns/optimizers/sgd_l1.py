@@ -63,9 +63,11 @@ def cumulative_l1_clip(weights, total_penalty, applied_penalty, penalised):
     `max(0, w - (u + q))`, negative ones `min(0, w + (u - q))`, and `q`
     accumulates the change; coordinates with `penalised == 0` are untouched.
     """
-    clipped = jnp.where(weights > 0, jnp.maximum(0.0, weights - (total_penalty + applied_penalty)),
-                        jnp.where(weights < 0, jnp.minimum(0.0, weights + (total_penalty - applied_penalty)),
-                                  weights))
+    clipped = jnp.where(
+        weights > 0,
+        jnp.maximum(0.0, weights - (total_penalty + applied_penalty)),
+        jnp.where(weights < 0, jnp.minimum(0.0, weights + (total_penalty - applied_penalty)), weights),
+    )
     clipped = jnp.where(penalised > 0, clipped, weights)
     return clipped, applied_penalty + (clipped - weights)
 
@@ -78,8 +80,7 @@ def _checked_schedule(learning_rate, l1: float, l2: float) -> Callable:
     return learning_rate if callable(learning_rate) else optax.constant_schedule(learning_rate)
 
 
-def sgd_l1(learning_rate, l1: float, l2: float = 0.0, *,
-           mask=None) -> optax.GradientTransformationExtraArgs:
+def sgd_l1(learning_rate, l1: float, l2: float = 0.0, *, mask=None) -> optax.GradientTransformationExtraArgs:
     """SGD on `f + l1 ||theta||_1 + l2/2 ||theta||^2` with the cumulative L1 penalty.
 
     Args:
@@ -159,12 +160,18 @@ def lazy_sgd_l1(learning_rate, l1: float, l2: float = 0.0) -> LazySgdL1:
     def init(params):
         check_float_params(params)
         dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
-        return LazySgdL1State(jnp.zeros((), jnp.int32), jnp.zeros((), dtype),
-                              jax.tree_util.tree_map(jnp.zeros_like, params))
+        return LazySgdL1State(
+            jnp.zeros((), jnp.int32), jnp.zeros((), dtype), jax.tree_util.tree_map(jnp.zeros_like, params)
+        )
 
     def catch_up(state, params, rows):
-        params, applied = _rows_map(params, state.applied_penalty, rows, None,
-                                    lambda w, q, _: cumulative_l1_clip(w, state.total_penalty, q, 1.0))
+        params, applied = _rows_map(
+            params,
+            state.applied_penalty,
+            rows,
+            None,
+            lambda w, q, _: cumulative_l1_clip(w, state.total_penalty, q, 1.0),
+        )
         return params, state._replace(applied_penalty=applied)
 
     def update(row_grads, state, params, rows):
@@ -179,8 +186,9 @@ def lazy_sgd_l1(learning_rate, l1: float, l2: float = 0.0) -> LazySgdL1:
         return params, LazySgdL1State(state.count + 1, total_penalty, applied)
 
     def flush(state, params):
-        pairs = jax.tree_util.tree_map(lambda w, q: cumulative_l1_clip(w, state.total_penalty, q, 1.0),
-                                       params, state.applied_penalty)
+        pairs = jax.tree_util.tree_map(
+            lambda w, q: cumulative_l1_clip(w, state.total_penalty, q, 1.0), params, state.applied_penalty
+        )
         params, applied = _unzip(params, pairs)
         return params, state._replace(applied_penalty=applied)
 
@@ -207,14 +215,19 @@ def _rows_map(params, applied, rows, extra, step):
     """`step(weights [R, ...], q [R, ...], extra leaf or None) -> (weights, q)`
     applied to the rows `rows` of every leaf of `params` and `applied`,
     scattered back (padding rows dropped). Returns `(params, applied)`."""
+
     def leaf(table, applied, index, extra):
         weights, row_applied = step(_take(table, index), _take(applied, index), extra)
         return _put(table, index, weights), _put(applied, index, row_applied)
 
     structure = jax.tree_util.tree_structure(params)
     extras = [None] * structure.num_leaves if extra is None else structure.flatten_up_to(extra)
-    leaves = [leaf(*args) for args in zip(structure.flatten_up_to(params), structure.flatten_up_to(applied),
-                                          structure.flatten_up_to(rows), extras)]
+    leaves = [
+        leaf(*args)
+        for args in zip(
+            structure.flatten_up_to(params), structure.flatten_up_to(applied), structure.flatten_up_to(rows), extras
+        )
+    ]
     return structure.unflatten([w for w, _ in leaves]), structure.unflatten([q for _, q in leaves])
 
 
@@ -273,9 +286,16 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
     return rows, batch._replace(unigram_ids=unigram_ids, pair_ids=pair_ids)
 
 
-def lazy_epoch_step_fn(fun: Callable, optimizer: LazySgdL1, data: FeatureBatch, *, batch_size: int,
-                       max_rows: tuple[int, int], segments_per_epoch: int = 1,
-                       penalty: Callable | None = None) -> Callable:
+def lazy_epoch_step_fn(
+    fun: Callable,
+    optimizer: LazySgdL1,
+    data: FeatureBatch,
+    *,
+    batch_size: int,
+    max_rows: tuple[int, int],
+    segments_per_epoch: int = 1,
+    penalty: Callable | None = None,
+) -> Callable:
     """The `run_loop` step function of lazy SGD-L1 on a `LinearChainModel`.
 
     fun: `(model, batch) -> loss summed over the batch`; data: the training
@@ -295,8 +315,10 @@ def lazy_epoch_step_fn(fun: Callable, optimizer: LazySgdL1, data: FeatureBatch, 
     check_int("segments_per_epoch", segments_per_epoch)
     steps_per_epoch = total // batch_size
     if segments_per_epoch > steps_per_epoch:
-        raise ValueError(f"segments_per_epoch must lie in [1, {steps_per_epoch}] (the minibatches of an epoch), "
-                         f"got {segments_per_epoch}")
+        raise ValueError(
+            f"segments_per_epoch must lie in [1, {steps_per_epoch}] (the minibatches of an epoch), "
+            f"got {segments_per_epoch}"
+        )
     grad_fn = jax.grad(fun)
 
     def step_fn(inner, step):
@@ -335,10 +357,19 @@ def _check_plain_model(model) -> None:
         raise ValueError("lazy SGD-L1 trains models without emission_mask or pair_mask (every weight exists)")
 
 
-def calibrate_learning_rate(fun: Callable, params, data, l1: float, *, key, l2: float = 0.0,
-                            mask=None, batch_size: int = 1, sample_size: int = 500,
-                            candidates: Sequence[float] = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4, 1e-4)
-                            ) -> jax.Array:
+def calibrate_learning_rate(
+    fun: Callable,
+    params,
+    data,
+    l1: float,
+    *,
+    key,
+    l2: float = 0.0,
+    mask=None,
+    batch_size: int = 1,
+    sample_size: int = 500,
+    candidates: Sequence[float] = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4, 1e-4),
+) -> jax.Array:
     """A constant learning rate for `sgd_l1`, chosen on a sample of the data.
 
     Runs one epoch of `sgd_l1` from `params` on `sample_size` random
@@ -381,8 +412,9 @@ def _check_candidates(candidates) -> None:
     if values.dtype.kind not in "iuf":
         raise TypeError(f"candidates must be a sequence of learning rates > 0, got {candidates!r}")
     if values.ndim != 1 or values.size == 0:
-        raise ValueError(f"candidates must be a non-empty sequence of learning rates > 0 (at least one), "
-                         f"got {candidates!r}")
+        raise ValueError(
+            f"candidates must be a non-empty sequence of learning rates > 0 (at least one), got {candidates!r}"
+        )
     if not (values > 0).all():
         raise ValueError(f"candidates must all be learning rates > 0, got {float(values[~(values > 0)][0])!r}")
 

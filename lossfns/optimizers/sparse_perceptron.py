@@ -117,15 +117,19 @@ def sparse_sequence_data(feature_ids, labels, num_features: int, pad_to: int | N
             if len(token):
                 values = integer_values(f"feature_ids[{i}][{t}]", token, "a list of integer ids")
                 assert values is not None  # host lists are never traced
-                ids[row, :len(token)] = values
+                ids[row, : len(token)] = values
             row += 1
     real = np.arange(ids.shape[1]) < np.array([len(token) for sentence in feature_ids for token in sentence])[:, None]
     bad = real & ((ids[:total] < 0) | (ids[:total] >= num_features))
     if bad.any():
         raise ValueError(f"feature ids must lie in [0, {num_features}), got {ids[:total][bad][0]}")
     flat_labels = np.zeros(total + pad, np.int64)
-    flat_labels[:total] = np.concatenate([np.asarray(integer_values(f"labels[{i}]", y, "a list of integer label ids"))
-                                          .reshape(-1) for i, y in enumerate(labels)])  # asarray: typed (never None here)
+    flat_labels[:total] = np.concatenate(
+        [
+            np.asarray(integer_values(f"labels[{i}]", y, "a list of integer label ids")).reshape(-1)
+            for i, y in enumerate(labels)
+        ]
+    )  # asarray: typed (never None here)
     wide = (flat_labels < 0) | (flat_labels > np.iinfo(np.int32).max)
     if wide.any():
         raise ValueError(f"labels must be label ids in [0, 2**31), got {flat_labels[wide][0]}")
@@ -139,21 +143,30 @@ def transition_bounds(transitions) -> tuple:
     return (jnp.max(transitions, 0), jnp.min(transitions, 0), jnp.max(transitions, 1), jnp.min(transitions, 1))
 
 
-def sparse_perceptron_init(num_features: int, num_labels: int, dtype=jnp.int32, *, emission=None,
-                           transitions=None) -> SparsePerceptronState:
+def sparse_perceptron_init(
+    num_features: int, num_labels: int, dtype=jnp.int32, *, emission=None, transitions=None
+) -> SparsePerceptronState:
     """Integer weights (`dtype` int32, or int64 with `jax_enable_x64`): zero,
     or the given starting `emission [K, L]` / `transitions [L, L]` (the
     average then counts them as the weights before the first example, whose
     lazy sum `weighted` starts at them: `sum_{n <= C} w_n = (C + 1) w - weighted`)."""
     emission = jnp.zeros((num_features, num_labels), dtype) if emission is None else jnp.asarray(emission, dtype)
-    transitions = (jnp.zeros((num_labels, num_labels), dtype) if transitions is None
-                   else jnp.asarray(transitions, dtype))
+    transitions = jnp.zeros((num_labels, num_labels), dtype) if transitions is None else jnp.asarray(transitions, dtype)
     if emission.shape != (num_features, num_labels) or transitions.shape != (num_labels, num_labels):
-        raise ValueError(f"emission must be [{num_features}, {num_labels}] and transitions [{num_labels}, "
-                         f"{num_labels}], got {emission.shape} and {transitions.shape}")
-    return SparsePerceptronState(emission, transitions, emission.copy(), transitions.copy(),
-                                 jnp.zeros((), jnp.int32), transition_bounds(transitions), transitions.T,
-                                 _narrow(transitions))
+        raise ValueError(
+            f"emission must be [{num_features}, {num_labels}] and transitions [{num_labels}, "
+            f"{num_labels}], got {emission.shape} and {transitions.shape}"
+        )
+    return SparsePerceptronState(
+        emission,
+        transitions,
+        emission.copy(),
+        transitions.copy(),
+        jnp.zeros((), jnp.int32),
+        transition_bounds(transitions),
+        transitions.T,
+        _narrow(transitions),
+    )
 
 
 def _narrow(transitions):
@@ -165,8 +178,9 @@ def _narrow(transitions):
 
 def refresh_bounds(state: SparsePerceptronState) -> SparsePerceptronState:
     """Tighten the transition bounds and rebuild the transition copies (`[L, L]` passes)."""
-    return state._replace(bounds=transition_bounds(state.transitions), transposed=state.transitions.T,
-                          narrow=_narrow(state.transitions))
+    return state._replace(
+        bounds=transition_bounds(state.transitions), transposed=state.transitions.T, narrow=_narrow(state.transitions)
+    )
 
 
 def sparse_averaged_params(state: SparsePerceptronState, dtype=jnp.float32):
@@ -175,8 +189,7 @@ def sparse_averaged_params(state: SparsePerceptronState, dtype=jnp.float32):
     weights before any example)."""
     count = jnp.maximum(state.num_seen, 1).astype(dtype)
     average = lambda w, weighted: w.astype(dtype) + (w - weighted).astype(dtype) / count
-    return (average(state.emission, state.weighted_emission),
-            average(state.transitions, state.weighted_transitions))
+    return (average(state.emission, state.weighted_emission), average(state.transitions, state.weighted_transitions))
 
 
 def _window_sizes(max_length: int, windows) -> tuple:
@@ -218,8 +231,9 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
 
     def best_slots(first, step, column):
         """The decoder on one chain of `[window, slots]` forward scores."""
-        history = decode.forward(first[:, None], lambda alpha, t: step(alpha[:, 0], t)[:, None], length, window,
-                                 stop_at_length=True)
+        history = decode.forward(
+            first[:, None], lambda alpha, t: step(alpha[:, 0], t)[:, None], length, window, stop_at_length=True
+        )
         _, final = decode.best_final(history, length, 1)
         return decode.backtrace(history, column, length, final[0], stop_at_length=True)
 
@@ -254,14 +268,20 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
             return normalise(jnp.max(best, axis=0).astype(dtype) + unary[t])
 
         # (the padded label columns never win: their scores are very low)
-        return best_slots(normalise(unary[0]), step, lambda t, label: jnp.full((columns,), very_low, dtype)
-                          .at[:num_labels].set(transposed[label]))
+        return best_slots(
+            normalise(unary[0]),
+            step,
+            lambda t, label: jnp.full((columns,), very_low, dtype).at[:num_labels].set(transposed[label]),
+        )
 
     def pruned(width):
         rank = jnp.cumsum(feasible, axis=1, dtype=jnp.int32) - 1
         slot = jnp.where(feasible & (rank < width), rank, width)
-        keep = jnp.zeros((window, width), jnp.int32).at[positions[:, None], slot].set(
-            jnp.broadcast_to(jnp.arange(num_labels, dtype=jnp.int32), (window, num_labels)), mode="drop")
+        keep = (
+            jnp.zeros((window, width), jnp.int32)
+            .at[positions[:, None], slot]
+            .set(jnp.broadcast_to(jnp.arange(num_labels, dtype=jnp.int32), (window, num_labels)), mode="drop")
+        )
         live = jnp.arange(width)[None, :] < counts[:, None]
         unary = jnp.where(live, jnp.take_along_axis(scores, keep, axis=1), very_low)
 
@@ -273,8 +293,11 @@ def _viterbi_window(emission, transitions, transposed, narrow_transitions, bound
 
     largest = jnp.maximum(jnp.max(in_max), -jnp.min(in_min))
     branch = jnp.where((branch == len(widths)) & (largest > _NARROW_WEIGHT), branch + 1, branch)
-    labels = jax.lax.switch(branch, [functools.partial(pruned, width) for width in widths]
-                            + [functools.partial(dense, True), functools.partial(dense, False)])
+    labels = jax.lax.switch(
+        branch,
+        [functools.partial(pruned, width) for width in widths]
+        + [functools.partial(dense, True), functools.partial(dense, False)],
+    )
     return jnp.where(valid, labels, -1), branch
 
 
@@ -301,8 +324,12 @@ def _update(state: SparsePerceptronState, ids, gold, predicted, length) -> tuple
     # the wrong positions, in chunks of `_CHUNK` positions.
     order = jnp.nonzero(wrong, size=window + _CHUNK, fill_value=window)[0]
     ids = jnp.concatenate([ids, jnp.full((1, ids.shape[1]), num_features, ids.dtype)])
-    labels = jnp.stack([jnp.concatenate([gold, jnp.zeros((1,), gold.dtype)]),
-                        jnp.concatenate([jnp.where(wrong, predicted, 0), jnp.zeros((1,), gold.dtype)])])
+    labels = jnp.stack(
+        [
+            jnp.concatenate([gold, jnp.zeros((1,), gold.dtype)]),
+            jnp.concatenate([jnp.where(wrong, predicted, 0), jnp.zeros((1,), gold.dtype)]),
+        ]
+    )
 
     def chunk(c, tables):
         emission, weighted = tables
@@ -314,8 +341,7 @@ def _update(state: SparsePerceptronState, ids, gold, predicted, length) -> tuple
         return emission, weighted
 
     num_chunks = (jnp.sum(wrong, dtype=jnp.int32) + _CHUNK - 1) // _CHUNK
-    emission, weighted_emission = jax.lax.fori_loop(0, num_chunks, chunk,
-                                                    (state.emission, state.weighted_emission))
+    emission, weighted_emission = jax.lax.fori_loop(0, num_chunks, chunk, (state.emission, state.weighted_emission))
 
     # The label pairs (t - 1, t) that differ.
     pair = valid[1:] & (wrong[1:] | wrong[:-1])
@@ -323,25 +349,32 @@ def _update(state: SparsePerceptronState, ids, gold, predicted, length) -> tuple
     pair_columns = jnp.where(pair[None], jnp.stack([gold[1:], predicted[1:]]), 0)
     pair_sign = sign[:, :, 0]
     transitions = state.transitions.at[pair_rows, pair_columns].add(
-        jnp.broadcast_to(pair_sign, pair_rows.shape), mode="drop")
+        jnp.broadcast_to(pair_sign, pair_rows.shape), mode="drop"
+    )
     transposed = state.transposed.at[pair_columns, pair_rows].add(
-        jnp.broadcast_to(pair_sign, pair_rows.shape), mode="drop")
+        jnp.broadcast_to(pair_sign, pair_rows.shape), mode="drop"
+    )
     # (wraps only far past _NARROW_WEIGHT, when the int16 decoder is not used)
     narrow = state.narrow.at[jnp.where(pair_rows < num_labels, pair_rows, state.narrow.shape[0]), pair_columns].add(
-        jnp.broadcast_to(pair_sign, pair_rows.shape).astype(jnp.int16), mode="drop")
+        jnp.broadcast_to(pair_sign, pair_rows.shape).astype(jnp.int16), mode="drop"
+    )
     weighted_transitions = state.weighted_transitions.at[pair_rows, pair_columns].add(
-        jnp.broadcast_to(pair_sign * count, pair_rows.shape), mode="drop")
+        jnp.broadcast_to(pair_sign * count, pair_rows.shape), mode="drop"
+    )
 
     # Keep the transition bounds valid: widen them by the changed cells' new values.
     new_values = transitions.at[pair_rows, pair_columns].get(mode="fill", fill_value=0)
     kept_columns = jnp.where(pair_rows < num_labels, pair_columns, num_labels)
     in_max, in_min, out_max, out_min = state.bounds
-    bounds = (in_max.at[kept_columns].max(new_values, mode="drop"),
-              in_min.at[kept_columns].min(new_values, mode="drop"),
-              out_max.at[pair_rows].max(new_values, mode="drop"),
-              out_min.at[pair_rows].min(new_values, mode="drop"))
-    return SparsePerceptronState(emission, transitions, weighted_emission, weighted_transitions,
-                                 state.num_seen + 1, bounds, transposed, narrow), jnp.any(wrong)
+    bounds = (
+        in_max.at[kept_columns].max(new_values, mode="drop"),
+        in_min.at[kept_columns].min(new_values, mode="drop"),
+        out_max.at[pair_rows].max(new_values, mode="drop"),
+        out_min.at[pair_rows].min(new_values, mode="drop"),
+    )
+    return SparsePerceptronState(
+        emission, transitions, weighted_emission, weighted_transitions, state.num_seen + 1, bounds, transposed, narrow
+    ), jnp.any(wrong)
 
 
 def _sentence_step(state: SparsePerceptronState, data: SparseSequenceData, index, *, windows: tuple, widths: tuple):
@@ -352,22 +385,35 @@ def _sentence_step(state: SparsePerceptronState, data: SparseSequenceData, index
 
     def in_window(size, emission, transitions, transposed, narrow, bounds):
         ids = jax.lax.dynamic_slice_in_dim(data.feature_ids, offset, size)
-        predicted, branch = _viterbi_window(emission, transitions, transposed, narrow, bounds, ids, length,
-                                            widths=widths)
+        predicted, branch = _viterbi_window(
+            emission, transitions, transposed, narrow, bounds, ids, length, widths=widths
+        )
         return jnp.full((max_length,), -1, jnp.int32).at[:size].set(predicted), branch
 
     window = jnp.searchsorted(jnp.asarray(windows, jnp.int32), length).astype(jnp.int32)
-    predicted, branch = jax.lax.switch(window, [functools.partial(in_window, size) for size in windows],
-                                       state.emission, state.transitions, state.transposed, state.narrow,
-                                       state.bounds)
+    predicted, branch = jax.lax.switch(
+        window,
+        [functools.partial(in_window, size) for size in windows],
+        state.emission,
+        state.transitions,
+        state.transposed,
+        state.narrow,
+        state.bounds,
+    )
     ids = jax.lax.dynamic_slice_in_dim(data.feature_ids, offset, max_length)
     gold = jax.lax.dynamic_slice_in_dim(data.labels, offset, max_length)
     state, mistake = _update(state, ids, gold, predicted, length)
     return state, mistake, branch
 
 
-def sparse_perceptron_epoch(state: SparsePerceptronState, data: SparseSequenceData, *, max_length: int,
-                            windows=(8, 16, 24, 32, 48, 64), widths=()):
+def sparse_perceptron_epoch(
+    state: SparsePerceptronState,
+    data: SparseSequenceData,
+    *,
+    max_length: int,
+    windows=(8, 16, 24, 32, 48, 64),
+    widths=(),
+):
     """One epoch of the averaged perceptron (Collins 2002) over `data` in
     corpus order, one update per sentence. Jit-able with `max_length`,
     `windows` and `widths` static.
@@ -395,8 +441,8 @@ def sparse_perceptron_epoch(state: SparsePerceptronState, data: SparseSequenceDa
         return state, mistakes + mistake, branches.at[branch].add(1)
 
     state, mistakes, branches = jax.lax.fori_loop(
-        0, data.lengths.shape[0], example,
-        (state, jnp.zeros((), jnp.int32), jnp.zeros((len(widths) + 2,), jnp.int32)))
+        0, data.lengths.shape[0], example, (state, jnp.zeros((), jnp.int32), jnp.zeros((len(widths) + 2,), jnp.int32))
+    )
     return state, (mistakes, branches)
 
 

@@ -26,8 +26,22 @@ KMax = KMaxSemiring
 """`KMax(k)`: the k best path scores."""
 
 __all__ = [
-    "Semiring", "LogDomainSemiring", "logsumexp", "finite_max", "pairwise_sum",
-    "LogSemiring", "MaxSemiring", "RealSemiring", "EntropySemiring", "EntropyValue",
-    "KMaxSemiring", "CountingSemiring",
-    "Log", "Max", "Real", "Entropy", "Counting", "KMax",
+    "Semiring",
+    "LogDomainSemiring",
+    "logsumexp",
+    "finite_max",
+    "pairwise_sum",
+    "LogSemiring",
+    "MaxSemiring",
+    "RealSemiring",
+    "EntropySemiring",
+    "EntropyValue",
+    "KMaxSemiring",
+    "CountingSemiring",
+    "Log",
+    "Max",
+    "Real",
+    "Entropy",
+    "Counting",
+    "KMax",
 ]

@@ -27,4 +27,4 @@ class CountingSemiring(RealSemiring):
     def normalize(self, a, axis):
         # Counts are exact integers in floating point; dividing them would
         # make them inexact, so no rescaling (they overflow only past ~1e308).
-        return a, jnp.zeros(a.shape[: a.ndim + axis] + a.shape[a.ndim + axis + 1:], a.dtype)
+        return a, jnp.zeros(a.shape[: a.ndim + axis] + a.shape[a.ndim + axis + 1 :], a.dtype)

@@ -69,8 +69,10 @@ def _prepare(lattice, arc_scores):
         raise ValueError(f"arc_scores must have shape [..., {A}] (one score per lattice arc), got {arc_scores.shape}")
     lattice_batch, batch_shape = lattice.src.shape[:-1], arc_scores.shape[:-1]
     if lattice_batch not in ((), batch_shape):
-        raise ValueError(f"arc_scores batch shape {batch_shape} must equal the lattice batch shape {lattice_batch} "
-                         "(or the lattice must be unbatched)")
+        raise ValueError(
+            f"arc_scores batch shape {batch_shape} must equal the lattice batch shape {lattice_batch} "
+            "(or the lattice must be unbatched)"
+        )
     # Padding arcs' scores are ignored (as under jit, where nothing is checked).
     check_finite_or_neg_inf("arc_scores", _valid_scores(lattice.arc_valid, arc_scores))
     return lattice, arc_scores
@@ -104,8 +106,8 @@ def _map_batch(fn, lattice, arc_scores, batch_shape):
     size = math.prod(batch_shape)
     shared = lattice.src.ndim == 1
     if not shared:
-        lattice = jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape):]), lattice)
-    scores = arc_scores.reshape((size,) + arc_scores.shape[len(batch_shape):])
+        lattice = jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[len(batch_shape) :]), lattice)
+    scores = arc_scores.reshape((size,) + arc_scores.shape[len(batch_shape) :])
     out = jax.vmap(fn, in_axes=(None if shared else 0, 0))(lattice, scores)
     return jax.tree_util.tree_map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
@@ -122,8 +124,9 @@ def _gather(value, index):
 
 def _write_row(value, row_start, update):
     """Write `update [W]` into slots `row_start ..` of every leaf's last axis."""
-    return jax.tree_util.tree_map(lambda x, u: jax.lax.dynamic_update_slice_in_dim(x, u, row_start, x.ndim - 1),
-                                  value, update)
+    return jax.tree_util.tree_map(
+        lambda x, u: jax.lax.dynamic_update_slice_in_dim(x, u, row_start, x.ndim - 1), value, update
+    )
 
 
 def _arc_source_slots(lattice):
@@ -171,7 +174,9 @@ def _forward_instance(semiring: Semiring, lattice: Lattice, arc_scores):
 
     levels = (jnp.arange(1, N + 1), lattice.level_arcs)
     (values, potential), norms = jax.lax.scan(step, (values, potential), levels)
-    exits, exit_shift = semiring.convert_scaled(jnp.where(lattice.final, potential[lattice.state_slot], -jnp.inf), (-1,))
+    exits, exit_shift = semiring.convert_scaled(
+        jnp.where(lattice.final, potential[lattice.state_slot], -jnp.inf), (-1,)
+    )
     total = semiring.sum(semiring.times(_gather(values, lattice.state_slot), exits), -1)
     poison = _invalid_score_poison(lattice.arc_valid, arc_scores)
     return semiring.unconvert(total, jnp.sum(norms) + exit_shift + poison)
@@ -382,8 +387,9 @@ def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
         raise TypeError(f"packed must be a dag.PackedLattices, got {type(packed).__name__}")
     if type(semiring) not in PACKABLE_SEMIRINGS:
         names = ", ".join(kind.__name__ for kind in PACKABLE_SEMIRINGS)
-        raise ValueError(f"packed lattices support the semirings {names}, got {semiring!r}; "
-                         "use dag.stack for the others")
+        raise ValueError(
+            f"packed lattices support the semirings {names}, got {semiring!r}; use dag.stack for the others"
+        )
     A = packed.num_arcs
     arc_scores = as_float_array("arc_scores", arc_scores, 1, f"[A] with A = {A} (the pack's arcs)")
     if arc_scores.shape != (A,):

@@ -104,8 +104,10 @@ def _build_numpy(src, dst, symbol, final, num_states: int) -> Lattice:
     backward = src >= dst
     if backward.any():
         i = int(np.argmax(backward))
-        raise ValueError(f"arc {i} ({src[i]} -> {dst[i]}) is not in topological order: number the states so that "
-                         "every arc goes from a lower to a higher state (a cycle or self-loop cannot be numbered so)")
+        raise ValueError(
+            f"arc {i} ({src[i]} -> {dst[i]}) is not in topological order: number the states so that "
+            "every arc goes from a lower to a higher state (a cycle or self-loop cannot be numbered so)"
+        )
     level = _levels(src, dst, num_states)
     num_levels = int(level.max()) if level.size else 0
     width = max(int(np.bincount(level[level > 0]).max(initial=0)) if num_levels else 0, 1)
@@ -122,8 +124,9 @@ def _build_numpy(src, dst, symbol, final, num_states: int) -> Lattice:
     level_arcs = np.full((num_levels, width, depth), src.size, np.int64)
     level_arcs[level[dst[by_dst]] - 1, state_slot[dst[by_dst]] % width, rank] = by_dst
     as32 = lambda a: np.asarray(a, np.int32)
-    return Lattice(as32(src), as32(dst), as32(symbol), np.ones(src.shape, bool), final,
-                   as32(state_slot), as32(level_arcs))
+    return Lattice(
+        as32(src), as32(dst), as32(symbol), np.ones(src.shape, bool), final, as32(state_slot), as32(level_arcs)
+    )
 
 
 def _levels(src, dst, num_states: int) -> np.ndarray:
@@ -163,8 +166,10 @@ def _integer_ids(name: str, x, expected: str, *, allow_bool: bool = False) -> np
     and traced arrays (a lattice is built with numpy, outside `jit`) are
     refused naming `name`."""
     if isinstance(x, jax.core.Tracer):
-        raise TypeError(f"{name} must be {expected}, known when the lattice is built, got a traced array (inside "
-                        "jit/vmap): build the lattice outside the traced function and pass the Lattice in (a pytree)")
+        raise TypeError(
+            f"{name} must be {expected}, known when the lattice is built, got a traced array (inside "
+            "jit/vmap): build the lattice outside the traced function and pass the Lattice in (a pytree)"
+        )
     try:
         value = np.asarray(x)
     except ValueError as error:  # ragged nested sequences
@@ -190,14 +195,17 @@ def from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
         raise ValueError(f"arcs must be (src, dst, symbol) triples, shape [A, 3], got shape {arcs.shape}")
     if num_states is not None:
         num_states = check_int("num_states", num_states, 1)
-    final = _integer_ids("final", final, "a sequence of final state ids or a boolean mask [num_states]",
-                         allow_bool=True).reshape(-1)
+    final = _integer_ids(
+        "final", final, "a sequence of final state ids or a boolean mask [num_states]", allow_bool=True
+    ).reshape(-1)
     if final.dtype == bool:  # a mask over the states, not the ids 0 and 1
         if num_states is None:
             num_states = max(final.size, int(arcs[:, :2].max(initial=-1)) + 1)
         if final.shape != (num_states,):
-            raise ValueError(f"final as a boolean mask must have one entry per state, shape [num_states] = "
-                             f"[{num_states}], got shape {final.shape}")
+            raise ValueError(
+                f"final as a boolean mask must have one entry per state, shape [num_states] = "
+                f"[{num_states}], got shape {final.shape}"
+            )
         return _build_numpy(arcs[:, 0], arcs[:, 1], arcs[:, 2], final, num_states)
     if num_states is None:
         num_states = int(max([0] + list(arcs[:, :2].reshape(-1)) + list(final))) + 1
@@ -224,8 +232,10 @@ def from_strings(strings: Sequence[Sequence[int]], *, deterministic: bool = Fals
     minimal deterministic acceptor of the *set* of strings: every string on
     exactly one path, shared prefixes and suffixes merged.
     """
-    strings = [tuple(int(s) for s in _integer_ids(f"strings[{i}]", string, "a sequence of integer symbol ids")
-                     .reshape(-1)) for i, string in enumerate(strings)]
+    strings = [
+        tuple(int(s) for s in _integer_ids(f"strings[{i}]", string, "a sequence of integer symbol ids").reshape(-1))
+        for i, string in enumerate(strings)
+    ]
     if deterministic:
         return _minimal_acceptor(strings)
     internal = sum(max(len(s) - 1, 0) for s in strings)
@@ -323,8 +333,10 @@ def _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree) -> L
     S, A = lattice.num_states, lattice.num_arcs
     N, W, D = lattice.level_arcs.shape
     if num_states < S or num_arcs < A or num_levels < N or width < W or in_degree < D:
-        raise ValueError(f"pad sizes (num_states={num_states}, num_arcs={num_arcs}, num_levels={num_levels}, "
-                         f"width={width}, in_degree={in_degree}) must be at least the lattice's ({S}, {A}, {N}, {W}, {D})")
+        raise ValueError(
+            f"pad sizes (num_states={num_states}, num_arcs={num_arcs}, num_levels={num_levels}, "
+            f"width={width}, in_degree={in_degree}) must be at least the lattice's ({S}, {A}, {N}, {W}, {D})"
+        )
     grow = lambda a, size, value: np.concatenate([a, np.full(size - a.shape[0], value, a.dtype)])
     # Sentinels move with the sizes; slots move to the wider rows.
     level_arcs = np.where(lattice.level_arcs == A, num_arcs, lattice.level_arcs)
@@ -332,9 +344,15 @@ def _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree) -> L
     state_slot = np.where(old_slot == (N + 1) * W, (num_levels + 1) * width, old_slot // W * width + old_slot % W)
     state_slot = grow(state_slot, num_states, (num_levels + 1) * width)
     level_arcs = np.pad(level_arcs, ((0, num_levels - N), (0, width - W), (0, in_degree - D)), constant_values=num_arcs)
-    return Lattice(grow(lattice.src, num_arcs, 0), grow(lattice.dst, num_arcs, 0), grow(lattice.symbol, num_arcs, -1),
-                   grow(lattice.arc_valid, num_arcs, False), grow(lattice.final, num_states, False),
-                   state_slot.astype(np.int32), level_arcs.astype(np.int32))
+    return Lattice(
+        grow(lattice.src, num_arcs, 0),
+        grow(lattice.dst, num_arcs, 0),
+        grow(lattice.symbol, num_arcs, -1),
+        grow(lattice.arc_valid, num_arcs, False),
+        grow(lattice.final, num_states, False),
+        state_slot.astype(np.int32),
+        level_arcs.astype(np.int32),
+    )
 
 
 def stack(lattices: Sequence[Lattice]) -> Lattice:
@@ -342,10 +360,13 @@ def stack(lattices: Sequence[Lattice]) -> Lattice:
     lattices = [_numpy_lattice(lattice) for lattice in lattices]
     if not lattices:
         raise ValueError("stack needs at least one lattice")
-    sizes = dict(num_states=max(l.num_states for l in lattices), num_arcs=max(l.num_arcs for l in lattices),
-                 num_levels=max(l.level_arcs.shape[0] for l in lattices),
-                 width=max(l.level_arcs.shape[1] for l in lattices),
-                 in_degree=max(l.level_arcs.shape[2] for l in lattices))
+    sizes = dict(
+        num_states=max(l.num_states for l in lattices),
+        num_arcs=max(l.num_arcs for l in lattices),
+        num_levels=max(l.level_arcs.shape[0] for l in lattices),
+        width=max(l.level_arcs.shape[1] for l in lattices),
+        in_degree=max(l.level_arcs.shape[2] for l in lattices),
+    )
     padded = [_pad_numpy(lattice, **sizes) for lattice in lattices]
     return to_jax(Lattice(*(np.stack(fields) for fields in zip(*padded))))
 
@@ -404,7 +425,7 @@ def _degree_blocks(level, degree, num_levels, max_blocks: int = 3):
     `max_blocks` blocks minimising the padded cells `sum_k N W_k D_k` (plus a
     per-block overhead)."""
     top = max(int(degree.max(initial=0)), 1)
-    candidates = sorted({2 ** i for i in range(top.bit_length()) if 2 ** i < top} | {top})
+    candidates = sorted({2**i for i in range(top.bit_length()) if 2**i < top} | {top})
     best = None
     for size in range(1, max_blocks + 1):
         for bounds in itertools.combinations(candidates[:-1], size - 1):
@@ -420,10 +441,17 @@ def _degree_blocks(level, degree, num_levels, max_blocks: int = 3):
     return best[1]
 
 
-def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_arcs: int | None = None,
-         num_levels: int | None = None, width: Sequence[int] | None = None,
-         in_degree: Sequence[int] | None = None, num_finals: int | None = None,
-         num_states: int | None = None) -> PackedLattices:
+def pack(
+    lattices: Sequence[Lattice],
+    *,
+    num_lattices: int | None = None,
+    num_arcs: int | None = None,
+    num_levels: int | None = None,
+    width: Sequence[int] | None = None,
+    in_degree: Sequence[int] | None = None,
+    num_finals: int | None = None,
+    num_states: int | None = None,
+) -> PackedLattices:
     """Pack unbatched lattices into one `PackedLattices` (numpy fields).
 
     `in_degree`: the blocks' in-degree bounds (ascending; default: chosen to
@@ -467,14 +495,19 @@ def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_ar
         if num_levels < N:
             raise ValueError(f"pack: num_levels={num_levels} is less than the {N} these lattices need")
         N = num_levels
-    bounds = tuple(int(d) for d in in_degree) if in_degree is not None else \
-        _degree_blocks(level[inner], degree[inner], N)
+    bounds = (
+        tuple(int(d) for d in in_degree) if in_degree is not None else _degree_blocks(level[inner], degree[inner], N)
+    )
     if list(bounds) != sorted(set(bounds)) or bounds[0] < 1 or bounds[-1] < int(degree.max(initial=0)):
-        raise ValueError(f"pack: in_degree={bounds} must be increasing, positive and at least the largest "
-                         f"in-degree {int(degree.max(initial=0))}")
+        raise ValueError(
+            f"pack: in_degree={bounds} must be increasing, positive and at least the largest "
+            f"in-degree {int(degree.max(initial=0))}"
+        )
     block = np.searchsorted(np.array(bounds), degree)
-    widths = [int(np.bincount(level[inner][block[inner] == k], minlength=N + 1)[1:].max(initial=0))
-              for k in range(len(bounds))]
+    widths = [
+        int(np.bincount(level[inner][block[inner] == k], minlength=N + 1)[1:].max(initial=0))
+        for k in range(len(bounds))
+    ]
     widths[0] = max(widths[0], rows - sum(widths[1:]), 1)  # row 0 holds every start slot
     if width is not None:
         width = tuple(int(w) for w in width)
@@ -486,8 +519,11 @@ def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_ar
         raise ValueError(f"pack: the row width {W} must hold the {rows} start slots")
     A = src.size if num_arcs is None else num_arcs
     F = max(max((f.size for f in finals), default=0), 1)
-    for name, given, needed in (("num_arcs", num_arcs, src.size), ("num_finals", num_finals, F),
-                                ("num_states", num_states, level.size)):
+    for name, given, needed in (
+        ("num_arcs", num_arcs, src.size),
+        ("num_finals", num_finals, F),
+        ("num_states", num_states, level.size),
+    ):
         if given is not None and given < needed:
             raise ValueError(f"pack: {name}={given} is less than the {needed} these lattices need")
     F = F if num_finals is None else num_finals
@@ -513,20 +549,32 @@ def pack(lattices: Sequence[Lattice], *, num_lattices: int | None = None, num_ar
         level_arcs.append(arcs.astype(np.int32))
     final_slots = np.full((rows, F), sentinel, np.int64)
     for b, f in enumerate(finals):
-        final_slots[b, :f.size] = state_slot[f]
+        final_slots[b, : f.size] = state_slot[f]
     final_slots[B:, 0] = np.arange(B, rows)  # padding rows: the empty string (start slot, final)
     grow = lambda a, value: np.concatenate([a, np.full(A - a.size, value, a.dtype)])
     as32 = lambda a: np.asarray(a, np.int32)
-    return PackedLattices(as32(grow(src, 0)), as32(grow(dst, 0)), as32(grow(symbol, -1)), grow(valid, False),
-                          as32(state_slot), tuple(level_arcs), as32(final_slots))
+    return PackedLattices(
+        as32(grow(src, 0)),
+        as32(grow(dst, 0)),
+        as32(grow(symbol, -1)),
+        grow(valid, False),
+        as32(state_slot),
+        tuple(level_arcs),
+        as32(final_slots),
+    )
 
 
 def packed_sizes(packed: PackedLattices) -> dict:
     """`pack`'s size arguments that reproduce `packed`'s shapes."""
-    return dict(num_lattices=packed.final_slots.shape[0], num_arcs=packed.src.shape[0],
-                num_levels=packed.num_levels, width=tuple(block.shape[1] for block in packed.level_arcs),
-                in_degree=tuple(block.shape[2] for block in packed.level_arcs), num_finals=packed.final_slots.shape[1],
-                num_states=packed.state_slot.shape[0])
+    return dict(
+        num_lattices=packed.final_slots.shape[0],
+        num_arcs=packed.src.shape[0],
+        num_levels=packed.num_levels,
+        width=tuple(block.shape[1] for block in packed.level_arcs),
+        in_degree=tuple(block.shape[2] for block in packed.level_arcs),
+        num_finals=packed.final_slots.shape[1],
+        num_states=packed.state_slot.shape[0],
+    )
 
 
 def enumerate_paths(lattice: Lattice) -> list[tuple[int, ...]]:
