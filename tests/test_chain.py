@@ -159,9 +159,10 @@ def test_kbest_paths_are_distinct_and_scored(problem):
     scores, labels = jitted("kbest", k=3)(potentials, lengths)
     assert_close(scores, testing.kbest_scores(potentials, lengths, 3))
     flat_scores = np.asarray(scores).reshape(-1, 3)
-    flat_labels = np.asarray(labels).reshape(-1, 3, labels.shape[-1])
+    batch = flat_scores.shape[0]  # not -1 in the reshapes below: at T = 0 they hold no element
+    flat_labels = np.asarray(labels).reshape(batch, 3, labels.shape[-1])
     flat_lengths = np.asarray(lengths).reshape(-1)
-    psi = testing._per_position(potentials).reshape((-1,) + testing._per_position(potentials).shape[-3:])
+    psi = testing._per_position(potentials).reshape((batch,) + testing._per_position(potentials).shape[-3:])
     for b in range(flat_scores.shape[0]):
         seen = set()
         for j in range(3):
