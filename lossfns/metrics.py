@@ -149,6 +149,14 @@ def entity_scores(gold: Labels, predicted: Labels, *, strict: bool = False) -> E
     )
 
 
+def tagging_scores(gold: Labels, predicted: Labels) -> dict:
+    """`{"token_accuracy", "precision", "recall", "f1"}`: token accuracy and
+    conlleval's entity scores (`entity_scores`) of a tagged corpus."""
+    scores = entity_scores(gold, predicted)
+    accuracy = token_accuracy(gold, predicted)
+    return {"token_accuracy": accuracy, "precision": scores.precision, "recall": scores.recall, "f1": scores.f1}
+
+
 def _conlleval_counts(gold: Labels, predicted: Labels) -> dict:
     """type -> Counter(gold=, predicted=, correct=), as conlleval's main loop
     counts them: a chunk is found where it starts, and correct when gold and

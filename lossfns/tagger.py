@@ -4,13 +4,8 @@
     tagger.fit(corpora.conll2002("esp.train"))
     tagger.evaluate(corpora.conll2002("esp.testb"))   # {"token_accuracy": ..., "f1": ...}
 
-A facade over `features.corpus` (extraction, indexing, packing),
-`models.LinearChainModel` (which owns its masked parameterisation), the
-training driver `optimizers.train`, `models.packed` (decoding) and
-`model_file`. It trains `sum_i loss_i + l1 ||w||_1 + l2 / 2 ||w||^2`
-(`optimizers.elastic_net_training`) and stops like CRFsuite: after
-`max_iterations`, or when the objective improved by less than `tol`
-(relative) over the last `period` iterations.
+A facade: `features` extract, index and pack, `optimizers.train_linear_chain`
+trains, `models.packed` decodes and `model_file` saves.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import numpy as np
 import optax
 from jax.typing import DTypeLike
 
-from . import features, metrics, model_file, parallel
+from . import features, metrics, model_file
 from .corpora import Sentence
 from .features.corpus import Extractor, check_sentences, extractor_spec
 from .features.index import FeatureIndex, PackedCorpus
@@ -32,16 +27,21 @@ from .lattices.constraints import allowed_transitions, scheme_of
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
-from .optimizers import Status, crfsuite_elastic_net, elastic_net_training, relative_improvement_below, train
-from .optimizers.elastic_net import check_elastic_net
-from .optimizers.minimize import check_callable, check_scalar
-from .validation import check_float_dtype, check_int
+from .optimizers import Status, crfsuite_elastic_net, relative_improvement_below, train_linear_chain
+from .optimizers.linear_chain_training import check_training
+from .optimizers.minimize import check_scalar
+from .parallel import num_shards
+from .validation import check_int
 
 __all__ = ["Tagger", "TrainingData", "crfsuite_elastic_net"]
 
 # Constructor fields that do not change the trained weights, or enter a
 # checkpoint's settings in another form (the extractor's spec, the dtype's name).
 _NOT_SETTINGS = ("features", "dtype", "progress", "iob_constraints")
+# Constructor fields that `train_linear_chain` takes by the same name.
+_TRAINING_FIELDS = (  # noqa: SIM905 (a list literal would take ten lines)
+    "loss l1 l2 regularizer optimizer memory_size max_iterations observed_pairs_only observed_transitions_only dtype"
+).split()
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,29 +49,23 @@ class Tagger:
     """A linear-chain CRF tagger over sparse observation features.
 
     Args:
-      features: a preset name (`features.presets.PRESETS`), CRF++/Wapiti
-        template text, or a `Preset` / `Templates`.
-      loss: `(potentials, labels [B, T], lengths [B]) -> [B]` per-sentence
-        losses, summed over the corpus; default the CRF log-loss, trained on
-        rows of back-to-back sentences (`features.pack_rows`).
+      features: a preset name (`features.presets.PRESETS`), CRF++/Wapiti template text, or a `Preset` / `Templates`.
+      loss: `(potentials, labels [B, T], lengths [B]) -> [B]`; default the CRF log-loss on rows of sentences.
       l1, l2: elastic-net weights (`crfsuite_elastic_net(c1, c2)` converts CRFsuite's).
       regularizer: an extra smooth penalty `ChainWeights -> scalar`, or None.
-      optimizer: None (OWL-QN when `l1 > 0`, else `optax.lbfgs`) or an optax
-        transformation (e.g. `optimizers.sgd_l1`, full batch); a custom one
-        gets the smooth objective including the `l2` term and requires `l1 == 0`.
-      max_iterations, tol, period: stopping rule (see the module docstring).
+      optimizer: None (OWL-QN when `l1 > 0`, else `optax.lbfgs`) or an optax transformation
+        (e.g. `optimizers.sgd_l1`, full batch) of the smooth objective, `l2` included; needs `l1 == 0`.
+      max_iterations, tol, period: stop after `max_iterations`, or when the objective improved
+        by less than `tol` (relative) over the last `period` iterations (CRFsuite's rule).
       memory_size: L-BFGS / OWL-QN history (CRFsuite's default is 6).
       min_count, hash_size: the feature index (`features.build_index`).
-      observed_pairs_only: give weights only to the (feature, label) pairs and
-        (pair feature, previous label, label) triples seen in training, as CRFsuite does.
-      observed_transitions_only: give weights only to the label transitions
-        seen in training (CRFsuite without `possible_transitions`); others stay 0.
+      observed_pairs_only, observed_transitions_only: weights only on the (feature, label) pairs
+        and pair triples / the label transitions seen in training, as CRFsuite (`train_linear_chain`).
       num_buckets: padded length buckets (compiled shapes) for decoding and custom losses.
       dtype: float dtype of the weights (float64 needs `jax_enable_x64`).
-      progress: show a tqdm bar while training (default: above 20 iterations).
-      iob_constraints: decode only sequences valid under the labels' chunk
-        scheme (`lattices.constraints.scheme_of`: IOB2, IOBES or BILOU); None: when the labels
-        fit one. Training is unconstrained either way.
+      progress: a tqdm bar while training (default: above 20 iterations).
+      iob_constraints: decode only sequences valid under the labels' chunk scheme (IOB2,
+        IOBES or BILOU; None: when the labels fit one); training is unconstrained.
 
     After `fit` (or `load`): `model`, `labels`, `index`, and of the last fit
     `history` (the objective after each iteration), `training_seconds` (the
@@ -105,118 +99,62 @@ class Tagger:
     status: Status | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
-        check_elastic_net(self.l1, self.l2, self.optimizer, self.regularizer)
+        check_training(**{name: getattr(self, name) for name in _TRAINING_FIELDS})
         check_scalar("tol", self.tol, 0)
-        if self.loss is not None:
-            check_callable("loss", self.loss)
-        for name in ("max_iterations", "period", "memory_size", "min_count", "hash_size", "num_buckets"):
+        for name in ("period", "min_count", "hash_size", "num_buckets"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name))
-        check_float_dtype("dtype", self.dtype)
         self.extractor = features.extractor(self.features)
         self.l1, self.l2 = float(self.l1), float(self.l2)
 
-    # -- training -----------------------------------------------------------
-
-    def fit(
-        self,
-        sentences: Sequence[Sentence],
-        *,
-        checkpoint_dir=None,
-        checkpoint_every: int = 10,
-        callback: Callable | None = None,
-        mesh: jax.sharding.Mesh | None = None,
-    ) -> Tagger:
+    def fit(self, sentences: Sequence[Sentence], *, mesh: jax.sharding.Mesh | None = None, **options) -> Tagger:
         """Index features, build a zero model and train it on `sentences`.
 
-        checkpoint_dir: save the training state there every `checkpoint_every`
-          iterations and at the end; a later `fit` with the same directory,
-          corpus and settings resumes and ends bit-identical to an
-          uninterrupted run; a checkpoint of another corpus or other settings
-          is refused (`optimizers.drive`).
-        callback: `optimizers.Report -> bool | None` after each iteration; True stops.
         mesh: a `jax.sharding.Mesh`: the corpus is split into one block per
           device of its data axis (`features.pack_shards`), each device sums
           its block's loss (`parallel`); the weights match one device's.
+        options: `checkpoint_dir`, `checkpoint_every`, `callback` (`fit_packed`).
         """
         check_sentences(sentences)
-        check_int("checkpoint_every", checkpoint_every)
-        if mesh is not None and self.loss is not None:
-            raise ValueError("mesh: data-parallel training takes the default log-loss (loss=None)")
         extracted = [self.extractor(s.tokens) for s in sentences]
         labels = tuple(sorted({label for s in sentences for label in s.labels}))
         index = features.build_index(extracted, min_count=self.min_count, hash_size=self.hash_size)
         encoded, ids = [index.encode(f) for f in extracted], features.label_ids(sentences, labels)
-        shards = (
-            None if mesh is None else features.pack_shards(encoded, ids, index.num_unigram, parallel.num_shards(mesh))
-        )
-        return self._train(
-            self._pack(encoded, ids), labels, index, shards, mesh, checkpoint_dir, checkpoint_every, callback
-        )
+        shards = None if mesh is None else features.pack_shards(encoded, ids, index.num_unigram, num_shards(mesh))
+        return self.fit_packed(self._pack(encoded, ids), labels, index, shards=shards, mesh=mesh, **options)
 
-    def fit_packed(
-        self,
-        packed_corpus: PackedCorpus,
-        labels: Sequence[str],
-        index: FeatureIndex,
-        *,
-        checkpoint_dir=None,
-        checkpoint_every: int = 10,
-        callback: Callable | None = None,
-    ) -> Tagger:
-        """Train on a labelled corpus already indexed and packed by the
-        caller (e.g. `features.dicts.AttributeCorpus.pack_rows`: feature
-        dicts; rows for the default log-loss, buckets for a custom `loss`),
-        its label ids indexing `labels`, its feature ids `index`; as `fit` otherwise."""
-        check_int("checkpoint_every", checkpoint_every)
+    def fit_packed(self, packed_corpus: PackedCorpus, labels: Sequence[str], index: FeatureIndex, **options) -> Tagger:
+        """Train on a labelled corpus indexed and packed by the caller (e.g.
+        `features.dicts.AttributeCorpus.pack_rows`; rows for the default
+        log-loss, buckets for a custom `loss`), its label ids indexing
+        `labels`, its feature ids `index`.
+
+        options (`optimizers.train_linear_chain`):
+          checkpoint_dir: save the training state there every `checkpoint_every`
+            (default 10) iterations and at the end; a later fit with the same
+            directory, corpus and settings resumes and ends bit-identical to an
+            uninterrupted run; one of another corpus or settings is refused.
+          callback: `optimizers.Report -> bool | None` after each iteration; True stops.
+          shards, mesh: data-parallel training over `mesh`'s data axis.
+        """
         if packed_corpus.labels is None:
             raise ValueError("packed_corpus must be labelled (packed with labels)")
-        return self._train(packed_corpus, tuple(labels), index, None, None, checkpoint_dir, checkpoint_every, callback)
-
-    def _train(self, packed_corpus, labels, index, shards, mesh, checkpoint_dir, checkpoint_every, callback):
-        """The masks from `packed_corpus`, then the driver on it (or on `shards`, one block per device of `mesh`)."""
-        self.labels, self.index = labels, index
-        K, K2, L = index.num_unigram, index.num_pair, len(labels)
-        self.model = (
-            LinearChainModel.observed(features.padded_buckets(packed_corpus), K, L, K2, dtype=self.dtype)
-            if self.observed_pairs_only
-            else LinearChainModel.zeros(K, L, K2, dtype=self.dtype)
-        )
-        if self.observed_transitions_only:
-            self.model = self.model.with_transition_mask(features.observed_transitions(packed_corpus, len(labels)))
-        structure = self.model.structure()
-        if shards is None:
-            data = TrainingData(features.corpus_arrays(packed_corpus, self.index.num_unigram), structure)
-        else:  # one copy of the masks per block
-            count = jax.tree_util.tree_leaves(shards)[0].shape[0]
-            data = TrainingData(
-                shards,
-                jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure),
-            )
-        training = elastic_net_training(
-            self.l1, self.l2, self.optimizer, memory_size=self.memory_size, regularizer=self.regularizer
-        )  # optimizer, regularizer and penalty
-        objective = self.objective() if mesh is None else parallel.single_block(self.objective())
-        result = train(
-            objective,
-            self.model.weights(),
-            data=data,
-            **training._asdict(),
-            max_steps=self.max_iterations,
+        self.labels, self.index = tuple(labels), index
+        self.model, result = train_linear_chain(
+            packed_corpus,
+            len(self.labels),
+            index.num_unigram,
+            index.num_pair,
+            **{name: getattr(self, name) for name in _TRAINING_FIELDS},
             stop=relative_improvement_below(self.tol, self.period),
-            mesh=mesh,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
             settings=self._settings(),
-            callback=callback,
             description="Tagger.fit",
             progress=self.max_iterations > 20 if self.progress is None else self.progress,
+            **{"checkpoint_every": 10} | options,
         )
         trace = np.asarray(result.trace)[: int(result.num_steps)]
         self.history = [float(value) for value in trace if np.isfinite(value)]
         self.status, self.training_seconds = Status(int(result.status)), result.compile_seconds + result.run_seconds
-        weights = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)), result.params)  # off the mesh
-        self.model = self.model.with_weights(weights, self.model.structure())
         return self
 
     def training_data(self, sentences: Sequence[Sentence]) -> TrainingData:
@@ -243,8 +181,6 @@ class Tagger:
         fields = [getattr(self, f.name) for f in dataclasses.fields(self) if f.init and f.name not in _NOT_SETTINGS]
         return [self.labels, *fields, extractor_spec(self.extractor), str(jnp.dtype(self.dtype))]
 
-    # -- inference ----------------------------------------------------------
-
     def _require_model(self) -> tuple[LinearChainModel, FeatureIndex]:
         """`(model, index)` of a fitted or loaded tagger."""
         if self.model is None or self.index is None:
@@ -259,12 +195,9 @@ class Tagger:
         return corpus, self.decode_packed(corpus, decode, *arguments)
 
     def decode_packed(self, corpus: PackedCorpus, decode: Callable, *arguments) -> tuple:
-        """`decode(model, arrays, *arguments, moves)` per length bucket of a
-        corpus packed by the caller (`features.pack`, or
-        `AttributeCorpus.pack`) with this tagger's index (`moves`: the
-        label scheme's allowed transitions, or None; see `iob_constraints`),
-        e.g. `decode=models.packed.viterbi`; `in_corpus_order` puts the
-        results back in corpus order."""
+        """`decode(model, arrays, *arguments, moves)` (e.g. `models.packed.viterbi`)
+        per length bucket of a corpus packed with this tagger's index
+        (`features.pack`, `AttributeCorpus.pack`); `moves`: see `iob_constraints`."""
         model, index = self._require_model()
         arrays = jax.tree_util.tree_map(jnp.asarray, features.corpus_arrays(corpus, index.num_unigram))
         scheme = scheme_of(self.labels)
@@ -282,14 +215,8 @@ class Tagger:
         corpus, buckets = self._decode(sentences, packed.kbest, check_int("k", k))
         paths = features.in_corpus_order(corpus, [labels for _, labels in buckets], time_axis=2)
         scores = features.in_corpus_order(corpus, [scores for scores, _ in buckets], time_axis=None)
-        return [
-            [
-                (tuple(self.labels[j] for j in path), float(score))
-                for path, score in zip(rows, values)
-                if np.isfinite(score)
-            ]
-            for rows, values in zip(paths, scores)
-        ]
+        named = [[(tuple(self.labels[j] for j in p), float(v)) for p, v in zip(*best)] for best in zip(paths, scores)]
+        return [[(path, score) for path, score in best if np.isfinite(score)] for best in named]
 
     def predict_marginals(self, sentences: Sequence[Sentence]) -> list[np.ndarray]:
         """Per sentence, `P(y_t = labels[j] | x)` as `[T, L]` (`self.labels` order)."""
@@ -297,17 +224,7 @@ class Tagger:
 
     def evaluate(self, sentences: Sequence[Sentence]) -> dict:
         """Token accuracy and (for IOB labels) conlleval entity precision, recall and F1."""
-        predicted = self.predict(sentences)
-        gold = [s.labels for s in sentences]
-        scores = metrics.entity_scores(gold, predicted)
-        return {
-            "token_accuracy": metrics.token_accuracy(gold, predicted),
-            "precision": scores.precision,
-            "recall": scores.recall,
-            "f1": scores.f1,
-        }
-
-    # -- persistence --------------------------------------------------------
+        return metrics.tagging_scores([s.labels for s in sentences], self.predict(sentences))
 
     def save(self, path) -> None:
         """Write the tagger to `path` atomically (`lossfns.model_file`)."""
@@ -315,14 +232,12 @@ class Tagger:
 
     @classmethod
     def load(cls, path) -> Tagger:
-        """Read a tagger written by `save` (weights bit-identical); a damaged
-        or foreign file raises `checkpoint.ModelFileError` naming it."""
+        """A tagger written by `save`, bit-identical; a damaged or foreign file raises `checkpoint.ModelFileError`."""
         return cls.from_saved(model_file.load(path))
 
     @classmethod
     def from_saved(cls, saved: model_file.SavedModel, **settings) -> Tagger:
-        """A tagger of a `model_file.SavedModel` (`model_file.load`,
-        `model_file.from_bytes`), with the other constructor `settings`."""
+        """A tagger of a `model_file.SavedModel` (`model_file.load`, `from_bytes`) with other constructor `settings`."""
         tagger = cls(saved.features, num_buckets=saved.num_buckets, **settings)
         tagger.labels, tagger.index, tagger.model = saved.labels, saved.index, saved.model
         return tagger

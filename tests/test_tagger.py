@@ -277,3 +277,51 @@ def test_pair_features_train_on_the_sparse_form_and_survive_save_and_load(tmp_pa
     loaded = Tagger.load(path)
     assert loaded.model.pair_support == model.pair_support
     assert loaded.predict(corpus) == tagger.predict(corpus)
+
+
+def test_train_linear_chain_is_the_taggers_training(tmp_path):
+    """`optimizers.train_linear_chain` on a corpus the caller indexed and
+    packed gives the Tagger's weights bit for bit (the Tagger only assembles
+    its arguments), checks its own settings, and takes shards and a mesh
+    only together."""
+    from lossfns import features, optimizers
+
+    corpus = [
+        corpora.Sentence((("El", "DA"), ("rey", "NC"), ("Juan", "NP")), ("O", "O", "B-PER")),
+        corpora.Sentence((("Ana", "NP"), ("vive", "VM")), ("B-PER", "O")),
+    ]
+    tagger = Tagger("crfsuite_ner", l1=0.1, l2=0.1, max_iterations=8, progress=False).fit(corpus)
+    extracted = [tagger.extractor(s.tokens) for s in corpus]
+    index = features.build_index(extracted)
+    packed = features.pack_rows([index.encode(f) for f in extracted], features.label_ids(corpus, tagger.labels))
+    model, result = optimizers.train_linear_chain(
+        packed,
+        len(tagger.labels),
+        index.num_unigram,
+        l1=0.1,
+        l2=0.1,
+        max_iterations=8,
+        stop=optimizers.relative_improvement_below(1e-5, 10),
+        progress=False,
+    )
+    for ours, theirs in zip(jax.tree_util.tree_leaves(model), jax.tree_util.tree_leaves(tagger.model)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert [float(v) for v in np.asarray(result.trace)[: int(result.num_steps)]] == tagger.history
+    with pytest.raises(ValueError, match="shards, mesh"):
+        optimizers.train_linear_chain(packed, len(tagger.labels), index.num_unigram, shards=packed)
+    with pytest.raises(ValueError, match="memory_size"):
+        optimizers.train_linear_chain(packed, len(tagger.labels), index.num_unigram, memory_size=0)
+
+
+def test_the_tagger_stays_a_thin_facade():
+    """Issue 19: the Tagger module stays under 250 lines and trains only
+    through the library's `train_linear_chain` (no loop or optimizer choice of its own)."""
+    import inspect
+
+    import lossfns.tagger
+
+    source = inspect.getsource(lossfns.tagger)
+    assert len(source.splitlines()) < 250
+    assert "train_linear_chain(" in source
+    for assembled_elsewhere in ("elastic_net_training", "optimizers.train(", "LinearChainModel.observed", "owlqn"):
+        assert assembled_elsewhere not in source

@@ -1,0 +1,146 @@
+"""Train a sparse-feature linear-chain CRF on a packed corpus, end to end.
+
+`train_linear_chain` builds the zero `models.LinearChainModel` (on the
+features the corpus uses, or on all), its masks as the objective's data, the
+elastic-net training (`elastic_net_training`: OWL-QN, L-BFGS or a given
+optimizer) and runs the driver (`train`) on one device or a mesh. `Tagger`,
+`sklearn.CRF` and the command line train through it; research code that
+packs its own corpus (`features.pack_rows`, `features.dicts`) can too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.typing import DTypeLike
+
+from .. import features, parallel
+from ..features.index import PackedCorpus
+from ..models.linear_chain import LinearChainModel
+from ..models.packed import TrainingData, weights_objective
+from ..validation import check_float_dtype, check_int
+from .driver import TrainResult, train
+from .elastic_net import check_elastic_net, elastic_net_training
+from .minimize import check_callable
+
+
+def check_training(
+    loss=None,
+    l1=0.0,
+    l2=0.0,
+    regularizer=None,
+    optimizer=None,
+    memory_size=6,
+    max_iterations=100,
+    dtype=jnp.float32,
+    **_,
+) -> None:
+    """A ValueError naming the first bad setting of `train_linear_chain`
+    (the others, `**_`, are checked where they are used)."""
+    check_elastic_net(l1, l2, optimizer, regularizer)
+    if loss is not None:
+        check_callable("loss", loss)
+    check_int("memory_size", memory_size)
+    check_int("max_iterations", max_iterations)
+    check_float_dtype("dtype", dtype)
+
+
+def _initial_model(
+    packed_corpus: PackedCorpus,
+    num_labels: int,
+    num_features: int,
+    num_pair_features: int,
+    observed_pairs_only: bool,
+    observed_transitions_only: bool,
+    dtype: DTypeLike,
+) -> LinearChainModel:
+    """The zero model, masked to what `packed_corpus` uses where asked."""
+    model = (
+        LinearChainModel.observed(
+            features.padded_buckets(packed_corpus), num_features, num_labels, num_pair_features, dtype=dtype
+        )
+        if observed_pairs_only
+        else LinearChainModel.zeros(num_features, num_labels, num_pair_features, dtype=dtype)
+    )
+    if observed_transitions_only:
+        model = model.with_transition_mask(features.observed_transitions(packed_corpus, num_labels))
+    return model
+
+
+def train_linear_chain(
+    packed_corpus: PackedCorpus,
+    num_labels: int,
+    num_features: int,
+    num_pair_features: int = 0,
+    *,
+    loss: Callable | None = None,
+    l1: float = 0.0,
+    l2: float = 0.0,
+    regularizer: Callable | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    memory_size: int = 6,
+    max_iterations: int = 100,
+    stop=None,
+    observed_pairs_only: bool = True,
+    observed_transitions_only: bool = False,
+    dtype: DTypeLike = jnp.float32,
+    shards=None,
+    mesh: jax.sharding.Mesh | None = None,
+    **drive_options,
+) -> tuple[LinearChainModel, TrainResult]:
+    """Minimise `sum_i loss_i + l1 ||w||_1 + l2 / 2 ||w||^2 (+ regularizer)`
+    over a zero CRF on a labelled packed corpus.
+
+    packed_corpus: `features.pack_rows` (the default log-loss) or
+      `features.pack` (any `loss`), label ids in `[0, num_labels)`, feature
+      ids in `[0, num_features)` (pair features `[0, num_pair_features)`).
+    loss: `(potentials, labels [B, T], lengths [B]) -> [B]`; None: the CRF log-loss.
+    observed_pairs_only: weights only on the (feature, label) pairs and
+      (pair feature, previous label, label) triples the corpus has (CRFsuite);
+      observed_transitions_only: only on the transitions it has.
+    shards, mesh: data-parallel training: `shards` is the corpus as one block
+      per device of `mesh`'s data axis (`features.pack_shards`), default log-loss only.
+    stop: a stop rule (`relative_improvement_below`, ...), `max_iterations` the cap.
+    drive_options: `checkpoint_dir`, `checkpoint_every`, `settings`,
+      `callback`, `progress`, `description` (`drive`).
+    Returns `(model, result)`: the trained model (off the mesh) and the driver's `TrainResult`.
+    """
+    check_training(loss, l1, l2, regularizer, optimizer, memory_size, max_iterations, dtype)
+    if (shards is None) != (mesh is None):
+        raise ValueError("shards, mesh: data-parallel training needs both (features.pack_shards over the mesh)")
+    if mesh is not None and loss is not None:
+        raise ValueError("mesh: data-parallel training takes the default log-loss (loss=None)")
+    model = _initial_model(
+        packed_corpus,
+        num_labels,
+        num_features,
+        num_pair_features,
+        observed_pairs_only,
+        observed_transitions_only,
+        dtype,
+    )
+    structure = model.structure()
+    if shards is None:
+        data = TrainingData(features.corpus_arrays(packed_corpus, num_features), structure)
+    else:  # one copy of the masks per block
+        count = jax.tree_util.tree_leaves(shards)[0].shape[0]
+        copies = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure)
+        data = TrainingData(shards, copies)
+    training = elastic_net_training(l1, l2, optimizer, memory_size=memory_size, regularizer=regularizer)
+    objective = weights_objective(model, loss)
+    result = train(
+        objective if mesh is None else parallel.single_block(objective),
+        model.weights(),
+        data=data,
+        **training._asdict(),
+        max_steps=max_iterations,
+        stop=stop,
+        mesh=mesh,
+        **drive_options,
+    )
+    weights = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)), result.params)  # off the mesh
+    return model.with_weights(weights, structure), result
