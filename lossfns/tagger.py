@@ -116,10 +116,10 @@ class Tagger:
         options: `checkpoint_dir`, `checkpoint_every`, `callback` (`fit_packed`).
         """
         check_sentences(sentences)
-        extracted = [self.extractor(s.tokens) for s in sentences]
         labels = tuple(sorted({label for s in sentences for label in s.labels}))
-        index = features.build_index(extracted, min_count=self.min_count, hash_size=self.hash_size)
-        encoded, ids = [index.encode(f) for f in extracted], features.label_ids(sentences, labels)
+        index, encoded, ids = features.index_corpus(
+            self.extractor, sentences, labels, min_count=self.min_count, hash_size=self.hash_size
+        )
         shards = None if mesh is None else features.pack_shards(encoded, ids, index.num_unigram, num_shards(mesh))
         return self.fit_packed(self._pack(encoded, ids), labels, index, shards=shards, mesh=mesh, **options)
 

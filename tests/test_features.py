@@ -335,6 +335,57 @@ def test_lavergne_pos_preset():
     with pytest.raises(ValueError, match="unknown feature preset 'nope'"):
         preset("nope")
 
+    last = features.unigram[2]  # the right edge, and the full, ordered list of a token
+    assert last == [
+        "word=rose",
+        "lower=rose",
+        "shape=x",
+        *[f"prefix{n}=rose"[: len("prefix1=") + n] for n in range(1, 5)],
+        *["suffix1=e", "suffix2=se", "suffix3=ose", "suffix4=rose"],
+        *["-2:word=The", "-1:word=U.S.", "+1:word=_B+1", "+2:word=_B+2"],
+        *["-2-1:words=The|U.S.", "-1+0:words=U.S.|rose", "+0+1:words=rose|_B+1", "+1+2:words=_B+1|_B+2"],
+    ]
+    assert preset("lavergne_pos")(()).unigram == []
+
+
+def test_index_corpus_is_build_index_then_encode_with_the_collector_paused():
+    """`index_corpus` gives `build_index` and `encode`'s ids, pauses Python's
+    cycle collector only while it runs (restored after an error too), and
+    `FeatureIndex.encode` drops unknown strings whether or not a sentence has any."""
+    import gc
+
+    from lossfns import corpora, features
+
+    sentences = [
+        corpora.Sentence((("El",), ("rey",)), ("O", "B-PER")),
+        corpora.Sentence((("rey",), ("Ana",), ("vive",)), ("B-PER", "B-PER", "O")),
+    ]
+    extractor = features.extractor("altun_s2")
+    index, encoded, ids = features.index_corpus(extractor, sentences, ("B-PER", "O"), min_count=2)
+    extracted = [extractor(s.tokens) for s in sentences]
+    assert index == features.build_index(extracted, min_count=2)
+    assert encoded == [index.encode(f) for f in extracted] == features.encode(index, extractor, sentences)
+    assert ids == [[1, 0], [0, 0, 1]]
+    known = set(index.unigram)
+    for sentence, found in zip(extracted, encoded):
+        for names, token_ids in zip(sentence.unigram, found[0]):
+            assert token_ids == [index.unigram[name] for name in names if name in known]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        features.index_corpus(extractor, sentences, ("O",))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def broken(tokens):
+        assert not gc.isenabled()
+        raise RuntimeError("extractor failed")
+
+    with pytest.raises(RuntimeError, match="extractor failed"):
+        features.index_corpus(broken, sentences, ("O",))
+    assert gc.isenabled()
+
 
 def test_index_min_count_and_encoding():
     sentences = [TokenFeatures([["a", "b"], ["a", "c"]], [["p"], ["q"]]), TokenFeatures([["a", "b"]], [["p"]])]

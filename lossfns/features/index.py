@@ -103,6 +103,8 @@ class FeatureIndex(NamedTuple):
         are dropped, with their values. Hashed ids keep each string (and
         value) when there are values, so that colliding strings add up;
         without values a bucket hit twice counts once."""
+        if not self.hashed and features.unigram_values is None:
+            return _known_ids(self.unigram, features.unigram), _known_ids(self.pair, features.pair)
         pair = [self._ids(token, self.pair, self.num_pair) for token in features.pair]
         if features.unigram_values is None:
             return [self._ids(token, self.unigram, self.num_unigram) for token in features.unigram], pair
@@ -117,6 +119,16 @@ class FeatureIndex(NamedTuple):
             unigram.append(ids)
             values.append(kept)
         return unigram, pair, values
+
+
+def _known_ids(table: dict, tokens: Sequence[Sequence[str]]) -> list[list[int]]:
+    """Per token, the ids of its strings in `table`, unknown ones dropped."""
+    try:  # every string known (a training corpus): one C-level pass, then a slice per token
+        ids = list(map(table.__getitem__, itertools.chain.from_iterable(tokens)))
+    except KeyError:
+        return [[i for i in map(table.get, names) if i is not None] for names in tokens]
+    ends = list(itertools.accumulate(map(len, tokens)))
+    return [ids[start:end] for start, end in zip([0, *ends], ends)]
 
 
 def _vocabulary(names: Iterable[str], min_count: int) -> dict:
