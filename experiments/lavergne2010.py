@@ -553,10 +553,10 @@ def fit_owlqn(params, data, loss: Callable, config: dict, evaluate: Callable, pr
     )
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "batch_size", "sample_size"))
-def _calibrate(params, data, key, *, loss, batch_size, sample_size):
+@functools.partial(jax.jit, static_argnames=("loss", "batch_size", "sample_size", "max_rows"))
+def _calibrate(params, data, key, *, loss, batch_size, sample_size, max_rows):
     return optimizers.calibrate_learning_rate(
-        loss, params, data, L1, key=key, l2=L2, batch_size=batch_size, sample_size=sample_size
+        loss, params, data, L1, key=key, l2=L2, batch_size=batch_size, sample_size=sample_size, max_rows=max_rows
     )
 
 
@@ -564,27 +564,25 @@ def fit_sgd(params, data, loss: Callable, config: dict, evaluate: Callable, prog
     """Lazy SGD-L1 epochs (`optimizers.lazy_sgd_l1`) on minibatches of `data`
     (a stacked `FeatureBatch`); `loss(params, batch)` sums over the batch.
     Returns the fit and the learning-rate calibration (`rate`, `seconds`),
-    which runs the dense `sgd_l1` on a sample (the same algorithm)."""
+    lazy epochs on a sample, one candidate rate after another."""
     key = jax.random.PRNGKey(SEED)
     total = optimizers.num_examples(data)
     batch_size = min(config["batch_size"], total)
+    max_rows = optimizers.max_rows_per_batch(data, batch_size)  # a step touches at most these rows
     start = time.perf_counter()
     rate = config.get("sgd_rate")  # given: no calibration (the quick mode, to save its compilation)
     if rate is None:
-        rate = float(_calibrate(params, data, key, loss=loss, batch_size=batch_size, sample_size=min(200, total)))
+        sample_size = min(200, total)
+        rate = float(
+            _calibrate(params, data, key, loss=loss, batch_size=batch_size, sample_size=sample_size, max_rows=max_rows)
+        )
     calibration = {"rate": rate, "seconds": time.perf_counter() - start, "calibrated": "sgd_rate" not in config}
     # Tsuruoka et al.'s decay of 0.85 per epoch would stop learning after about
     # 7 epochs; 0.9 spreads the rate over the epochs we can afford.
     schedule = optimizers.decaying_schedule(rate, steps_per_epoch=total // batch_size, decay_per_epoch=0.9)
     # Lazy penalties: a step touches only the rows its sentences use (`max_rows` bounds them).
     make = functools.partial(
-        _sgd_step_fn,
-        loss=loss,
-        schedule=schedule,
-        l1=L1,
-        l2=L2,
-        batch_size=batch_size,
-        max_rows=optimizers.max_rows_per_batch(data, batch_size),
+        _sgd_step_fn, loss=loss, schedule=schedule, l1=L1, l2=L2, batch_size=batch_size, max_rows=max_rows
     )
     inner = (params, optimizers.lazy_sgd_l1(schedule, L1, L2).init(params), key)
     fit = run_timed(

@@ -221,3 +221,23 @@ def test_rejects_masked_models_and_too_many_segments():
     step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds)
     with pytest.raises(ValueError, match="emission_mask"):
         step_fn((masked, None, jax.random.PRNGKey(0)), jnp.zeros((), jnp.int32))
+
+
+def test_lazy_calibration_chooses_the_dense_calibrations_rate():
+    """`calibrate_learning_rate(..., max_rows=)` runs the candidates' lazy
+    epochs one after another; without L2 each is the dense epoch, so the
+    chosen rate is the dense (vmapped) calibration's, here neither the
+    largest nor the smallest candidate, jitted or not."""
+    data, model = _data(), _model()
+    bounds = optimizers.max_rows_per_batch(data, BATCH_SIZE)
+    candidates = (30.0, 3.0, 0.3, 0.03, 0.003)
+    options = dict(key=jax.random.PRNGKey(1), batch_size=BATCH_SIZE, sample_size=8, candidates=candidates)
+    dense = optimizers.calibrate_learning_rate(_loss, model, data, L1, **options)
+    lazy = optimizers.calibrate_learning_rate(_loss, model, data, L1, max_rows=bounds, **options)
+    jitted = jax.jit(lambda m: optimizers.calibrate_learning_rate(_loss, m, data, L1, max_rows=bounds, **options))(
+        model
+    )
+    assert float(lazy) == float(dense) == float(jitted)
+    assert candidates[0] / N > float(lazy) > candidates[-1] / N
+    with pytest.raises(ValueError, match="mask: lazy calibration"):
+        optimizers.calibrate_learning_rate(_loss, model, data, L1, max_rows=bounds, mask=model, **options)

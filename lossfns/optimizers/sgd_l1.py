@@ -369,17 +369,24 @@ def calibrate_learning_rate(
     batch_size: int = 1,
     sample_size: int = 500,
     candidates: Sequence[float] = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4, 1e-4),
+    max_rows: tuple[int, int] | None = None,
 ) -> jax.Array:
-    """A constant learning rate for `sgd_l1`, chosen on a sample of the data.
+    """A constant learning rate for `sgd_l1` (or `lazy_sgd_l1`), chosen on a sample of the data.
 
-    Runs one epoch of `sgd_l1` from `params` on `sample_size` random
+    Runs one epoch of SGD-L1 from `params` on `sample_size` random
     examples for each candidate (per-example rates, divided by the number
     of examples because `fun` sums over the corpus) and returns the one with
     the lowest sample objective (non-finite objectives, i.e. divergence,
-    lose). All candidates run in one `vmap`.
+    lose).
 
     fun: `(params, batch) -> summed loss over the batch`; data: pytree with a
     leading example axis `N`. Returns `[]`, the chosen rate.
+    max_rows: None: dense `sgd_l1`, all candidates in one `vmap`. Given
+      (`max_rows_per_batch(data, batch_size)`, data a `FeatureBatch`, params a
+      `LinearChainModel`): `lazy_epoch_step_fn` (with `l2 = 0` its epoch is
+      the dense one, so is the choice), one candidate after another, so that
+      memory holds one model and its state (a model of millions of weights
+      over hundreds of labels would not fit nine times).
     """
     check_penalties(l1, l2)
     check_float_params(params)
@@ -394,12 +401,18 @@ def calibrate_learning_rate(
     rates = jnp.asarray(candidates, ravel_pytree(params)[0].dtype) / total
 
     def sample_objective(rate):
-        optimizer = sgd_l1(rate, l1 * size / total, l2 * size / total, mask=mask)
-        step = epoch_step_fn(fun, optimizer, sample, batch_size=batch_size, penalty=penalty)
+        if max_rows is None:
+            optimizer = sgd_l1(rate, l1 * size / total, l2 * size / total, mask=mask)
+            step = epoch_step_fn(fun, optimizer, sample, batch_size=batch_size, penalty=penalty)
+        else:
+            optimizer = lazy_sgd_l1(rate, l1 * size / total, l2 * size / total)
+            step = lazy_epoch_step_fn(fun, optimizer, sample, batch_size=batch_size, max_rows=max_rows, penalty=penalty)
         _, value = step((params, optimizer.init(params), epoch_key), jnp.zeros((), jnp.int32))
         return value
 
-    values = jax.vmap(sample_objective)(rates)
+    if max_rows is not None and mask is not None:
+        raise ValueError("mask: lazy calibration (max_rows given) penalises every weight; pass mask=None")
+    values = jax.vmap(sample_objective)(rates) if max_rows is None else jax.lax.map(sample_objective, rates)
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
     return rates[jnp.argmin(values)]
 
