@@ -136,6 +136,10 @@ TRAINER_SETTINGS = (
 )
 #: Accepted by lbfgs and not applied (CRFsuite's line search choice).
 LBFGS_ACCEPTED = ("linesearch", "max_linesearch")
+#: lbfgs trains on rows of this many positions, longer sentences in a second bucket (`features.pack_rows`): the
+#: scan over a row is sequential, so short rows train faster (CoNLL-2002 Spanish, whose longest sentence has 1238
+#: tokens: 0.13 s per gradient against 0.19 s with every row that wide).
+ROW_WIDTH = 128
 
 
 class TrainingLog(NamedTuple):
@@ -356,7 +360,7 @@ class CRF(BaseEstimator):
         if algorithm == "lbfgs":
             stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
             callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose else None
-            tagger.fit_packed(corpus.pack_rows(index, ids), labels, index, callback=callback)
+            tagger.fit_packed(corpus.pack_rows(index, ids, width=ROW_WIDTH), labels, index, callback=callback)
         else:
             _fit_sentences(
                 tagger,

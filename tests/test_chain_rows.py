@@ -253,10 +253,6 @@ def test_pack_rows_places_every_sentence_once_contiguously():
     assert sorted(np.concatenate(narrow.members).tolist()) == sorted(seen)
     with pytest.raises(ValueError, match="width must be a positive int"):
         pack_rows(encoded, labels, width=0)
-    # By default rows are at most ROW_WIDTH (128) wide: a 300-token sentence gets a row bucket of its own.
-    long = encoded + [([[len(encoded), t] for t in range(300)], [[] for _ in range(300)])]
-    default = pack_rows(long, labels + [[0] * 300])
-    assert [p.shape[1] for p in default.positions] == [128, 304] and default.members[1].tolist() == [len(encoded)]
 
 
 # Unigram features, and label-pair-observation features (per-position potentials).

@@ -379,18 +379,11 @@ def pack_tokens(
     )
 
 
-# The default row width of `pack_rows`: the scan over a row is sequential, so
-# short rows train faster (CoNLL-2002 Spanish, whose longest sentence has 1238
-# tokens: 0.13 s per gradient against 0.19 s with every row that wide).
-ROW_WIDTH = 128
-
-
 def pack_rows(
     encoded: Sequence[tuple], labels: Sequence[Sequence[int]], width: int | None = None, multiple: int = 8
 ) -> PackedCorpus:
     """Pack labelled encoded sentences back to back into rows of `width`
-    positions (default: the longest sentence rounded up to `multiple`, at
-    most `ROW_WIDTH` = 128),
+    positions (default: the longest sentence, rounded up to `multiple`),
     `starts` marking each sentence's first position, for the row losses
     (`losses.row_sequence_log_loss`). Rows are filled greedily, each from
     the longest sentence left, then the longest that still fit, so padding
@@ -464,7 +457,7 @@ def pack_token_rows(
     _check_label_lengths(labels, sentence_lengths)
     wide = max(multiple * -(-max(sentence_lengths, default=0) // multiple), multiple)
     if width is None:
-        width = min(wide, ROW_WIDTH)
+        width = wide
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
         raise ValueError(f"width must be a positive int, got {width!r}")
     pool = sorted((length, i) for i, length in enumerate(sentence_lengths) if length > 0)
