@@ -140,6 +140,7 @@ class Tagger:
         if packed_corpus.labels is None:
             raise ValueError("packed_corpus must be labelled (packed with labels)")
         self.labels, self.index = tuple(labels), index
+        options.setdefault("checkpoint_every", 10)
         self.model, result = train_linear_chain(
             packed_corpus,
             len(self.labels),
@@ -150,7 +151,7 @@ class Tagger:
             settings=self._settings(),
             description="Tagger.fit",
             progress=self.max_iterations > 20 if self.progress is None else self.progress,
-            **{"checkpoint_every": 10} | options,
+            **options,
         )
         trace = np.asarray(result.trace)[: int(result.num_steps)]
         self.history = [float(value) for value in trace if np.isfinite(value)]

@@ -103,7 +103,7 @@ class FeatureIndex(NamedTuple):
         are dropped, with their values. Hashed ids keep each string (and
         value) when there are values, so that colliding strings add up;
         without values a bucket hit twice counts once."""
-        if not self.hashed and features.unigram_values is None:
+        if self.unigram is not None and self.pair is not None and features.unigram_values is None:
             return _known_ids(self.unigram, features.unigram), _known_ids(self.pair, features.pair)
         pair = [self._ids(token, self.pair, self.num_pair) for token in features.pair]
         if features.unigram_values is None:
