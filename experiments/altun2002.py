@@ -52,7 +52,7 @@ from lossfns.optimizers import boost, chain_boosting_data, chain_boosting_model
 
 from . import tagging
 from .altun2003 import L2_WEIGHT, PAPER_NER_F1, boosting_pieces
-from .harness import RunDirectory, converged_cell, markdown_table, trace_convergence, verdict
+from .harness import RunDirectory, converged_cell, lbfgs_failure, markdown_table, trace_convergence, verdict
 
 # MATH.md section 7 (Altun et al. 2003, Table 2): NER entity F1 for S1, S2, S3.
 PAPER_F1 = {
@@ -161,6 +161,8 @@ def _lbfgs_unit(
             "compile_seconds": result.compile_seconds,
             "steps": result.num_steps,
             "objective_trace": [float(v) for v in result.trace],
+            "status": result.status,
+            "restarts": result.restarts,
         }
 
     return run.unit(name, compute)
@@ -321,7 +323,11 @@ def row_convergence(row: dict, config: dict) -> dict:
     from what its unit stored; boosting with `tol = 0` has none: its cap."""
     if row["method"] in LBFGS_ROWS:
         return trace_convergence(
-            row["objective_trace"], LBFGS_STOP, config["max_steps"], f"relative change < {TOLERANCE:g}"
+            row["objective_trace"],
+            LBFGS_STOP,
+            config["max_steps"],
+            f"relative change < {TOLERANCE:g}",
+            lbfgs_failure(row),
         )
     return {
         "met": bool(row["converged"]),

@@ -25,6 +25,7 @@ from .harness import (
     RunDirectory,
     converged_cell,
     floors_section,
+    lbfgs_failure,
     markdown_table,
     plateau_convergence,
     stale_note,
@@ -162,6 +163,8 @@ def _train_unit(
             "nonzero_parameters": result.params.num_nonzero(),
             "num_train_sentences": len(data.train),
             "objective_trace": [float(v) for v in result.trace],
+            "status": result.status,
+            "restarts": result.restarts,
         }
 
     settings = {
@@ -354,7 +357,9 @@ def row_convergence(row: dict, config: dict) -> dict:
     """Whether a row met its criterion (`harness.trace_convergence` /
     `plateau_convergence`), read from what its unit stored."""
     if row["loss"] in LOSSES:
-        return trace_convergence(row["objective_trace"], LBFGS_STOP, config["max_steps"], LBFGS_CRITERION)
+        return trace_convergence(
+            row["objective_trace"], LBFGS_STOP, config["max_steps"], LBFGS_CRITERION, lbfgs_failure(row)
+        )
     if row["loss"] == "perceptron":
         patience, cap = config["perceptron_patience"], config["perceptron_epochs"]
         if row.get("stopped_by") == "no mistakes":

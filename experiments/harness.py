@@ -150,7 +150,7 @@ def floors_section(floors: dict, heading: str, missing: str) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def trace_convergence(trace, rule, cap: int, criterion: str) -> dict:
+def trace_convergence(trace, rule, cap: int, criterion: str, failure: str | None = None) -> dict:
     """Whether the objective `trace` (`[steps]`, one value per step) met the
     library's stop rule `rule` (`lossfns.optimizers.relative_change_below`,
     `relative_improvement_below`: the rule the training loop itself asked,
@@ -160,7 +160,8 @@ def trace_convergence(trace, rule, cap: int, criterion: str) -> dict:
     `step` is the first step at which the rule fired (None: never, the run
     stopped at its `cap` or on a failure); `last_relative_change` is
     `|f_{k-1} - f_k| / max(|f_k|, 1)` at the last step (how far from the
-    criterion a capped run stopped)."""
+    criterion a capped run stopped); `failure`: why the run stopped short
+    of both (e.g. a failed line search), shown by `converged_cell`."""
     values = np.asarray(trace, np.float64)
     padded = jnp.asarray(np.concatenate([values, np.full(1, np.nan)]))
     fired = np.asarray(jax.vmap(lambda k: rule(padded, k))(jnp.arange(1, values.size + 1))) if values.size else []
@@ -173,7 +174,16 @@ def trace_convergence(trace, rule, cap: int, criterion: str) -> dict:
         "step": step,
         "cap": int(cap),
         "last_relative_change": None if last is None else float(last),
+        "failure": None if step is not None else failure,
     }
+
+
+def lbfgs_failure(row: dict) -> str | None:
+    """Why an L-BFGS row's run stopped early, from its unit's `status` and
+    `restarts` (`tagging.train`), or None."""
+    if row.get("status") != "LINE_SEARCH_FAILED":
+        return None
+    return f"line search failed at step {len(row['objective_trace'])} after {row.get('restarts', 0)} restarts"
 
 
 def plateau_convergence(
@@ -228,13 +238,15 @@ def missing_note(run: RunDirectory) -> list[str]:
 
 def converged_cell(convergence: dict | None) -> str:
     """The `converged` column: the criterion met at step k, or "not
-    converged" with why (the cap reached, with the last relative change)."""
+    converged" with why (the cap reached or the failure that stopped the
+    run, with the last relative change)."""
     if convergence is None:
         return "-"
     if convergence["met"]:
         return f"yes: {convergence['criterion']} at step {convergence['step']}"
     change, best = convergence.get("last_relative_change"), convergence.get("best_step")
-    why = f"cap {convergence['cap']} reached" + ("" if change is None else f", last relative change {change:.1e}")
+    why = convergence.get("failure") or f"cap {convergence['cap']} reached"
+    why += "" if change is None else f", last relative change {change:.1e}"
     why += "" if best is None else f", best development score at step {best}"
     return f"not converged ({why})"
 

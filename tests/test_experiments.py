@@ -23,6 +23,7 @@ from experiments import synthetic, tagging
 from experiments.harness import (
     RunDirectory,
     converged_cell,
+    lbfgs_failure,
     markdown_table,
     missing_note,
     plateau_convergence,
@@ -142,6 +143,49 @@ def test_trace_convergence_fires_where_the_training_loop_stops(rule):
     assert converged_cell(convergence) == f"yes: rule at step {int(loop.step)}"
     # A row run under an earlier, smaller cap reports that cap.
     assert trace_convergence(values[:4], rule, 2000, "rule")["cap"] == 4
+    # A run stopped by a failed line search says so instead of a cap.
+    row = {"objective_trace": list(values[:4]), "status": "LINE_SEARCH_FAILED", "restarts": 3}
+    failed = trace_convergence(values[:4], rule, 2000, "rule", lbfgs_failure(row))
+    assert converged_cell(failed) == (
+        "not converged (line search failed at step 4 after 3 restarts, last relative change 1.4e-01)"
+    )
+    assert lbfgs_failure(row | {"status": "CONVERGED"}) is None
+    assert trace_convergence(values, rule, 100, "rule", "ignored when met")["failure"] is None
+
+
+def test_train_restarts_lbfgs_after_a_failed_line_search(monkeypatch, tmp_path):
+    """`tagging.train` retries a run that stopped on a failed line search
+    from the point it reached, with a fresh L-BFGS memory, up to
+    `MAX_RESTARTS` times, within one step budget; its trace is the runs'
+    traces end to end, each restart checkpointing in a directory of its own."""
+    calls = []
+    real_train = optimizers.train
+
+    def failing_train(objective, params, optimizer, data, **options):
+        calls.append((params, options["max_steps"], options["checkpoint_dir"]))
+        result = real_train(objective, params, optimizer, data, **(options | {"max_steps": 2, "chunk_steps": 2}))
+        return result._replace(status=jnp.int32(optimizers.Status.LINE_SEARCH_FAILED))
+
+    monkeypatch.setattr(tagging.optimizers, "train", failing_train)
+    ids = jnp.asarray([[[0], [1], [2]], [[1], [2], [-1]]], jnp.int32)
+    bucket = tagging.Bucket(ids, jnp.asarray([[0, 1, 0], [1, 0, -1]], jnp.int32), jnp.asarray([3, 2], jnp.int32))
+    result = tagging.train(
+        tagging.init_params(3, 2),
+        [bucket],
+        [np.ones(2)],
+        "sequential log",
+        l2_weight=0.1,
+        max_steps=100,
+        stop=optimizers.relative_change_below(0.0),
+        checkpoint_dir=str(tmp_path / "run"),
+        progress=False,
+    )
+    assert result.restarts == tagging.MAX_RESTARTS and len(calls) == tagging.MAX_RESTARTS + 1
+    assert result.status == "LINE_SEARCH_FAILED" and result.num_steps == result.trace.size == 2 * len(calls)
+    assert [budget for _, budget, _ in calls] == [100, 98, 96, 94]
+    assert [os.path.basename(directory) for _, _, directory in calls] == [f"restart{k}" for k in range(4)]
+    assert np.all(np.diff(result.trace) < 0)  # each restart starts where the last one stopped
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_plateau_convergence():
