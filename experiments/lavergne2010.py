@@ -148,62 +148,26 @@ FULL = {
     "joint": dict(_FULL_CHAIN, bcd_probe_sentences=500),
     "sparse": dict(_FULL_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=(), finetune_steps=0),
 }
+# Quick: tiny slices, a few steps, a fixed SGD rate (no calibration to compile).
+_QUICK_CHAIN = dict(
+    _FULL_CHAIN,
+    num_train=40,
+    num_test=20,
+    num_buckets=1,
+    owlqn_steps=6,
+    sgd_epochs=2,
+    batch_size=10,
+    sgd_rate=1e-2,
+    bcd_sweeps=1,
+    finetune_steps=3,
+    chunk=3,
+    crfsuite_iterations=10,
+)
 QUICK = {
-    "pos": dict(
-        _FULL_CHAIN,
-        num_train=30,
-        num_test=30,
-        num_buckets=1,
-        owlqn_steps=8,
-        sgd_epochs=2,
-        batch_size=10,
-        sgd_rate=1e-2,
-        bcd_sweeps=1,
-        finetune_steps=4,
-        chunk=4,
-        crfsuite_iterations=10,
-    ),
-    "pairs": dict(
-        _FULL_CHAIN,
-        num_train=40,
-        num_test=20,
-        pairs=PAIR_TEMPLATES,
-        num_buckets=1,
-        owlqn_steps=6,
-        sgd_epochs=2,
-        batch_size=10,
-        sgd_rate=1e-2,
-        bcd_sweeps=1,
-        finetune_steps=3,
-        chunk=3,
-        crfsuite=(),
-    ),
-    "joint": dict(
-        _FULL_CHAIN,
-        num_train=40,
-        num_test=20,
-        num_buckets=1,
-        owlqn_steps=6,
-        sgd_epochs=2,
-        batch_size=10,
-        sgd_rate=1e-2,
-        bcd_sweeps=1,
-        finetune_steps=3,
-        chunk=3,
-        crfsuite_iterations=10,
-        bcd_probe_sentences=10,
-    ),
-    "sparse": dict(
-        _FULL_CHAIN,
-        num_train=40,
-        num_test=20,
-        pairs=PAIR_TEMPLATES,
-        num_buckets=1,
-        owlqn_steps=6,
-        chunk=3,
-        crfsuite=(),
-        finetune_steps=0,
-    ),
+    "pos": dict(_QUICK_CHAIN, num_train=30, num_test=30),
+    "pairs": dict(_QUICK_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=()),
+    "joint": dict(_QUICK_CHAIN, bcd_probe_sentences=10),
+    "sparse": dict(_QUICK_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=(), finetune_steps=0),
 }
 # BCD on a joint-label task runs when its plan, model and sweep fit in
 # `bytes` (this machine: 23 GiB, shared) and a sweep is estimated to take at
@@ -212,6 +176,8 @@ BCD_BUDGET = {"bytes": 12 * 2**30, "seconds": 2 * 3600}
 TASKS = ("pos", "pairs", "joint", "sparse")
 OPTIMIZERS = ("OWL-QN", "SGD-L1", "BCD")
 CRFSUITE_ROWS = {"lbfgs": "CRFsuite L-BFGS", "l2sgd": "CRFsuite l2sgd (L2 only)"}
+
+
 # ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
@@ -614,6 +580,22 @@ def _row(task, optimizer, *, trace, nonzero, errors, seconds, **extra) -> dict:
     }
 
 
+def _fit_row(task, optimizer, result: Fit, **extra) -> dict:
+    """The row of an optimizer's run: its errors and active features after the last chunk."""
+    last = result.curve[-1]
+    return _row(
+        task,
+        optimizer,
+        trace=result.trace,
+        nonzero=last["nonzero"],
+        errors={k: v for k, v in last.items() if k.endswith("error")},
+        seconds=result.train_seconds,
+        compile_seconds=result.compile_seconds,
+        curve=result.curve,
+        **extra,
+    )
+
+
 def _count_nonzero(params) -> int:
     return int(sum(np.count_nonzero(np.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(params)))
 
@@ -666,20 +648,7 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, confi
         result, extra = fit(run, name, optimizer, params, train, config, evaluate, progress)
         if optimizer == "BCD":
             extra["plan_seconds"] = plan_seconds
-        last = result.curve[-1]
-        rows = [
-            _row(
-                task,
-                optimizer,
-                trace=result.trace,
-                nonzero=last["nonzero"],
-                errors={k: v for k, v in last.items() if k.endswith("error")},
-                seconds=result.train_seconds,
-                compile_seconds=result.compile_seconds,
-                curve=result.curve,
-                **extra,
-            )
-        ]
+        rows = [_fit_row(task, optimizer, result, **extra)]
         if config["finetune_steps"]:
             tuned, trace, seconds, compile_seconds = fine_tune(result.params, encoded.train, config)
             rows.append(
@@ -729,9 +698,12 @@ def crfsuite_unit(run: RunDirectory, task: str, algorithm: str, data, config: di
             predicted = [tuple(tagger.tag(extractor(s.tokens).unigram)) for s in data.test]
         errors = token_errors([s.labels for s in data.test], predicted, data.name == "joint")
         trace = [float(iteration["loss"]) for iteration in iterations]
+        # CRFsuite's own seconds per iteration (its log); `seconds` adds extraction and data loading.
+        iteration_seconds = sum(float(iteration.get("time", 0.0)) for iteration in iterations)
         row = _row(task, CRFSUITE_ROWS[algorithm], trace=trace, nonzero=nonzero, errors=errors, seconds=seconds)
-        _print_rows([row | {"crfsuite_params": params}])
-        return {"rows": [row | {"crfsuite_params": params}]}
+        row |= {"crfsuite_params": params, "iteration_seconds": iteration_seconds}
+        _print_rows([row])
+        return {"rows": [row]}
 
     return _finish_unit(run, name, run.unit(name, compute, _unit_settings(config) | {"algorithm": algorithm}))
 
@@ -863,18 +835,12 @@ def forward_backward_unit(run: RunDirectory, form: str, data, encoded: Encoded, 
             settings=_unit_settings(config) | {"form": form},
             progress=progress,
         )
-        last = result.curve[-1]
         pair_weights = np.asarray(result.params.pair_emission)[mask]
         support = model.pair_support
-        row = _row(
+        row = _fit_row(
             "sparse",
             "OWL-QN",
-            trace=result.trace,
-            nonzero=last["nonzero"],
-            errors={k: v for k, v in last.items() if k.endswith("error")},
-            seconds=result.train_seconds,
-            compile_seconds=result.compile_seconds,
-            curve=result.curve,
+            result,
             form=form,
             pair_weights=int(mask.sum()),
             pair_weights_zero_fraction=float(np.mean(pair_weights == 0)) if pair_weights.size else None,
