@@ -145,7 +145,7 @@ FULL = {
     "pairs": dict(_FULL_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=()),
     # BCD at 319 labels: first one sweep on `bcd_probe_sentences`, then the
     # full unit only if the extrapolated sweep fits `bcd_budget`.
-    "joint": dict(_FULL_CHAIN, bcd_probe_sentences=200),
+    "joint": dict(_FULL_CHAIN, bcd_probe_sentences=100),
     "sparse": dict(_FULL_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=(), finetune_steps=0),
 }
 # Quick: tiny slices, a few steps, a fixed SGD rate (no calibration to compile).
