@@ -38,17 +38,20 @@ TASKS = {
 }
 
 
-def train_crfsuite(sentences, extractor, c1, c2, max_iterations, path):
-    """Train python-crfsuite on the preset's strings; returns (tagger, seconds, non-zero weights)."""
+def train_crfsuite(sentences, extractor, params: dict, path, algorithm: str = "lbfgs"):
+    """Train python-crfsuite's `algorithm` with `params` (CRFsuite's names:
+    `c1`, `c2`, `max_iterations`, ...) on the preset's strings; returns
+    `(tagger, seconds, non-zero weights, iterations)`, `iterations` CRFsuite's
+    log of each (`loss` the objective)."""
     import pycrfsuite
 
     # Timed from the sentences, as the Tagger's fit is: feature extraction and
     # CRFsuite's own data loading (`append` interns the attribute strings) included.
     start = time.perf_counter()
-    trainer = pycrfsuite.Trainer(verbose=False)
+    trainer = pycrfsuite.Trainer(algorithm=algorithm, verbose=False)
     for sentence in sentences:
         trainer.append(extractor(sentence.tokens).unigram, list(sentence.labels))
-    trainer.set_params({"c1": c1, "c2": c2, "max_iterations": max_iterations})
+    trainer.set_params(params)
     trainer.train(path)
     seconds = time.perf_counter() - start
     tagger = pycrfsuite.Tagger()
@@ -58,7 +61,7 @@ def train_crfsuite(sentences, extractor, c1, c2, max_iterations, path):
     nonzero = sum(1 for w in info.state_features.values() if w != 0) + sum(
         1 for w in info.transitions.values() if w != 0
     )
-    return tagger, seconds, nonzero
+    return tagger, seconds, nonzero, trainer.logparser.iterations
 
 
 def scores(gold, predicted):
@@ -85,8 +88,8 @@ def main(argv=None):
         f"c1 = {args.c1}, c2 = {args.c2}, at most {args.max_iterations} iterations"
     )
 
-    crfsuite_tagger, crfsuite_seconds, crfsuite_nonzero = train_crfsuite(
-        train, extractor, args.c1, args.c2, args.max_iterations, args.model_path
+    crfsuite_tagger, crfsuite_seconds, crfsuite_nonzero, _ = train_crfsuite(
+        train, extractor, {"c1": args.c1, "c2": args.c2, "max_iterations": args.max_iterations}, args.model_path
     )
     start = time.perf_counter()
     tagger = Tagger(extractor, **crfsuite_elastic_net(args.c1, args.c2), max_iterations=args.max_iterations)

@@ -91,6 +91,14 @@ class RunDirectory:
         _atomic_write(path, json.dumps(result, indent=1, sort_keys=True))
         return result
 
+    def read_json(self, name: str):
+        """What `write_json(name, ...)` wrote, or None when there is no such file."""
+        path = os.path.join(self.root, name)
+        if not os.path.exists(path):
+            return None
+        with open(path) as stream:
+            return json.load(stream)
+
     def write_json(self, name: str, data) -> str:
         path = os.path.join(self.root, name)
         _atomic_write(path, json.dumps(data, indent=1, sort_keys=True))

@@ -1,11 +1,13 @@
-"""The lavergne2010 experiment: its quick CLI run (table, JSON, plot and
-command, with the expected rows), the joint POS+chunk and coarse POS label
-sets, and the BCD cost estimate.
+"""The lavergne2010 experiment: its quick CLI run (tables, JSON, plot and
+command, with the expected rows), resuming a unit from its checkpoint,
+convergence from the stored objective traces, the conclusions' verdicts, the
+joint POS+chunk label set and the BCD cost count.
 
 The quick run uses the corpora when NLTK_DATA has them (CI), else the planted
 synthetic data; the corpus checks fail, not skip, in CI without the corpus.
 """
 
+import functools
 import itertools
 import json
 import math
@@ -21,12 +23,16 @@ from lossfns import corpora
 from lossfns.models.linear_chain import LinearChainModel
 
 from experiments import lavergne2010
+from experiments.harness import RunDirectory
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The full quick mode also runs `joint` (the rows of `pos` on another label
-# set) and `pairs` (OWL-QN with and without pair features; its model is
-# checked below): each adds 20-40 s of compilation.
-QUICK_TASKS = ("pos", "blocks", "sparse")
+# The full quick mode also runs `pairs` (the rows of `pos` with pair
+# features) and `joint` (another label set, and the BCD probe): each adds
+# 30-60 s of compilation.
+QUICK_TASKS = ("pos", "sparse")
+POS_ROWS = {f"{o}{s}" for o in lavergne2010.OPTIMIZERS for s in ("", " + fine-tuning")} | set(
+    lavergne2010.CRFSUITE_ROWS.values()
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,56 +59,156 @@ def quick_run(tmp_path_factory):
 @pytest.mark.slow  # about a minute of CPU, mostly compiling the optimisation loops
 def test_quick_run_writes_tables_json_plot_and_command(quick_run):
     table = (quick_run / "results.md").read_text()
-    for optimizer in ("OWL-QN", "SGD-L1", "BCD"):
-        assert f"| {optimizer} |" in table and f"| {optimizer} + fine-tuning |" in table
-    assert "7.89%" in table and "about 1 hour" in table  # the paper's numbers beside ours
-    assert "speed-up" in table and "16 min" in table  # Table 2, ours and the paper's
+    for name in POS_ROWS:
+        assert f"| {name} |" in table
+    assert "about 1 hour" in table and "7.89%" in table  # the paper's numbers beside ours
+    assert "| sparse |" in table and "| dense |" in table and "16 min" in table  # Table 2, ours and the paper's
     assert "| converged |" in table and "not judged (quick run)" in table and "HOLD" not in table
     summary = json.loads((quick_run / "results.json").read_text())
     tasks = summary["tasks"]
     assert set(tasks) == set(QUICK_TASKS)
-    expected = {
-        "pos": {"OWL-QN", "OWL-QN + fine-tuning", "SGD-L1", "SGD-L1 + fine-tuning"},
-        "blocks": {f"{o}{s}" for o in lavergne2010.OPTIMIZERS for s in ("", " + fine-tuning")},
-    }
-    for task, optimizers in expected.items():
-        rows = tasks[task]["rows"]
-        assert {row["optimizer"] for row in rows} == optimizers
-        for row in rows:
-            assert 0.0 <= row["error"] <= 100.0 and math.isfinite(row["train_seconds"])
-            assert 0 < row["nonzero"] <= tasks[task]["num_parameters"] and row["iterations"] >= 1
-            if "curve" in row:
-                objectives = [point["objective"] for point in row["curve"]]
-                assert all(map(math.isfinite, objectives))
-    # Fine-tuning keeps the support: never more active features than before.
-    by_name = {row["optimizer"]: row for row in tasks["blocks"]["rows"]}
+    rows = tasks["pos"]["rows"]
+    assert {row["optimizer"] for row in rows} == POS_ROWS
+    for row in rows + tasks["sparse"]["rows"]:
+        assert 0.0 <= row["error"] <= 100.0 and math.isfinite(row["train_seconds"])
+        assert row["nonzero"] > 0 and row["iterations"] == len(row["trace"]) >= 1
+        assert all(map(math.isfinite, row["trace"])) and "met" in row["convergence"]
+    by_name = {row["optimizer"]: row for row in rows}
     for optimizer in lavergne2010.OPTIMIZERS:
+        assert by_name[optimizer]["nonzero"] <= tasks["pos"]["num_parameters"]
+        # Fine-tuning keeps the support: never more active features than before.
         assert by_name[f"{optimizer} + fine-tuning"]["nonzero"] <= by_name[optimizer]["nonzero"]
-    records = tasks["sparse"]["records"]
-    assert records and all(r["log_z_relative_error"] < 1e-4 and r["median_s"]["sparse"] > 0 for r in records)
-    assert set(summary["conclusions"]) == {"pos", "blocks"}
+        # The curve's last objective is the trace's last (one loop, recorded twice).
+        assert by_name[optimizer]["curve"][-1]["objective"] == pytest.approx(by_name[optimizer]["trace"][-1])
+    forms = {row["form"]: row for row in tasks["sparse"]["rows"]}
+    assert set(forms) == {"sparse", "dense"}
+    # The same model and optimizer on two forms of the same forward-backward: the same objectives.
+    np.testing.assert_allclose(forms["sparse"]["trace"], forms["dense"]["trace"], rtol=1e-4)
+    assert set(summary["conclusions"]) == {"pos", "sparse_fb"}
+    assert not os.listdir(quick_run / "checkpoints") or all(
+        not (quick_run / "checkpoints" / name).is_dir() for name in os.listdir(quick_run / "checkpoints")
+    )  # a finished unit's checkpoints are removed
     assert (quick_run / "error_and_sparsity_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "-m experiments lavergne2010 --quick" in (quick_run / "COMMAND.txt").read_text()
 
 
-def test_rows_are_judged_against_the_caps_they_ran_under():
-    """A row of the first runs (saved before settings were recorded) that
-    stopped at its cap is not converged, though today's cap is higher."""
-    row = {
-        "optimizer": "OWL-QN",
-        "iterations": 80,
-        "curve": [{"step": 70, "objective": 101.0}, {"step": 80, "objective": 100.0}],
+@pytest.fixture(scope="module")
+def tiny_task():
+    data = lavergne2010.load("pos", dict(num_train=6, num_test=3))
+    return data, lavergne2010.encode(data, lavergne2010.Extractor("altun_s1"), 1)
+
+
+def test_an_interrupted_unit_resumes_from_its_checkpoint(tiny_task, tmp_path):
+    """OWL-QN killed after its first chunk, started again: it resumes at that
+    chunk's checkpoint and ends where an uninterrupted run ends, with the
+    whole curve."""
+    data, encoded = tiny_task
+    config = dict(lavergne2010.QUICK["pos"], owlqn_steps=6, chunk=3, stop=(0.0, 1))  # never stops early
+    params = LinearChainModel.zeros(encoded.num_unigram, len(data.labels), encoded.num_pair)
+    calls = []
+
+    def evaluate(model, fail_at=None):
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise KeyboardInterrupt
+        return {"error": 0.0, "nonzero": 0}
+
+    fit = functools.partial(lavergne2010.fit, name="u", optimizer="OWL-QN", params=params, train=encoded.train)
+    fit = functools.partial(fit, config=config, progress=False)
+    whole, _ = fit(RunDirectory(str(tmp_path / "whole")), evaluate=evaluate)
+    interrupted = RunDirectory(str(tmp_path / "interrupted"))
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        fit(interrupted, evaluate=functools.partial(evaluate, fail_at=2))
+    assert [p["step"] for p in interrupted.read_json("checkpoints/u.curve.json")] == [3]
+    calls.clear()
+    resumed, _ = fit(interrupted, evaluate=evaluate)
+    assert len(calls) == 1  # only the second chunk ran
+    assert resumed.steps == whole.steps == 6 and [p["step"] for p in resumed.curve] == [3, 6]
+    np.testing.assert_allclose(resumed.trace, whole.trace, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(resumed.params.emission), np.asarray(whole.params.emission), atol=1e-6)
+
+
+def _row(name, trace):
+    return {"optimizer": name, "iterations": len(trace), "trace": trace}
+
+
+def test_convergence_is_read_from_the_trace_by_each_rows_rule():
+    config = dict(lavergne2010.FULL["pos"], stop=(1e-3, 2), epoch_stop=(1e-2, 1), finetune_tol=1e-4)
+    flat = [100.0, 50.0, 49.99, 49.98, 49.97]  # improves by < 1e-3 over 2 steps from step 4 on
+    assert lavergne2010.row_convergence(_row("OWL-QN", flat), config)["step"] == 4
+    assert lavergne2010.row_convergence(_row("CRFsuite L-BFGS", flat), config)["step"] == 4
+    # The epochs' rule (1e-2 over 1): met at step 3 already.
+    assert lavergne2010.row_convergence(_row("SGD-L1", flat), config)["step"] == 3
+    assert lavergne2010.row_convergence(_row("BCD", flat), config)["step"] == 3
+    falling = [100.0, 90.0, 80.0, 70.0]
+    capped = lavergne2010.row_convergence(_row("OWL-QN", falling), config)
+    assert not capped["met"] and capped["cap"] == 4 and capped["last_relative_change"] == pytest.approx(10 / 70)
+    tuned = lavergne2010.row_convergence(_row("OWL-QN + fine-tuning", [10.0, 9.0, 8.9995]), config)
+    assert tuned["met"] and tuned["step"] == 3
+    assert not lavergne2010.row_convergence({"optimizer": "BCD", "iterations": 5}, config)["met"]  # no trace
+
+
+def _results(errors, converged=True, pairs_errors=None, seconds=(10.0, 20.0)):
+    """A results dict as `run` builds it: the pos rows with `errors` per
+    optimizer, `pairs` rows with `pairs_errors`, and the Table 2 rows."""
+
+    def rows(task, errs):
+        return [
+            {"optimizer": o, "error": e, "nonzero": 5, "train_seconds": 1.0, "convergence": {"met": converged}}
+            for o, e in errs.items()
+        ]
+
+    results = {"pos": {"rows": rows("pos", errors), "num_parameters": 1000}}
+    if pairs_errors:
+        results["pairs"] = {"rows": rows("pairs", pairs_errors), "num_parameters": 5000}
+    results["sparse"] = {
+        "rows": [
+            {"form": form, "train_seconds": s, "convergence": {"met": converged}}
+            for form, s in zip(("sparse", "dense"), seconds)
+        ]
     }
-    first = lavergne2010.FULL["pos"] | lavergne2010.FIRST_RUN_CAPS["pos"]
-    capped = lavergne2010.row_convergence(row, first)
-    assert not capped["met"] and capped["cap"] == 80 and capped["last_relative_change"] == pytest.approx(1e-3)
-    assert lavergne2010.row_convergence(row, lavergne2010.FULL["pos"])["step"] == 80
+    return results
+
+
+def test_conclusions_hold_only_within_the_issues_margins_and_from_converged_rows():
+    close = _results({"OWL-QN": 3.0, "SGD-L1": 3.08, "BCD": 2.95}, pairs_errors={"OWL-QN": 2.9, "SGD-L1": 3.0})
+    checks = lavergne2010._check_conclusions(close)
+    assert checks["pos"]["similar_error"] and checks["pos"]["few_active"] and checks["pair_features"]["holds"]
+    assert checks["sparse_fb"]["holds"] and checks["sparse_fb"]["speedup"] == pytest.approx(2.0)
+    assert (
+        checks["pos"]["best_error"] == pytest.approx(2.95) and checks["pos"]["best_error"] > lavergne2010.TARGET_ERROR
+    )
+    lines = "\n".join(lavergne2010._conclusion_lines(checks, quick=False))
+    assert "similar error: HOLDS" in lines and "they help: HOLDS" in lines and "speeds up training: HOLDS" in lines
+    assert "target: at most 2.0%): DOES NOT HOLD" in lines
+    far = _results({"OWL-QN": 3.0, "SGD-L1": 3.15, "BCD": 3.0}, pairs_errors={"OWL-QN": 3.1}, seconds=(30.0, 20.0))
+    checks = lavergne2010._check_conclusions(far)
+    lines = "\n".join(lavergne2010._conclusion_lines(checks, quick=False))
+    assert "similar error: DOES NOT HOLD" in lines and "they help: DOES NOT HOLD" in lines
+    assert "speeds up training: DOES NOT HOLD" in lines
+    unconverged = lavergne2010._check_conclusions(_results({"OWL-QN": 3.0, "SGD-L1": 3.0}, converged=False))
+    lines = "\n".join(lavergne2010._conclusion_lines(unconverged, quick=False))
+    assert "HOLD" not in lines and "not judged (not converged)" in lines
+    assert "HOLD" not in "\n".join(lavergne2010._conclusion_lines(checks, quick=True))
 
 
 def test_joint_labels_join_pos_and_chunk():
     sentence = corpora.Sentence((("He", "PRP"), ("ran", "VBD")), ("B-NP", "B-VP"))
     joined = lavergne2010.joint_labels(sentence)
     assert joined.tokens == (("He",), ("ran",)) and joined.labels == ("PRP|B-NP", "VBD|B-VP")
+    data = lavergne2010.load_joint(20, 5)
+    pos = lavergne2010.pos_part(data)
+    assert all(label.split("|")[0] in pos.labels for label in data.labels) and len(pos.train) == 20
+    assert pos.train[0].labels == tuple(label.split("|")[0] for label in data.train[0].labels)
+
+
+def test_token_errors_count_the_pos_part_of_joint_labels():
+    gold = [("NN|B-NP", "VB|B-VP"), ("DT|B-NP",)]
+    predicted = [("NN|I-NP", "VB|B-VP"), ("NN|B-NP",)]
+    errors = lavergne2010.token_errors(gold, predicted, joint=True)
+    assert errors["error"] == pytest.approx(200 / 3) and errors["pos_error"] == pytest.approx(100 / 3)
+    assert lavergne2010.token_errors(gold, gold, joint=False) == {"error": 0.0}
 
 
 def test_conll2000_joint_label_set():
@@ -112,12 +218,6 @@ def test_conll2000_joint_label_set():
     assert 300 <= len(data.labels) <= 340  # 319 joint labels in train.txt
     assert all(len(label.split("|")) == 2 for label in data.labels)
     assert len(data.test) == 50 and all(len(row) == 1 for s in data.test for row in s.tokens)
-
-
-def test_conll2000_coarse_pos_has_twelve_classes():
-    corpus_or_fail(("corpora", "conll2000", "train.txt"))
-    data = lavergne2010.load_coarse(None, 10)
-    assert set(data.labels) == set(lavergne2010.COARSE_POS.values()) | {"."}
 
 
 def test_synthetic_fallback_without_corpus(no_corpora):
@@ -132,8 +232,8 @@ def test_synthetic_fallback_without_corpus(no_corpora):
 
 def test_bcd_cost_counts_blocks_visits_and_truncated_cells():
     # Oracle: a plain loop over sentences and the tests active in each.
-    data = lavergne2010.load_coarse(8, 4)
-    encoded = lavergne2010.encode(data, lavergne2010.Extractor(lavergne2010.BLOCK_TEMPLATES, "B01:%x[0,0]"), 1)
+    data = lavergne2010.load("pos", dict(num_train=8, num_test=4))
+    encoded = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1", lavergne2010.PAIR_TEMPLATES), 1)
     cost = lavergne2010.bcd_cost(encoded, num_labels=3)
     blocks, visits, cells = set(), 0, 0
     stacked = encoded.stacked
@@ -154,14 +254,13 @@ def test_bcd_cost_counts_blocks_visits_and_truncated_cells():
     assert cost["multiply_adds_per_sweep"] == cells * 9
 
 
-def test_pair_features_enter_the_model_and_the_loss():
+def test_pair_features_enter_the_model_and_the_loss(tiny_task):
     """With `B01:%x[0,0]` every token gets one label-pair-observation id (its
     word), the model gets `[K2, L, L]` pair weights, and at zero weights both
     models give the loss of the uniform distribution, `log L` per token."""
-    data = lavergne2010.load_coarse(6, 3, max_length=12)
+    data, without = tiny_task
     with_pairs = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1", lavergne2010.PAIR_TEMPLATES), 1)
-    without = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1"), 1)
-    assert without.num_pair == 0 and with_pairs.num_pair == with_pairs.num_unigram  # one word: one test
+    assert without.num_pair == 0 and with_pairs.num_pair > 0
     (batch,) = with_pairs.train
     inside = np.arange(batch.labels.shape[1])[None, :] < np.asarray(batch.lengths)[:, None]
     assert np.all((np.asarray(batch.pair_ids)[..., 0] >= 0) == inside)
@@ -170,3 +269,21 @@ def test_pair_features_enter_the_model_and_the_loss():
     for encoded in (with_pairs, without):
         model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
         assert float(lavergne2010.corpus_loss(model, encoded.train)) == pytest.approx(tokens * np.log(L), rel=1e-5)
+
+
+@pytest.mark.slow  # four BCD plans and compilations, about 40 s
+def test_bcd_probe_measures_memory_and_extrapolates_the_sweep(tmp_path):
+    data = lavergne2010.load_joint(12, 2)
+    config = dict(lavergne2010.QUICK["joint"], bcd_probe_sentences=6)
+    probe = lavergne2010.bcd_probe(
+        RunDirectory(str(tmp_path)), "joint", data, lavergne2010.Extractor("altun_s1"), config
+    )
+    assert (
+        probe["sentences"] == 6 and probe["whole"]["labels"] == len(data.labels) > probe["whole_pos_labels"]["labels"]
+    )
+    assert probe["whole"]["sweep_seconds"] is None and probe["whole"]["temporary_bytes"] > 0
+    assert probe["full_sweep_seconds"] == pytest.approx(probe["whole_pos_labels"]["sweep_seconds"] * probe["ratio"])
+    assert probe["ratio"] == pytest.approx(
+        probe["subset"]["sweep_seconds"] / probe["subset_pos_labels"]["sweep_seconds"]
+    )
+    assert probe["fits"]  # a few sentences fit the budget
