@@ -430,6 +430,13 @@ CASES = [
         ValueError,
         ["semiring", "Log or Real"],
     ),
+    (
+        "pointwise-semiring",
+        "a max semiring for a pointwise loss",
+        lambda _: losses.pointwise_log_loss(GOOD(), jnp.zeros((2, T), int), semiring=semirings.Max),
+        ValueError,
+        ["semiring", "Log or Real"],
+    ),
     ("kmax-k-zero", "k = 0 for the k-max semiring", lambda _: semirings.KMax(0), ValueError, ["k", "0"]),
     ("kmax-k-float", "a float k", lambda _: semirings.KMax(2.5), ValueError, ["k", "2.5"]),
     ("kmax-k-bool", "k = True for the k-max semiring", lambda _: semirings.KMax(True), ValueError, ["k", "True"]),

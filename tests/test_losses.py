@@ -347,6 +347,37 @@ def test_real_semiring_and_parallel_algorithm_agree_with_log(kwargs):
         np.testing.assert_allclose(values, reference[name][0], rtol=1e-9, err_msg=name)
 
 
+@jax.jit
+def _pointwise_values_and_grads(unary, transitions, labels, lengths):
+    def total(u, tr, fn):
+        return jnp.sum(fn(FactoredPotentials(u, tr), labels, lengths))
+
+    names = ("pointwise_log", "pointwise_exp", "expected_hamming")
+    return {name: jax.value_and_grad(total, argnums=(0, 1))(unary, transitions, LOSSES[name]) for name in names}
+
+
+def test_float32_pointwise_losses_are_exact_where_marginals_underflow():
+    """Score margins of ~20-100 put gold marginals below float32's 1e-38: the
+    log-space marginals keep values finite and gradients equal to float64's
+    (log of an underflowed probability gave +inf and NaN gradients)."""
+    rng = np.random.default_rng(21)
+    unary, transitions = rng.normal(size=(8, 12, 4)) * 20, rng.normal(size=(4, 4)) * 20
+    labels, lengths = rng.integers(0, 4, size=(8, 12)), rng.integers(0, 13, size=8)
+    exact = _pointwise_values_and_grads(unary, transitions, labels, lengths)
+    single = _pointwise_values_and_grads(
+        jnp.asarray(unary, jnp.float32), jnp.asarray(transitions, jnp.float32), labels, lengths
+    )
+    for name in ("pointwise_log", "expected_hamming"):
+        value, grads = single[name]
+        assert np.isfinite(value), name
+        np.testing.assert_allclose(value, exact[name][0], rtol=1e-5, err_msg=name)
+        for ours, reference in zip(grads, exact[name][1]):
+            reference = np.asarray(reference)
+            np.testing.assert_allclose(ours, reference, atol=1e-5 * np.abs(reference).max(), err_msg=name)
+    # The exp-loss sums 1/P: beyond float32's range here (float64 reads 7e40), +inf.
+    assert exact["pointwise_exp"][0] > np.finfo(np.float32).max and np.isposinf(single["pointwise_exp"][0])
+
+
 def test_float32_inputs_stay_float32():
     potentials, labels, lengths = random_problem(17, 4, 3)
     reference = all_values(potentials, labels, lengths)

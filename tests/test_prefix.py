@@ -1,6 +1,9 @@
 """`lattices.prefix.forward_scores` against `chain.log_partition` of every
 prefix of every chain (factored, per-position and sparse potentials, rows of
-back-to-back chains, float32)."""
+back-to-back chains, float32), and `log_node_marginals` against `log` of
+`chain.node_marginals` (the closed-form derivatives of log Z), both
+algorithms, with forbidden transitions and lengths 0 and 1, where float32
+underflows the marginals, and on a long float32 chain against float64."""
 
 from __future__ import annotations
 
@@ -93,3 +96,90 @@ def test_float32_long_chain_keeps_its_precision():
     )
     assert np.all(np.isfinite(np.asarray(scores.scores)))
     assert abs(total - exact) <= 1e-6 * abs(exact)
+
+
+def _marginal_cases():
+    """`{form: potentials}` over `[B, T, L]` with lengths `[T, 0, 1]`, -inf
+    transitions included (a label unreachable at some positions)."""
+    unary, transitions, start, dense, _, _ = _rows()
+    rng = np.random.default_rng(3)
+    dense = dense.copy()
+    dense[:, 2:, :, 2] = -np.inf  # label 2 unreachable after position 1
+    return {
+        "dense": jnp.asarray(dense),
+        "factored": FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions), jnp.asarray(start)),
+        "sparse": chain.SparsePotentials(
+            jnp.asarray(unary),
+            jnp.asarray(rng.normal(size=(B, T, 3)) * 2),
+            jnp.asarray(np.array([0, 1, 2])),
+            jnp.asarray(np.array([1, 2, 0])),
+            jnp.asarray(start),
+            jnp.asarray(rng.normal(size=(L, L))),
+        ),
+    }
+
+
+MARGINAL_LENGTHS = jnp.asarray([T, 0, 1])
+_log_node_marginals = jax.jit(prefix.log_node_marginals, static_argnames="algorithm")
+
+
+@pytest.mark.parametrize("algorithm", ["sequential", "parallel"])
+@pytest.mark.parametrize("form", ["dense", "factored", "sparse"])
+def test_log_node_marginals_are_the_log_of_the_node_marginals(form, algorithm):
+    potentials = _marginal_cases()[form]
+    with np.errstate(divide="ignore"):
+        expected = np.log(np.asarray(chain.node_marginals(potentials, MARGINAL_LENGTHS)))
+    ours = np.asarray(_log_node_marginals(potentials, MARGINAL_LENGTHS, algorithm=algorithm))
+    np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(expected))  # past the lengths, unreachable labels
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(ours[finite], expected[finite], rtol=1e-11, atol=1e-12)
+    # One unbatched chain, not jitted, equals its row of the batch.
+    first = jax.tree_util.tree_map(lambda x: x[0] if x.ndim > 2 else x, potentials)
+    unbatched = np.asarray(prefix.log_node_marginals(first, algorithm=algorithm))
+    np.testing.assert_allclose(unbatched[finite[0]], ours[0][finite[0]], rtol=1e-11, atol=1e-12)
+
+
+def test_log_node_marginals_gradients_are_finite_and_match_finite_differences():
+    from lossfns import testing
+
+    potentials = _marginal_cases()["dense"]
+    inside = np.isfinite(np.asarray(prefix.log_node_marginals(potentials, MARGINAL_LENGTHS)))
+    weights = jnp.asarray(np.random.default_rng(4).normal(size=inside.shape))
+
+    def total(scores):
+        values = prefix.log_node_marginals(scores, MARGINAL_LENGTHS)
+        return jnp.sum(jnp.where(inside, weights * values, 0.0))
+
+    grad = jax.grad(total)(potentials)
+    assert np.all(np.isfinite(np.asarray(grad)))
+    finite_rows = jnp.where(jnp.isfinite(potentials), potentials, -1e3)  # -inf is not differenced
+    testing.check_gradients(total, (finite_rows,), order=1)
+
+
+def test_float32_log_node_marginals_stay_finite_where_the_marginals_underflow():
+    rng = np.random.default_rng(5)
+    unary = rng.normal(size=(2, 30, L)) * 80  # margins of hundreds: marginals far below 1e-38
+    transitions = rng.normal(size=(L, L))
+    exact = np.asarray(prefix.log_node_marginals(FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions))))
+    single = FactoredPotentials(jnp.asarray(unary, jnp.float32), jnp.asarray(transitions, jnp.float32))
+    with np.errstate(divide="ignore"):
+        underflowed = np.log(np.asarray(chain.node_marginals(single)))
+    assert np.isneginf(underflowed).any() and np.isfinite(exact).all()
+    ours = np.asarray(prefix.log_node_marginals(single))
+    assert ours.dtype == np.float32
+    np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-3)
+
+
+def test_float32_log_node_marginals_of_a_long_chain_match_float64():
+    rng = np.random.default_rng(6)
+    unary = rng.normal(size=(1, 10_000, L)) * 5
+    transitions = rng.normal(size=(L, L))
+    exact = np.asarray(prefix.log_node_marginals(FactoredPotentials(jnp.asarray(unary), jnp.asarray(transitions))))
+    ours = prefix.log_node_marginals(
+        FactoredPotentials(jnp.asarray(unary, jnp.float32), jnp.asarray(transitions, jnp.float32))
+    )
+    # No log alpha + log beta - log Z difference of large numbers is formed:
+    # the error stays at the float32 rounding of the per-position scores.
+    np.testing.assert_allclose(np.exp(np.asarray(ours)), np.exp(exact), atol=1e-5)
+    big = exact > -20
+    np.testing.assert_allclose(np.asarray(ours)[big], exact[big], atol=2e-4)

@@ -1,4 +1,6 @@
-"""Log forward scores at every position of a chain (`forward_scores`).
+"""Log forward scores at every position of a chain (`forward_scores`), and
+the exact log node marginals they give with the reversed chain's
+(`log_node_marginals`).
 
 `chain.forward` returns only each chain's total; a truncated
 forward-backward (Lavergne et al. 2010, section 4.1, used by
@@ -18,7 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import semirings
-from . import chain, kernel
+from . import chain, kernel, sparse_chain
+from .forms import DensePotentials, FactoredPotentials, materialize
+from .sparse_chain import SparsePotentials
 
 
 class ForwardScores(NamedTuple):
@@ -76,3 +80,104 @@ def forward_scores(potentials, lengths=None, starts=None) -> ForwardScores:
         dtype = form.dtype
         return ForwardScores(jnp.zeros(batch_shape + (T, L), dtype), jnp.zeros(batch_shape + (T,), dtype))
     return chain._map_batch(_forward_scores_instance, form, lengths, starts)
+
+
+def _reversed_in_time(x, lengths, batch_ndim: int, offset: int):
+    """`out[..., s, ...] = x[..., n - 1 - s + offset, ...]` where that index
+    lies in `[offset, n)` (`n` each chain's length), else 0.
+
+    offset 0 reverses what belongs to a position (its own scores); offset 1
+    what belongs to the edge into it, which the reversed chain reads one
+    position later (and never at its start)."""
+    T = x.shape[batch_ndim]
+    s = jnp.arange(T)
+    n = lengths[..., None]
+    index = n - 1 - s + offset
+    valid = (s < n) & (index >= offset) & (index < n)
+    trailing = (1,) * (x.ndim - batch_ndim - 1)
+    gathered = jnp.take_along_axis(
+        x, jnp.clip(index, 0, max(T - 1, 0)).reshape(index.shape + trailing), axis=batch_ndim
+    )
+    return jnp.where(valid.reshape(valid.shape + trailing), gathered, 0.0)
+
+
+def _reversed_chain(potentials, lengths, batch_ndim: int):
+    """The chain read from its end: `(reversed potentials, own [..., T, L])`.
+
+    Its forward score at position `s = n - 1 - t` for label `j` is the
+    log-sum of the scores of the suffixes from `t` that start in `j`,
+    including `own[..., t, j]`, the part of position `t`'s score that
+    depends on `y_t` alone (the factored and sparse forms' unary; nothing
+    for the dense form). The first position's start scores (and a sparse
+    form's pairs from label 0 there) belong to the forward scores only."""
+    if isinstance(potentials, FactoredPotentials | SparsePotentials):
+        unary = potentials.unary
+        reversed_unary = _reversed_in_time(unary, lengths, batch_ndim, 0)
+        if isinstance(potentials, FactoredPotentials):
+            return FactoredPotentials(reversed_unary, jnp.swapaxes(potentials.transitions, -1, -2)), unary
+        transitions = potentials.transitions
+        return (
+            SparsePotentials(
+                reversed_unary,
+                _reversed_in_time(potentials.pair_weights, lengths, batch_ndim, 1),
+                potentials.pair_next,
+                potentials.pair_previous,
+                None,
+                None if transitions is None else jnp.swapaxes(transitions, -1, -2),
+            ),
+            unary,
+        )
+    edges = jnp.swapaxes(_reversed_in_time(potentials, lengths, batch_ndim, 1), -1, -2)
+    return edges, jnp.zeros(potentials.shape[:-1], potentials.dtype)
+
+
+def _all_forward_scores(potentials, lengths, batch_ndim: int, algorithm: str) -> jax.Array:
+    """Log forward scores `[..., T, L]` up to a constant per position: the
+    sequential scan's max-normalised shapes (`forward_scores`), or, for the
+    parallel algorithm, row 0 of every prefix product of the chain's
+    `[T, L, L]` matrices (`lax.associative_scan` of the exact
+    `kernel.log_matmul`: O(T L^3) work, O(log T) depth)."""
+    if algorithm == "sequential":
+        return forward_scores(potentials, lengths).scores
+    if isinstance(potentials, SparsePotentials):
+        potentials = sparse_chain.to_dense(potentials)
+    elif isinstance(potentials, FactoredPotentials):
+        potentials = materialize(potentials)
+    return jax.lax.associative_scan(kernel.log_matmul, potentials, axis=batch_ndim)[..., 0, :]
+
+
+def log_node_marginals(potentials, lengths=None, *, algorithm: str = "auto") -> jax.Array:
+    """`log P(y_t = j | x)`, `[..., T, L]`, exact in log space: `-inf` for
+    a label no allowed sequence takes at `t`, and past each length.
+
+    `log chain.node_marginals` underflows to `-inf` once a marginal falls
+    below the float range (1e-38 in float32, at score differences of about
+    90), where this stays finite. Forward-backward: the forward scores plus
+    the forward scores of the reversed chain (the backward scores),
+    normalised over the labels at each position. The marginals at a
+    position sum to 1, so that normalisation absorbs every per-position
+    scale and no large `log alpha + log beta - log Z` difference is formed:
+    with the sequential scan's max-normalised scores, float32 keeps its
+    precision on long chains. Differentiable (autodiff of the scans),
+    NaN-free at `-inf` scores.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      algorithm: "sequential", "parallel" or "auto", as `chain.forward`.
+    """
+    form, lengths, batch_shape, T, L = chain._prepare(potentials, lengths)
+    algorithm = chain._resolve_algorithm(algorithm, T, L)
+    potentials = form.scores if isinstance(form, DensePotentials) else form
+    if T == 0 or math.prod(batch_shape) == 0:
+        return jnp.full(batch_shape + (T, L), -jnp.inf, form.dtype)
+    batch_ndim = len(batch_shape)
+    forward = _all_forward_scores(potentials, lengths, batch_ndim, algorithm)
+    reversed_potentials, own = _reversed_chain(potentials, lengths, batch_ndim)
+    backward = _all_forward_scores(reversed_potentials, lengths, batch_ndim, algorithm)
+    scores = forward + _reversed_in_time(backward, lengths, batch_ndim, 0) - own
+    log_norm = semirings.logsumexp(scores, -1)[..., None]
+    possible = jnp.isfinite(log_norm)  # no allowed sequence at all: every label -inf
+    log_marginals = jnp.where(possible, scores - jnp.where(possible, log_norm, 0.0), -jnp.inf)
+    inside = (jnp.arange(T) < lengths[..., None])[..., None]
+    return jnp.where(inside, log_marginals, -jnp.inf)

@@ -15,7 +15,7 @@ Chain losses take potentials `[..., T, L, L]` or `FactoredPotentials`, gold
 from .contrastive import contrastive_log_likelihood, marginal_log_likelihood
 from .evaluation import hamming_loss, posterior_decode, rank_loss
 from .margin import perceptron_loss, structured_hinge_loss
-from .pointwise import expected_hamming_loss, gold_marginals, pointwise_exp_loss, pointwise_log_loss
+from .pointwise import expected_hamming_loss, gold_log_marginals, gold_marginals, pointwise_exp_loss, pointwise_log_loss
 from .regularisers import elastic_net, l1, l2
 from .reranking import reranking_exp_loss, reranking_log_loss
 from .sequence import log_sequence_exp_loss, row_sequence_log_loss, sequence_exp_loss, sequence_log_loss
@@ -29,6 +29,7 @@ __all__ = [
     "pointwise_exp_loss",
     "expected_hamming_loss",
     "gold_marginals",
+    "gold_log_marginals",
     "perceptron_loss",
     "structured_hinge_loss",
     "hamming_loss",

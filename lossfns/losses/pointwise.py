@@ -3,46 +3,71 @@ node marginals `P(y_t = j | x)` (MATH.md section 2, items 3 and 4), and the
 expected Hamming loss.
 
 Inputs and outputs as in `lossfns.losses.sequence`. Each loss sums over the
-positions inside each length. The marginals come from autodiff of the log
-partition, so the gradients below are second derivatives of it and are
-differentiable again (`check_grads` to order 2 passes).
+positions inside each length. The gold labels' marginals are taken in log
+space (`lattices.prefix.log_node_marginals`, a forward-backward), so a
+marginal far below the float range (a score margin of about 90 in
+float32) still gives a finite, exact loss and gradient, where `log` of a
+probability would read 0 and give +inf with a wrong gradient; the
+gradients are autodiff of that forward-backward (`check_grads` to order 2
+passes).
 
 Unlike the sequence losses, a gold path through a forbidden transition does
 not make these losses infinite: only a gold label whose marginal is exactly
 0 at some position does (that position cannot take that label in any
-allowed sequence). Such a position contributes +inf with a zero gradient.
-Marginals are probabilities, so one below the float range (about 1e-308 in
-float64, 1e-38 in float32) also reads as 0.
+allowed sequence). Such a sequence's loss is +inf with a zero gradient, as
+is one whose loss overflows (the exp-loss beyond the float range).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from .. import semirings
-from ..lattices import chain
+from ..lattices import prefix
 from ..semirings import Semiring
 from ._chain_inputs import chain_inputs, gold_label_scores
 
 
-def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`(P(y_t = labels_t | x) [..., T], inside [..., T] bool)`; the
-    probabilities are 0 outside each length."""
+def gold_log_marginals(
+    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
+):
+    """`(log P(y_t = labels_t | x) [..., T], inside [..., T] bool)`, exact
+    in log space; 0 outside each length.
+
+    semiring: `semirings.Log` or `semirings.Real` (the same computation).
+    algorithm: as `chain.forward` ("auto", "sequential", "parallel").
+    """
+    if type(semiring) not in (semirings.LogSemiring, semirings.RealSemiring):
+        raise ValueError(
+            f"semiring must be Log or Real for the pointwise losses (marginals of log Z), got {semiring!r}"
+        )
     labels, lengths, inside, _ = chain_inputs(potentials, labels, lengths)
-    node = chain.node_marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
+    node = prefix.log_node_marginals(potentials, lengths, algorithm=algorithm)
     return jnp.where(inside, gold_label_scores(node, labels, inside), 0.0), inside
 
 
-def _sum_positions(per_position_loss, probability, inside):
-    """Sum a loss of the gold marginal over the positions inside each length.
+def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
+    """`(P(y_t = labels_t | x) [..., T], inside [..., T] bool)`; the
+    probabilities are 0 outside each length (`exp` of `gold_log_marginals`)."""
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    return jnp.where(inside, jnp.exp(log_probability), 0.0), inside
 
-    `per_position_loss` sees only positive probabilities, so no log(0) or
-    1/0 reaches autodiff; a zero marginal inside the length gives +inf.
+
+def _sum_positions(per_position_loss, log_probability, inside):
+    """Sum a loss of the gold log marginal over the positions inside each length.
+
+    A sequence whose sum is not finite (a zero marginal, or a sum beyond the
+    float range) is +inf with a zero gradient: `per_position_loss` is
+    differentiated only where the whole sum is finite, so no inf or NaN
+    reaches autodiff.
     """
-    positive = probability > 0
-    terms = per_position_loss(jnp.where(positive, probability, 1.0))
-    terms = jnp.where(positive, terms, jnp.inf)
-    return jnp.sum(jnp.where(inside, terms, 0.0), axis=-1)
+
+    def total(log_p):
+        return jnp.sum(jnp.where(inside, per_position_loss(log_p), 0.0), axis=-1)
+
+    finite = jnp.isfinite(total(jax.lax.stop_gradient(log_probability)))
+    return jnp.where(finite, total(jnp.where(finite[..., None], log_probability, 0.0)), jnp.inf)
 
 
 def pointwise_log_loss(
@@ -52,8 +77,8 @@ def pointwise_log_loss(
 
     Gradient: `sum_t (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
     """
-    probability, inside = gold_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
-    return _sum_positions(lambda p: -jnp.log(p), probability, inside)
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    return _sum_positions(lambda log_p: -log_p, log_probability, inside)
 
 
 def pointwise_exp_loss(
@@ -61,11 +86,15 @@ def pointwise_exp_loss(
 ):
     """`sum_t (1 / P(y_t = labels_t | x) - 1)`, `[...]`.
 
+    Its values grow as `1 / P`: in float32 a sequence's loss beyond about
+    1e25 can overflow its gradient's intermediates (train such models in
+    float64, or with `pointwise_log_loss`).
+
     Gradient: `sum_t (1 / P(labels_t | x)) (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
     """
-    probability, inside = gold_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
-    # (1 - p) / p rather than 1/p - 1: exact near p = 1.
-    return _sum_positions(lambda p: (1.0 - p) / p, probability, inside)
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    # expm1(-log p) = 1/p - 1, exact near p = 1.
+    return _sum_positions(lambda log_p: jnp.expm1(-log_p), log_probability, inside)
 
 
 def expected_hamming_loss(
@@ -75,5 +104,5 @@ def expected_hamming_loss(
 
     Bounded in `[0, length]`; never infinite.
     """
-    probability, inside = gold_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
-    return jnp.sum(jnp.where(inside, 1.0 - probability, 0.0), axis=-1)
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    return jnp.sum(jnp.where(inside, -jnp.expm1(log_probability), 0.0), axis=-1)
