@@ -354,6 +354,18 @@ class LinearChainModel(eqx.Module):
             emission = emission[np.asarray(self.emission_mask)]
         return ChainWeights(emission, self.transitions, self.start, self.pair_emission)
 
+    def weight_masks(self) -> ChainWeights:
+        """Which weights of the dense tables exist (can be non-zero), as
+        `ChainWeights` of bool arrays `[K, L]`, `[L, L]`, `[L]`, `[K2, L, L]`,
+        each None where all do: the emission and pair masks, and the
+        transitions kept by `transition_mask` and, with a pair mask, on its
+        label pairs (`_masked_transitions`)."""
+        transitions = self.transition_mask
+        if self.pair_mask is not None:
+            used = jnp.any(self.pair_mask, axis=0)
+            transitions = used if transitions is None else transitions & used
+        return ChainWeights(self.emission_mask, transitions, None, self.pair_mask)  # pyright: ignore[reportArgumentType]
+
     def structure(self) -> ChainStructure:
         """The masks and the emission pairs of `weights()` (`ChainStructure`)."""
         pairs = None
