@@ -424,13 +424,13 @@ class LinearChainModel(eqx.Module):
         return int(sum(np.count_nonzero(np.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(params)))
 
     def num_parameters(self) -> int:
-        """Number of weights that can be non-zero (masked weights excluded)."""
-        masked = sum(
-            0 if mask is None else int(np.count_nonzero(~np.asarray(mask)))
-            for mask in (self.emission_mask, self.pair_mask, self.transition_mask)
+        """Number of weights that can be non-zero (`weight_masks`: masked
+        weights excluded, transitions off a pair mask's label pairs too)."""
+        tables = (self.emission, self.transitions, self.start, self.pair_emission)
+        return sum(
+            int(np.size(table)) if mask is None else int(np.count_nonzero(np.asarray(mask)))
+            for table, mask in zip(tables, self.weight_masks())
         )
-        params, _ = self.trainable()
-        return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params)) - masked
 
 
 #: The sparse form is chosen when the label pairs that pair weights may use
