@@ -59,7 +59,6 @@ from lossfns import corpora, features, metrics, models, optimizers, semirings
 from lossfns.features import index as feature_index
 from lossfns.features import presets, templates
 from lossfns.features.extraction import TokenFeatures
-from lossfns.lattices import chain
 from lossfns.losses import sequence
 from lossfns.models.linear_chain import LinearChainModel
 from lossfns.optimizers import bcd_schedule
@@ -261,17 +260,15 @@ class Encoded(NamedTuple):
     (`optimizers.bcd_data`) read;
     stacked: the training set as one `FeatureBatch` `[N, T_max, ...]` (the
     minibatches of SGD are drawn from one leading axis), device arrays;
-    test: tuple of `feature_index.FeatureBatch` length buckets of the test
-    set (`unigram_ids [B, T, F]`, `pair_ids [B, T, F2]`, `lengths [B]`,
-    `labels [B, T]`; -1 = padding or a label unseen in training), device arrays;
-    test_order: `[N_test]` the test sentence behind each bucket row;
+    test: the test set (unlabelled) packed into length buckets (`features.pack`),
+    test_arrays: its `features.CorpusArrays` (what `models.packed.viterbi` reads);
     num_unigram, num_pair: K and K2 (observation tests seen in training).
     """
 
     rows: feature_index.PackedCorpus
     stacked: feature_index.FeatureBatch
-    test: tuple
-    test_order: np.ndarray
+    test: feature_index.PackedCorpus
+    test_arrays: features.CorpusArrays
     num_unigram: int
     num_pair: int
 
@@ -284,18 +281,12 @@ def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int) -> En
     """Featurise `data` (index built on the training set): the training set
     packed into rows and stacked, the test set in `num_buckets` length buckets."""
     index, train_ids, train_labels = features.index_corpus(extractor, data.train, data.labels)
-    test_ids = features.encode(index, extractor, data.test)
-    test_labels = features.label_ids(data.test, data.labels)
-    buckets = corpora.length_buckets([len(x) for x in test_labels], num_buckets)
-    test = tuple(
-        _device(feature_index.pad_batch([test_ids[i] for i in members], [test_labels[i] for i in members], length))
-        for members, length in buckets
-    )
+    test = features.pack(features.encode(index, extractor, data.test), num_buckets=num_buckets)
     return Encoded(
         features.pack_rows(train_ids, train_labels),
         _device(feature_index.pad_batch(train_ids, train_labels)),
         test,
-        np.concatenate([members for members, _ in buckets]),
+        _device(features.corpus_arrays(test, index.num_unigram)),
         index.num_unigram,
         index.num_pair,
     )
@@ -338,11 +329,6 @@ def batch_loss(model: LinearChainModel, batch: feature_index.FeatureBatch) -> ja
     return corpus_loss(model, (batch,))
 
 
-@jax.jit
-def _viterbi(model: LinearChainModel, batch: feature_index.FeatureBatch) -> jax.Array:
-    return chain.viterbi(model(batch.unigram_ids, batch.pair_ids), batch.lengths)[1]
-
-
 def token_errors(gold, predicted, joint: bool) -> dict:
     """Token error (%) of `predicted` label strings against `gold` (lists of
     label tuples); for joint labels also the error on their POS part alone
@@ -355,15 +341,9 @@ def token_errors(gold, predicted, joint: bool) -> dict:
 
 
 def chain_errors(model: LinearChainModel, encoded: Encoded, data: tagging.TaskData) -> dict:
-    """`token_errors` of the Viterbi labels of the test set."""
-    rows = [
-        tuple(data.labels[j] for j in row[row >= 0])
-        for batch in encoded.test
-        for row in np.asarray(_viterbi(model, batch))
-    ]
-    predicted = [None] * len(rows)
-    for row, sentence in zip(rows, encoded.test_order):
-        predicted[sentence] = row
+    """`token_errors` of the Viterbi labels of the test set (`models.packed.viterbi`)."""
+    buckets = [np.asarray(labels) for labels in models.packed.viterbi(model, encoded.test_arrays)]
+    predicted = [tuple(data.labels[j] for j in row) for row in features.in_corpus_order(encoded.test, buckets)]
     return token_errors([s.labels for s in data.test], predicted, data.name == "joint")
 
 
@@ -498,13 +478,19 @@ def owlqn_fit(
 
 
 def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_size: int, max_rows):
+    """Lazy SGD-L1 on `data = (stacked FeatureBatch, CorpusArrays of the
+    packed rows)`: minibatches from the first, the epoch's objective on the
+    second (a fraction of the padded set's memory: the joint labels' would
+    not fit)."""
+    stacked, arrays = data
     return optimizers.lazy_epoch_step_fn(
         loss,
         optimizers.lazy_sgd_l1(schedule, l1, l2),
-        data,
+        stacked,
         batch_size=batch_size,
         max_rows=max_rows,
         penalty=optimizers.elastic_net_penalty(l1, l2),
+        objective=lambda model: models.corpus_loss(model, arrays),
     )
 
 
@@ -566,7 +552,7 @@ def fit(
     run: RunDirectory, name: str, optimizer: str, model: LinearChainModel, train, config: dict, evaluate, progress
 ) -> tuple:
     """OWL-QN (`train`: the packed training rows), SGD-L1 (`train`: the
-    stacked training set) or BCD (`train`: `optimizers.bcd_data`) from
+    stacked training set and the rows' `CorpusArrays`) or BCD (`train`: `optimizers.bcd_data`) from
     `model`; `evaluate(model) -> dict` after each chunk. Returns `(Fit,
     extra row fields)`."""
     settings = {key: value for key, value in config.items() if key != "chunk"} | {"optimizer": optimizer}
@@ -575,9 +561,10 @@ def fit(
     common = dict(params_of=lambda inner: inner[0], evaluate=evaluate, progress=progress, chunk=1)
     extra = {}
     if optimizer == "SGD-L1":
-        schedule, extra["calibration"] = sgd_schedule(model, train, config)
-        batch_size = min(config["batch_size"], optimizers.num_examples(train))
-        max_rows = optimizers.max_rows_per_batch(train, batch_size)  # a step touches at most these rows
+        stacked = train[0]
+        schedule, extra["calibration"] = sgd_schedule(model, stacked, config)
+        batch_size = min(config["batch_size"], optimizers.num_examples(stacked))
+        max_rows = optimizers.max_rows_per_batch(stacked, batch_size)  # a step touches at most these rows
         make = functools.partial(
             _sgd_step_fn, loss=batch_loss, schedule=schedule, l1=L1, l2=L2, batch_size=batch_size, max_rows=max_rows
         )
@@ -690,7 +677,7 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
         start = time.perf_counter()
         train = {
             "OWL-QN": lambda: encoded.rows,
-            "SGD-L1": lambda: encoded.stacked,
+            "SGD-L1": lambda: (encoded.stacked, features.corpus_arrays(encoded.rows, encoded.num_unigram)),
             "BCD": lambda: optimizers.bcd_data(encoded.rows, model),
         }[optimizer]()
         plan_seconds = time.perf_counter() - start

@@ -223,6 +223,20 @@ def test_rejects_too_many_segments_and_other_models():
         step_fn(({"w": jnp.zeros(3)}, None, jax.random.PRNGKey(0)), jnp.zeros((), jnp.int32))
 
 
+def test_the_recorded_objective_can_be_given():
+    """`objective=` replaces `fun(model, data)` in the recorded value (the
+    experiment gives the packed corpus's loss); the trajectory is the same."""
+    data, model = _data(), _model()
+    optimizer = optimizers.lazy_sgd_l1(0.05, L1)
+    options = dict(batch_size=N, max_rows=optimizers.max_rows_per_batch(data, N))
+    inner = (model, optimizer.init(model), jax.random.PRNGKey(3))
+    plain = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, **options)(inner, 0)
+    doubled = lambda m: 2.0 * _loss(m, data)
+    given = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, objective=doubled, **options)(inner, 0)
+    _assert_models_close(given[0][0], plain[0][0], atol=0.0)
+    np.testing.assert_allclose(float(given[1]), 2.0 * float(plain[1]), rtol=1e-12)
+
+
 def _masks(all_true: bool):
     """Emission, pair and transition masks: random (about 60% kept) or all True."""
     rng = np.random.default_rng(5)
