@@ -278,7 +278,8 @@ def probe_part(task: str, optimizer: str, iterations: int, limit_gib: float, log
     config.update(chunk=1, finetune_steps=min(config["finetune_steps"], 2), stop=(0.0, 1), epoch_stop=(0.0, 1))
     start = time.perf_counter()
     data = lavergne2010.load(task, config)
-    encoded = lavergne2010.encode(data, lavergne2010.Extractor(config["features"], config["pairs"]), 4)
+    extractor = lavergne2010.Extractor(config["features"], config["pairs"])
+    encoded = lavergne2010.encode(data, extractor, config["num_buckets"], config["blocks"])
     model = lavergne2010.chain_model(encoded, len(data.labels))
     setup_seconds = time.perf_counter() - start
     log(f"[{task} {optimizer}] setup {setup_seconds:.1f} s, {model.num_parameters()} weights, {_peak_gib():.2f} GiB")
@@ -360,7 +361,11 @@ def main() -> None:
     else:
         result = startup_part(args.iterations)
     result.update(machine=args.machine, platform=platform.platform(), jax=jax.__version__, cpus=os.cpu_count())
-    name = f"lavergne-scale-{args.part}s-{args.machine}" if args.part == "probe" else f"lavergne-scale-{args.part}-{args.machine}"
+    name = (
+        f"lavergne-scale-{args.part}s-{args.machine}"
+        if args.part == "probe"
+        else f"lavergne-scale-{args.part}-{args.machine}"
+    )
     name += f"-{args.sentences}" if args.sentences else ""
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path, "w") as handle:

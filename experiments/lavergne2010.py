@@ -41,6 +41,7 @@ stops on a relative objective change (CRFsuite's rule,
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -127,6 +128,7 @@ _FULL_CHAIN = dict(
     features="lavergne_pos",
     pairs="",
     num_buckets=4,
+    blocks=8,  # the objective's blocks (`Encoded.blocks`): a block's [N / 8, L, L] at a time
     owlqn_steps=5000,
     sgd_epochs=200,
     batch_size=1,  # Tsuruoka et al.'s per-sentence steps (lazy: as cheap per epoch as minibatches)
@@ -154,6 +156,7 @@ _QUICK_CHAIN = dict(
     num_train=40,
     num_test=20,
     num_buckets=1,
+    blocks=2,
     owlqn_steps=6,
     sgd_epochs=2,
     batch_size=10,
@@ -173,6 +176,17 @@ QUICK = {
 # `bytes` (this machine: 23 GiB, shared) and a sweep is estimated to take at
 # most `seconds` (`bcd_probe`; a run is checkpointed after each sweep).
 BCD_BUDGET = {"bytes": 12 * 2**30, "seconds": 2 * 3600}
+# Short probes of every full-scale unit (`benchmarks.lavergne_scale_benchmark
+# --part probe --all`): seconds per iteration and peak memory, from which the
+# report estimates each unit's wall time.
+PROBES_FILE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "benchmarks",
+    "results",
+    "lavergne-scale-probes-cpu-2core.json",
+)
+# Table 4's iterations (Nettalk 5-grm+): the estimates' typical run length.
+PAPER_ITERATIONS = {"OWL-QN": 141.0, "SGD-L1": 28.5, "BCD": 8.7}
 TASKS = ("pos", "pairs", "joint", "sparse")
 OPTIMIZERS = ("OWL-QN", "SGD-L1", "BCD")
 CRFSUITE_ROWS = {"lbfgs": "CRFsuite L-BFGS", "l2sgd": "CRFsuite l2sgd (L2 only)"}
@@ -255,9 +269,13 @@ class Encoded(NamedTuple):
     """A featurised task.
 
     rows: the training set packed into rows of back-to-back sentences
-    (`features.pack_rows`, the Tagger's packing): what OWL-QN
-    (`optimizers.train_linear_chain`), fine-tuning and BCD's plan
-    (`optimizers.bcd_data`) read;
+    (`features.pack_rows`, the Tagger's packing): what the model's masks
+    (`chain_model`) and BCD's plan (`optimizers.bcd_data`) read;
+    blocks: the same rows as equally shaped blocks (`features.pack_shards`,
+    `CorpusArrays [S, ...]`): the objective of OWL-QN
+    (`train_linear_chain(shards=)`), fine-tuning and SGD's epochs, summed one
+    block at a time (`models.blockwise_corpus_loss`: the whole corpus at once
+    needs several `[N, L, L]` arrays of 1.6 GB with pair features);
     stacked: the training set as one `FeatureBatch` `[N, T_max, ...]` (the
     minibatches of SGD are drawn from one leading axis), device arrays;
     test: the test set (unlabelled) packed into length buckets (`features.pack`),
@@ -266,6 +284,7 @@ class Encoded(NamedTuple):
     """
 
     rows: feature_index.PackedCorpus
+    blocks: features.CorpusArrays
     stacked: feature_index.FeatureBatch
     test: feature_index.PackedCorpus
     test_arrays: features.CorpusArrays
@@ -277,13 +296,15 @@ def _device(batch: feature_index.FeatureBatch) -> feature_index.FeatureBatch:
     return jax.tree_util.tree_map(jnp.asarray, batch)  # absent fields (None) stay absent
 
 
-def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int) -> Encoded:
+def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int, num_blocks: int = 1) -> Encoded:
     """Featurise `data` (index built on the training set): the training set
-    packed into rows and stacked, the test set in `num_buckets` length buckets."""
+    packed into rows, into `num_blocks` blocks and stacked, the test set in
+    `num_buckets` length buckets."""
     index, train_ids, train_labels = features.index_corpus(extractor, data.train, data.labels)
     test = features.pack(features.encode(index, extractor, data.test), num_buckets=num_buckets)
     return Encoded(
         features.pack_rows(train_ids, train_labels),
+        features.pack_shards(train_ids, train_labels, index.num_unigram, num_blocks),
         _device(feature_index.pad_batch(train_ids, train_labels)),
         test,
         _device(features.corpus_arrays(test, index.num_unigram)),
@@ -443,17 +464,17 @@ def run_checkpointed(
 
 
 def owlqn_fit(
-    run: RunDirectory, name: str, model: LinearChainModel, rows, config: dict, evaluate, progress, settings
+    run: RunDirectory, name: str, model: LinearChainModel, encoded: Encoded, config: dict, evaluate, progress, settings
 ) -> Fit:
-    """OWL-QN from `model` (its masks and potential form) on the packed
-    training rows through the library's training path
+    """OWL-QN from `model` (its masks and potential form) on the training
+    set's blocks through the library's training path
     (`optimizers.train_linear_chain`), checkpointed and evaluated after each
     chunk as `run_checkpointed` is."""
     structure = model.structure()
     as_model = lambda weights: model.with_weights(weights, structure)
     recorder = CurveRecorder(run, name, evaluate, lambda inner: as_model(inner[0]))
     trained, result = optimizers.train_linear_chain(
-        rows,
+        encoded.rows,
         model.num_labels,
         model.emission.shape[0],
         model.pair_emission.shape[0],
@@ -463,6 +484,7 @@ def owlqn_fit(
         max_iterations=config["owlqn_steps"],
         stop=_stop_rule(config, "stop"),
         model=model,
+        shards=encoded.blocks,
         chunk_steps=config["chunk"],
         checkpoint_dir=_checkpoints(run, name),
         checkpoint_every=config["chunk"],
@@ -478,11 +500,11 @@ def owlqn_fit(
 
 
 def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_size: int, max_rows):
-    """Lazy SGD-L1 on `data = (stacked FeatureBatch, CorpusArrays of the
-    packed rows)`: minibatches from the first, the epoch's objective on the
-    second (a fraction of the padded set's memory: the joint labels' would
-    not fit)."""
-    stacked, arrays = data
+    """Lazy SGD-L1 on `data = (stacked FeatureBatch, blocks of the packed
+    rows)`: minibatches from the first, the epoch's objective on the second
+    (`models.blockwise_corpus_loss`: the padded set at once would take
+    several times the memory)."""
+    stacked, blocks = data
     return optimizers.lazy_epoch_step_fn(
         loss,
         optimizers.lazy_sgd_l1(schedule, l1, l2),
@@ -490,7 +512,7 @@ def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_
         batch_size=batch_size,
         max_rows=max_rows,
         penalty=optimizers.elastic_net_penalty(l1, l2),
-        objective=lambda model: models.corpus_loss(model, arrays),
+        objective=lambda model: models.blockwise_corpus_loss(model, blocks),
     )
 
 
@@ -551,8 +573,8 @@ def sgd_schedule(params, data, config: dict) -> tuple[Callable, dict]:
 def fit(
     run: RunDirectory, name: str, optimizer: str, model: LinearChainModel, train, config: dict, evaluate, progress
 ) -> tuple:
-    """OWL-QN (`train`: the packed training rows), SGD-L1 (`train`: the
-    stacked training set and the rows' `CorpusArrays`) or BCD (`train`: `optimizers.bcd_data`) from
+    """OWL-QN (`train`: the `Encoded` task), SGD-L1 (`train`: the
+    stacked training set and `Encoded.blocks`) or BCD (`train`: `optimizers.bcd_data`) from
     `model`; `evaluate(model) -> dict` after each chunk. Returns `(Fit,
     extra row fields)`."""
     settings = {key: value for key, value in config.items() if key != "chunk"} | {"optimizer": optimizer}
@@ -584,15 +606,15 @@ def _finetune(weights, data, *, objective, max_steps, tol):
     )
 
 
-def fine_tune(model: LinearChainModel, rows, config: dict) -> tuple[LinearChainModel, list, float, float]:
+def fine_tune(model: LinearChainModel, blocks, config: dict) -> tuple[LinearChainModel, list, float, float]:
     """The paper's final L-BFGS pass on the active features with a small L2,
     until the relative change falls below `finetune_tol` in one iteration (or
-    `finetune_steps`), on the model's weights over the packed training rows
+    `finetune_steps`), on the model's weights over the training blocks
     (`models.weights_objective`, the objective `train_linear_chain`
     minimises). Returns `(model, trace, seconds, compile seconds)`."""
     structure = model.structure()
-    data = models.TrainingData(features.corpus_arrays(rows, model.emission.shape[0]), structure)
-    options = dict(objective=models.weights_objective(model), max_steps=config["finetune_steps"])
+    data = models.TrainingData(blocks, structure)
+    options = dict(objective=models.weights_objective(model, blockwise=True), max_steps=config["finetune_steps"])
     start = time.perf_counter()
     compiled = _finetune.lower(model.weights(), data, tol=config["finetune_tol"], **options).compile()
     compile_seconds = time.perf_counter() - start
@@ -676,8 +698,8 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
     def compute():
         start = time.perf_counter()
         train = {
-            "OWL-QN": lambda: encoded.rows,
-            "SGD-L1": lambda: (encoded.stacked, features.corpus_arrays(encoded.rows, encoded.num_unigram)),
+            "OWL-QN": lambda: encoded,
+            "SGD-L1": lambda: (encoded.stacked, encoded.blocks),
             "BCD": lambda: optimizers.bcd_data(encoded.rows, model),
         }[optimizer]()
         plan_seconds = time.perf_counter() - start
@@ -686,7 +708,7 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
             extra["plan_seconds"] = plan_seconds
         rows = [_fit_row(task, optimizer, result, **extra)]
         if config["finetune_steps"]:
-            tuned, trace, seconds, compile_seconds = fine_tune(result.params, encoded.rows, config)
+            tuned, trace, seconds, compile_seconds = fine_tune(result.params, encoded.blocks, config)
             rows.append(
                 _row(
                     task,
@@ -838,7 +860,7 @@ def forward_backward_unit(run: RunDirectory, form: str, data, encoded: Encoded, 
         mask = np.asarray(observed.pair_mask)
         model = observed.with_pair_mask(mask, max_sparse_fraction=1.0 if form == "sparse" else 0.0)
         settings = _unit_settings(config) | {"form": form}
-        result = owlqn_fit(run, name, model, encoded.rows, config, _evaluator(encoded, data), progress, settings)
+        result = owlqn_fit(run, name, model, encoded, config, _evaluator(encoded, data), progress, settings)
         pair_weights = np.asarray(result.params.pair_emission)[mask]
         support = model.pair_support
         row = _fit_row(
@@ -913,7 +935,7 @@ def _chain_task(run: RunDirectory, task: str, config: dict, progress: bool) -> d
     is set) and the CRFsuite trainers on one task."""
     data = load(task, config)
     extractor = Extractor(config["features"], config["pairs"])
-    encoded = encode(data, extractor, config["num_buckets"])
+    encoded = encode(data, extractor, config["num_buckets"], config["blocks"])
     model = chain_model(encoded, len(data.labels))
     info = _describe(data, encoded, model)
     print(
@@ -938,7 +960,7 @@ def _chain_task(run: RunDirectory, task: str, config: dict, progress: bool) -> d
 def _sparse_task(run: RunDirectory, config: dict, progress: bool) -> dict:
     """Table 2: whole OWL-QN runs with the sparse and the dense forward-backward."""
     data = load("sparse", config)
-    encoded = encode(data, Extractor(config["features"], config["pairs"]), config["num_buckets"])
+    encoded = encode(data, Extractor(config["features"], config["pairs"]), config["num_buckets"], config["blocks"])
     print(f"[sparse] {data.source}: {len(data.train)} train / {len(data.test)} test sentences", flush=True)
     units = [forward_backward_unit(run, form, data, encoded, config, progress) for form in ("sparse", "dense")]
     units = [unit for unit in units if unit is not None]
@@ -1268,6 +1290,57 @@ def _plot_curves(run: RunDirectory, results: dict) -> str | None:
     return run.save_figure("error_and_sparsity_vs_time.png", figure)
 
 
+def _read_probes() -> dict | None:
+    if not os.path.exists(PROBES_FILE):
+        return None
+    with open(PROBES_FILE) as stream:
+        return json.load(stream)
+
+
+def probe_estimates(probes: dict, configs: dict) -> list[str]:
+    """The probes' table: per unit its seconds per iteration, time to the
+    first iteration, peak memory and the wall time estimated at the paper's
+    iteration count and at the cap (setup, compilation, calibration or plan
+    included, evaluation and fine-tuning not)."""
+    caps = {"OWL-QN": "owlqn_steps", "SGD-L1": "sgd_epochs", "BCD": "bcd_sweeps"}
+    header = ["task", "unit", "labels", "possible features", "in the model", "per iteration", "to the first"]
+    header += ["peak memory", "estimate at the paper's iterations", "estimate at the cap"]
+    rows = []
+    for probe in probes["probes"]:
+        task, unit = probe["task"], probe["optimizer"]
+        optimizer = unit if unit in caps else "OWL-QN"  # Table 2's forms run OWL-QN
+        name = unit if task != "sparse" else f"OWL-QN, {unit} forward-backward"
+        if "failed" in probe:
+            rows.append([task, name, None, None, None, f"not measured: {probe['failed']}"] + [None] * 4)
+            continue
+        fixed = probe["setup_s"] + probe["compile_s"] + (probe["calibration_s"] or 0) + (probe["plan_s"] or 0)
+        cap = configs.get(task, FULL[task])[caps[optimizer]]
+        estimate = lambda count: _minutes(fixed + count * probe["per_iteration_s"])
+        rows.append(
+            [task, name, probe["labels"], probe["possible_features"], probe["weights_in_model"]]
+            + [f"{probe['per_iteration_s']:.2f} s", _minutes(fixed + probe["first_iteration_s"])]
+            + [
+                f"{probe['peak_gib']:.1f} GiB",
+                f"{estimate(PAPER_ITERATIONS[optimizer])} ({PAPER_ITERATIONS[optimizer]:g} it.)",
+            ]
+            + [f"{estimate(cap)} ({cap} it.)"]
+        )
+    return [
+        "## Full-scale probes: time per iteration, memory and wall-time estimates",
+        "",
+        f"Each unit of the full run, its caps cut to a few iterations (`{probes.get('command', '')}`, one process "
+        f"per unit, resident memory limited to {probes['limit_gib']:g} GiB; {probes.get('machine', '')}): seconds "
+        "per iteration (epoch, sweep) at steady state, the time to the end of the first (setup: corpus, "
+        "features, packing and the model; compilation; the SGD calibration or the BCD plan), and the process's "
+        "peak resident memory. Estimates: that fixed time plus the iterations at the steady rate, for the "
+        "paper's Table 4 iteration counts (OWL-QN 141, SGD-L1 28.5, BCD 8.7) and for the caps; evaluation "
+        "after each chunk and fine-tuning are extra. Where the stop rule ends a run is known only from the run.",
+        "",
+        markdown_table(header, rows),
+        "",
+    ]
+
+
 def _preamble(quick: bool, configs: dict) -> list[str]:
     mode = "quick (tiny slices, a few iterations: not comparable to the paper)" if quick else "full"
     rate = "calibrated on a sample (`calibrate_learning_rate`)" if not quick else "fixed (quick mode)"
@@ -1391,6 +1464,9 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     ]
     document += stale_note(rows) + missing_note(run)
     document += _conclusion_lines(checks, quick) + [""] + _deviations(results)
+    probes = None if quick else _read_probes()
+    if probes is not None:
+        document += probe_estimates(probes, configs)
     figure = _plot_curves(run, results)
     if figure:
         document += [f"![error and active features vs time]({os.path.basename(figure)})"]

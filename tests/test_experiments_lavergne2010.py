@@ -113,7 +113,7 @@ def test_an_interrupted_unit_resumes_from_its_checkpoint(tiny_task, tmp_path):
             raise KeyboardInterrupt
         return {"error": 0.0, "nonzero": 0}
 
-    fit = functools.partial(lavergne2010.fit, name="u", optimizer="OWL-QN", model=model, train=encoded.rows)
+    fit = functools.partial(lavergne2010.fit, name="u", optimizer="OWL-QN", model=model, train=encoded)
     fit = functools.partial(fit, config=config, progress=False)
     whole, _ = fit(RunDirectory(str(tmp_path / "whole")), evaluate=evaluate)
     interrupted = RunDirectory(str(tmp_path / "interrupted"))

@@ -3,7 +3,8 @@ model a caller builds (to train it with other optimizers too, or to force a
 potential form) is the one trained; the sparse and the dense
 forward-backward train the same objective (Lavergne et al.'s Table 2 runs),
 and the per-chunk callback sees weights that `with_weights` turns back into
-the model."""
+the model. `shards=` without a mesh trains on blocks summed one at a time
+(`models.blockwise_corpus_loss`): the same run as on the whole corpus."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lossfns import features, optimizers
+from lossfns import features, models, optimizers
 
 K, K2, L = 6, 3, 3
 
 
 @pytest.fixture(scope="module")
-def corpus():
+def sentences():
     """Sentences whose labels cycle 0 -> 1 -> 2 -> 0, so the observed label
     pairs (3 of 9) take the sparse form; each token has a word test and a
-    pair test."""
+    pair test. `(encoded, labels)`."""
     rng = np.random.default_rng(0)
     encoded, labels = [], []
     for length in rng.integers(1, 6, 8):
@@ -31,7 +32,12 @@ def corpus():
         pair = [[int(rng.integers(K2))] for _ in sentence]
         encoded.append((unigram, pair))
         labels.append(sentence)
-    return features.pack_rows(encoded, labels)
+    return encoded, labels
+
+
+@pytest.fixture(scope="module")
+def corpus(sentences):
+    return features.pack_rows(*sentences)
 
 
 def _train(corpus, model=None, **options):
@@ -71,7 +77,7 @@ def test_the_given_initial_model_is_the_default_and_the_callback_sees_its_weight
     initial = optimizers.initial_chain_model(corpus, L, K, K2, dtype=jnp.float64)
     structure = initial.structure()
     callback = lambda report: seen.append(initial.with_weights(report.inner[0], structure))
-    given, result = _train(corpus, initial, callback=callback, chunk_steps=3)
+    given, _ = _train(corpus, initial, callback=callback, chunk_steps=3)
     default, _ = _train(corpus)
     for ours, theirs in zip(jax.tree_util.tree_leaves(given), jax.tree_util.tree_leaves(default)):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
@@ -81,3 +87,22 @@ def test_the_given_initial_model_is_the_default_and_the_callback_sees_its_weight
     # Weights outside the observed pairs stay 0.
     emission = np.asarray(given.emission)
     assert np.all(emission[~np.asarray(initial.emission_mask)] == 0) and np.count_nonzero(emission) > 0
+
+
+def test_blocks_one_at_a_time_train_the_whole_corpus_objective(sentences, corpus):
+    """Oracle: the run on the whole packed corpus (float64); blocks of
+    unequal content padded to one shape, dense form (the memory-bound case)."""
+    initial = optimizers.initial_chain_model(corpus, L, K, K2, dtype=jnp.float64)
+    dense = initial.with_pair_mask(initial.pair_mask, max_sparse_fraction=0.0)
+    blocks = features.pack_shards(*sentences, K, 3)
+    assert jax.tree_util.tree_leaves(blocks)[0].shape[0] == 3
+    whole_model, whole = _train(corpus, dense)
+    blocked_model, blocked = _train(corpus, dense, shards=blocks)
+    np.testing.assert_allclose(np.asarray(blocked.trace), np.asarray(whole.trace), rtol=1e-10)
+    for ours, theirs in zip(jax.tree_util.tree_leaves(blocked_model), jax.tree_util.tree_leaves(whole_model)):
+        np.testing.assert_allclose(np.asarray(ours, float), np.asarray(theirs, float), atol=1e-8)
+    arrays = features.corpus_arrays(corpus, K)
+    value = models.blockwise_corpus_loss(blocked_model, blocks)
+    np.testing.assert_allclose(float(value), float(models.corpus_loss(blocked_model, arrays)), rtol=1e-12)
+    with pytest.raises(ValueError, match="shards"):
+        _train(corpus, dense, shards=blocks, loss=lambda p, labels, lengths: jnp.zeros(lengths.shape))

@@ -309,7 +309,9 @@ def test_masked_run_equals_the_dense_run_with_a_masked_gradient():
         leaf, keep = np.asarray(leaf), np.broadcast_to(np.asarray(keep), np.shape(leaf))
         assert not keep.all() or leaf.ndim == 1  # every table but start has weights that do not exist
         np.testing.assert_array_equal(leaf[~keep], 0.0)
-    assert np.count_nonzero(np.asarray(weights.emission)) > 0 and np.count_nonzero(np.asarray(weights.pair_emission)) > 0
+    assert (
+        np.count_nonzero(np.asarray(weights.emission)) > 0 and np.count_nonzero(np.asarray(weights.pair_emission)) > 0
+    )
     # The penalty counts only weights that exist: none outside, so it equals the dense objective's.
     q = lazy.inner[1].applied_penalty
     np.testing.assert_array_equal(np.asarray(q.emission)[~np.asarray(exists.emission)], 0.0)

@@ -129,18 +129,23 @@ def train_linear_chain(
       `initial_chain_model(packed_corpus, ..., observed_pairs_only,
       observed_transitions_only, dtype)`. Its tables must be `[K, L]`,
       `[L, L]`, `[L]`, `[K2, L, L]` for the given counts.
-    shards, mesh: data-parallel training: `shards` is the corpus as one block
-      per device of `mesh`'s data axis (`features.pack_shards`), default log-loss only.
+    shards, mesh: `shards` is the corpus as equally shaped blocks
+      (`features.pack_shards`, default log-loss only): with a `mesh`,
+      data-parallel training, one block per device of its data axis;
+      without, the blocks' losses summed one at a time on one device
+      (`models.blockwise_corpus_loss`: the memory of one block, for a
+      forward pass more per evaluation). `packed_corpus` still decides the
+      model's masks.
     stop: a stop rule (`relative_improvement_below`, ...), `max_iterations` the cap.
     drive_options: `checkpoint_dir`, `checkpoint_every`, `settings`,
       `callback`, `progress`, `description` (`drive`).
     Returns `(model, result)`: the trained model (off the mesh) and the driver's `TrainResult`.
     """
     check_training(loss, l1, l2, regularizer, optimizer, memory_size, max_iterations, dtype)
-    if (shards is None) != (mesh is None):
+    if mesh is not None and shards is None:
         raise ValueError("shards, mesh: data-parallel training needs both (features.pack_shards over the mesh)")
-    if mesh is not None and loss is not None:
-        raise ValueError("mesh: data-parallel training takes the default log-loss (loss=None)")
+    if shards is not None and loss is not None:
+        raise ValueError("shards: training on blocks takes the default log-loss (loss=None)")
     if model is None:
         model = initial_chain_model(
             packed_corpus,
@@ -156,12 +161,14 @@ def train_linear_chain(
     structure = model.structure()
     if shards is None:
         data = TrainingData(features.corpus_arrays(packed_corpus, num_features), structure)
+    elif mesh is None:  # blocks one after another: one copy of the masks
+        data = TrainingData(shards, structure)
     else:  # one copy of the masks per block
         count = jax.tree_util.tree_leaves(shards)[0].shape[0]
         copies = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure)
         data = TrainingData(shards, copies)
     training = elastic_net_training(l1, l2, optimizer, memory_size=memory_size, regularizer=regularizer)
-    objective = weights_objective(model, loss)
+    objective = weights_objective(model, loss, blockwise=shards is not None and mesh is None)
     result = train(
         objective if mesh is None else parallel.single_block(objective),
         model.weights(),

@@ -196,7 +196,9 @@ def lazy_sgd_l1(learning_rate, l1: float, l2: float = 0.0) -> LazySgdL1:
         masks = [None] * structure.num_leaves if masks is None else structure.flatten_up_to(masks)
         pairs = [
             _masked_clip(w, state.total_penalty, q, exists)
-            for w, q, exists in zip(structure.flatten_up_to(params), structure.flatten_up_to(state.applied_penalty), masks)
+            for w, q, exists in zip(
+                structure.flatten_up_to(params), structure.flatten_up_to(state.applied_penalty), masks
+            )
         ]
         params, applied = (structure.unflatten([pair[i] for pair in pairs]) for i in (0, 1))
         return params, state._replace(applied_penalty=applied)
