@@ -259,14 +259,18 @@ def _resident_gib() -> float:
 
 
 def _watchdog(limit_gib: float) -> None:
-    """End the process (exit status 3) when its resident memory passes `limit_gib`."""
+    """End the process (exit status 3) when its resident memory passes
+    `limit_gib`, and make it the kernel's first choice when memory runs out
+    (a probe, not the other runs on the machine, is the one killed)."""
+    with open("/proc/self/oom_score_adj", "w") as stream:
+        stream.write("1000")
 
     def watch():
         while True:
             if _resident_gib() > limit_gib:
                 print(f"probe stopped: resident memory above {limit_gib} GiB", flush=True)
                 os._exit(3)
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     threading.Thread(target=watch, daemon=True).start()
 
@@ -330,7 +334,8 @@ def all_probes(limit_gib: float, machine: str) -> dict:
             else:
                 status = "over the memory limit" if finished.returncode == 3 else f"exit {finished.returncode}"
                 records.append({"task": task, "optimizer": optimizer, "failed": status, "limit_gib": limit_gib})
-    return {"probes": records, "limit_gib": limit_gib}
+    command = f"python -m benchmarks.lavergne_scale_benchmark --part probe --all --limit-gib {limit_gib:g}"
+    return {"probes": records, "limit_gib": limit_gib, "command": command}
 
 
 def main() -> None:

@@ -3,7 +3,9 @@
 Three ways of training an L1-penalised linear-chain CRF (MATH.md section 6),
 `l(theta) + rho_1 ||theta||_1 + rho_2 / 2 ||theta||^2`:
 
-* OWL-QN (Andrew & Gao 2007, `lossfns.optimizers.owlqn`), full batch;
+* OWL-QN (Andrew & Gao 2007, `lossfns.optimizers.owlqn`), full batch,
+  through the library's training path (`optimizers.train_linear_chain`,
+  the Tagger's, on `features.pack_rows`);
 * SGD with the cumulative L1 penalty (Tsuruoka et al. 2009,
   `lossfns.optimizers.lazy_sgd_l1`: applied lazily to the rows a minibatch
   touches), learning rate calibrated on a sample (`calibrate_learning_rate`)
@@ -13,6 +15,12 @@ Three ways of training an L1-penalised linear-chain CRF (MATH.md section 6),
 
 each also followed by the paper's fine-tuning: L-BFGS on the active
 (non-zero) features only with a small L2 penalty (`lossfns.optimizers.finetune`).
+All three train the same model (`chain_model`): weights only on the (test,
+label) pairs and (word, y', y) triples seen in training (CRFsuite's
+parameter set; the paper counts its features over every combination, and
+the report gives both counts). Whole-corpus objectives are summed over 8
+blocks one at a time (`models.blockwise_corpus_loss`), so that the dense
+`[N, L, L]` potentials of the pair features fit in memory.
 CRFsuite (python-crfsuite: L-BFGS with the same penalties, and its L2-only
 `l2sgd`) trains the same tasks from the same observation strings, as extra rows.
 
@@ -28,9 +36,9 @@ Tasks (conll2000 WSJ, all 8,936 training and 2,012 test sentences;
 * `joint`: the joint POS and chunk label of each token (`NN|B-NP`, 319
   labels), the large-label-set condition of the paper's Nettalk+prosody
   (Table 5); BCD there only after a probe on a subset says it fits;
-* `sparse`: Table 2 analogue, whole OWL-QN runs of the `pairs` features on
-  the (word, y', y) triples seen in training, with the sparse and with the
-  dense forward-backward (`LinearChainModel.with_pair_mask`).
+* `sparse`: Table 2 analogue, whole OWL-QN runs of the `pairs` model with
+  the sparse and with the dense forward-backward (`LinearChainModel.
+  with_pair_mask`, passed as `train_linear_chain(model=)`).
 
 Every optimizer runs through `optimizers.drive` with checkpoints under
 `OUT/checkpoints/UNIT` (an interrupted unit resumes where it stopped) and
