@@ -319,3 +319,15 @@ def test_bcd_probe_measures_memory_and_extrapolates_the_sweep(tmp_path):
         probe["subset"]["sweep_seconds"] / probe["subset_pos_labels"]["sweep_seconds"]
     )
     assert probe["fits"]  # a few sentences fit the budget
+
+
+def test_probe_estimates_add_the_fixed_time_to_the_iterations():
+    probe = dict(task="pos", optimizer="SGD-L1", labels=44, possible_features=100, weights_in_model=10)
+    probe |= dict(setup_s=10.0, compile_s=5.0, calibration_s=15.0, plan_s=None, first_iteration_s=11.0)
+    probe |= dict(per_iteration_s=10.0, peak_gib=2.0)
+    failed = {"task": "joint", "optimizer": "BCD", "failed": "over the memory limit"}
+    lines = lavergne2010.probe_estimates({"probes": [probe, failed], "limit_gib": 12}, lavergne2010.FULL)
+    table = "\n".join(lines)
+    # 30 s fixed + 28.5 epochs x 10 s = 315 s; at the cap of 200 epochs: 2030 s.
+    assert "| pos | SGD-L1 | 44 | 100 | 10 | 10.00 s | 41 s | 2.0 GiB | 5.2 min (28.5 it.) | 33.8 min (200 it.) |" in table
+    assert "not measured: over the memory limit" in table
