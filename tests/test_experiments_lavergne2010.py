@@ -329,5 +329,7 @@ def test_probe_estimates_add_the_fixed_time_to_the_iterations():
     lines = lavergne2010.probe_estimates({"probes": [probe, failed], "limit_gib": 12}, lavergne2010.FULL)
     table = "\n".join(lines)
     # 30 s fixed + 28.5 epochs x 10 s = 315 s; at the cap of 200 epochs: 2030 s.
-    assert "| pos | SGD-L1 | 44 | 100 | 10 | 10.00 s | 41 s | 2.0 GiB | 5.2 min (28.5 it.) | 33.8 min (200 it.) |" in table
+    assert (
+        "| pos | SGD-L1 | 44 | 100 | 10 | 10.00 s | 41 s | 2.0 GiB | 5.2 min (28.5 it.) | 33.8 min (200 it.) |" in table
+    )
     assert "not measured: over the memory limit" in table
