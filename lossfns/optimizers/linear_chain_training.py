@@ -145,7 +145,9 @@ def train_linear_chain(
     if mesh is not None and shards is None:
         raise ValueError("shards, mesh: data-parallel training needs both (features.pack_shards over the mesh)")
     if shards is not None and loss is not None:
-        raise ValueError("shards: training on blocks takes the default log-loss (loss=None)")
+        raise ValueError(
+            "shards, mesh: training on blocks (over a mesh, or one at a time) takes the default log-loss (loss=None)"
+        )
     if model is None:
         model = initial_chain_model(
             packed_corpus,
