@@ -16,8 +16,19 @@ one part per run (each in its own process, so that its peak memory is its own):
   POS|chunk labels of train.txt: time to the first iteration (features,
   indexing, packing, the model and its masks, compilation), to the end of
   the first (one OWL-QN iteration), and the process's peak memory.
+* `probe`: one full-scale unit of the experiment (`--task`, `--optimizer`;
+  `OWL-QN`, `SGD-L1`, `BCD`, or `sparse`/`dense` on the `sparse` task) run
+  through the experiment's own unit (`chain_unit`, `forward_backward_unit`:
+  the same model, packing, checkpoints and evaluation) with its caps cut to
+  `--iterations`, in a temporary run directory: seconds per iteration
+  (epoch, sweep) at steady state, setup and compilation, and the process's
+  peak memory; a watchdog ends the process past `--limit-gib` (the machine
+  is shared). `--all` runs every probe, one process after another, and
+  writes them to one file (`experiments.lavergne2010` reads it for its
+  wall-time estimates).
 
     NLTK_DATA=../shared/nltk_data python -m benchmarks.lavergne_scale_benchmark --part sgd
+    NLTK_DATA=../shared/nltk_data python -m benchmarks.lavergne_scale_benchmark --part probe --all
 """
 
 from __future__ import annotations
@@ -27,6 +38,10 @@ import json
 import os
 import platform
 import resource
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 
 import jax
@@ -37,6 +52,7 @@ from lossfns import corpora, features, optimizers
 from lossfns.models.linear_chain import LinearChainModel
 
 from experiments import lavergne2010
+from experiments.harness import RunDirectory
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 RATE = 1e-5  # per-example rate; timing only (the experiment calibrates it)
@@ -140,9 +156,9 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
 def bcd_part(sentences=None, log=print) -> dict:
     data, encoded, index_seconds = _pos_task(sentences)
     L = len(data.labels)
-    model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
+    model = lavergne2010.chain_model(encoded, L)
     start = time.perf_counter()
-    plan = optimizers.bcd_data(lavergne2010.packed_training_set(encoded), model)
+    plan = optimizers.bcd_data(encoded.rows, model)
     plan_seconds = time.perf_counter() - start
     cells = {
         kind: int(np.sum(np.asarray(getattr(plan, kind).length)))
@@ -220,23 +236,142 @@ def startup_part(iterations: int, log=print) -> dict:
     return out
 
 
+# Every unit of the full experiment, (task, optimizer or form), and the
+# iterations (epochs, sweeps) each probe runs: enough for a steady state.
+PROBES = (
+    ("pos", "OWL-QN", 6),
+    ("pos", "SGD-L1", 2),
+    ("pos", "BCD", 2),
+    ("pairs", "OWL-QN", 6),
+    ("pairs", "SGD-L1", 2),
+    ("pairs", "BCD", 2),
+    ("joint", "OWL-QN", 4),
+    ("joint", "SGD-L1", 2),
+    ("joint", "BCD", 2),
+    ("sparse", "sparse", 6),
+    ("sparse", "dense", 6),
+)
+
+
+def _resident_gib() -> float:
+    with open("/proc/self/statm") as stream:
+        return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def _watchdog(limit_gib: float) -> None:
+    """End the process (exit status 3) when its resident memory passes
+    `limit_gib`, and make it the kernel's first choice when memory runs out
+    (a probe, not the other runs on the machine, is the one killed)."""
+    with open("/proc/self/oom_score_adj", "w") as stream:
+        stream.write("1000")
+
+    def watch():
+        while True:
+            if _resident_gib() > limit_gib:
+                print(f"probe stopped: resident memory above {limit_gib} GiB", flush=True)
+                os._exit(3)
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def probe_part(task: str, optimizer: str, iterations: int, limit_gib: float, log=print) -> dict:
+    """One unit of the full experiment, its caps cut to `iterations`."""
+    _watchdog(limit_gib)
+    config = dict(lavergne2010.FULL[task], owlqn_steps=iterations, sgd_epochs=iterations, bcd_sweeps=iterations)
+    config.update(chunk=1, finetune_steps=min(config["finetune_steps"], 2), stop=(0.0, 1), epoch_stop=(0.0, 1))
+    start = time.perf_counter()
+    data = lavergne2010.load(task, config)
+    extractor = lavergne2010.Extractor(config["features"], config["pairs"])
+    encoded = lavergne2010.encode(data, extractor, config["num_buckets"], config["blocks"])
+    model = lavergne2010.chain_model(encoded, len(data.labels))
+    setup_seconds = time.perf_counter() - start
+    log(f"[{task} {optimizer}] setup {setup_seconds:.1f} s, {model.num_parameters()} weights, {_peak_gib():.2f} GiB")
+    with tempfile.TemporaryDirectory() as directory:
+        run = RunDirectory(directory)
+        if task == "sparse":
+            unit = lavergne2010.forward_backward_unit(run, optimizer, data, encoded, config, False)
+        else:
+            unit = lavergne2010.chain_unit(run, task, optimizer, data, encoded, model, config, False)
+    row = unit["rows"][0]
+    seconds = [point["seconds"] for point in row["curve"]]
+    per_iteration = (seconds[-1] - seconds[0]) / (len(seconds) - 1) if len(seconds) > 1 else seconds[0]
+    out = {
+        "task": task,
+        "optimizer": optimizer,
+        "labels": len(data.labels),
+        "weights_in_model": model.num_parameters(),
+        "possible_features": lavergne2010.possible_features(encoded, len(data.labels)),
+        "iterations": row["iterations"],
+        "setup_s": setup_seconds,
+        "compile_s": row["compile_seconds"],
+        "first_iteration_s": seconds[0],
+        "per_iteration_s": per_iteration,
+        "calibration_s": row.get("calibration", {}).get("seconds"),
+        "plan_s": row.get("plan_seconds"),
+        "peak_gib": _peak_gib(),
+    }
+    log(
+        f"[{task} {optimizer}] {per_iteration:.2f} s per iteration (first {seconds[0]:.2f} s, compile "
+        f"{out['compile_s']:.1f} s), peak {out['peak_gib']:.2f} GiB"
+    )
+    return out
+
+
+def all_probes(limit_gib: float, machine: str) -> dict:
+    """Every probe of `PROBES`, each in its own process (its own peak memory)."""
+    records = []
+    for task, optimizer, iterations in PROBES:
+        with tempfile.TemporaryDirectory() as directory:
+            command = [sys.executable, "-m", "benchmarks.lavergne_scale_benchmark", "--part", "probe"]
+            command += ["--task", task, "--optimizer", optimizer, "--iterations", str(iterations)]
+            command += ["--limit-gib", str(limit_gib), "--machine", machine, "--out", directory]
+            finished = subprocess.run(command, check=False)
+            path = os.path.join(directory, "probe.json")
+            if finished.returncode == 0 and os.path.exists(path):
+                with open(path) as stream:
+                    records.append(json.load(stream))
+            else:
+                status = "over the memory limit" if finished.returncode == 3 else f"exit {finished.returncode}"
+                records.append({"task": task, "optimizer": optimizer, "failed": status, "limit_gib": limit_gib})
+    command = f"python -m benchmarks.lavergne_scale_benchmark --part probe --all --limit-gib {limit_gib:g}"
+    return {"probes": records, "limit_gib": limit_gib, "command": command}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("sgd", "bcd", "startup"), required=True)
+    parser.add_argument("--part", choices=("sgd", "bcd", "startup", "probe"), required=True)
+    parser.add_argument("--task", choices=lavergne2010.TASKS, default="pos")
+    parser.add_argument("--optimizer", default="OWL-QN", help="OWL-QN, SGD-L1, BCD (sparse task: sparse, dense)")
+    parser.add_argument("--all", action="store_true", help="probe: every unit, one process each")
+    parser.add_argument("--limit-gib", type=float, default=12.0, help="probe: end the process past this")
+    parser.add_argument("--out", default=None, help="probe: write probe.json into this folder")
     parser.add_argument("--batch-sizes", default="64,8")
     parser.add_argument("--dense-sentences", type=int, default=512)
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--sentences", type=int, default=None, help="training sentences (default: all 8,936)")
     parser.add_argument("--machine", default="cpu-2core")
     args = parser.parse_args()
-    if args.part == "sgd":
+    if args.part == "probe" and not args.all:
+        result = probe_part(args.task, args.optimizer, args.iterations, args.limit_gib)
+        with open(os.path.join(args.out or ".", "probe.json"), "w") as handle:
+            json.dump(result, handle, indent=1)
+        return
+    if args.part == "probe":
+        result = all_probes(args.limit_gib, args.machine)
+    elif args.part == "sgd":
         result = sgd_part([int(b) for b in args.batch_sizes.split(",")], args.dense_sentences, args.sentences)
     elif args.part == "bcd":
         result = bcd_part(args.sentences)
     else:
         result = startup_part(args.iterations)
     result.update(machine=args.machine, platform=platform.platform(), jax=jax.__version__, cpus=os.cpu_count())
-    name = f"lavergne-scale-{args.part}-{args.machine}" + (f"-{args.sentences}" if args.sentences else "")
+    name = (
+        f"lavergne-scale-{args.part}s-{args.machine}"
+        if args.part == "probe"
+        else f"lavergne-scale-{args.part}-{args.machine}"
+    )
+    name += f"-{args.sentences}" if args.sentences else ""
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path, "w") as handle:
         json.dump(result, handle, indent=1)

@@ -791,11 +791,11 @@ CASES = [
         ["segments_per_epoch", "[1, 2]", "3"],
     ),
     (
-        "lazy-sgd-masked-model",
-        "a masked model for lazy SGD-L1",
-        lambda _: _lazy_step(LinearChainModel.zeros(1, 2, emission_mask=np.ones((1, 2), bool))),
+        "train-linear-chain-model-shape",
+        "a starting model of other shapes than the corpus's counts",
+        lambda _: optimizers.train_linear_chain(_bcd_corpus(), 2, 2, model=LinearChainModel.zeros(3, 2)),
         ValueError,
-        ["emission_mask", "pair_mask"],
+        ["model", "emission [K, L] = (2, 2)", "(3, 2)"],
     ),
     (
         "lazy-sgd-max-rows-batch",

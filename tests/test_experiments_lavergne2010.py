@@ -15,12 +15,12 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from conftest import corpus_or_fail
 
-from lossfns import corpora
-from lossfns.models.linear_chain import LinearChainModel
+from lossfns import corpora, features, models
 
 from experiments import lavergne2010
 from experiments.harness import RunDirectory
@@ -104,7 +104,7 @@ def test_an_interrupted_unit_resumes_from_its_checkpoint(tiny_task, tmp_path):
     whole curve."""
     data, encoded = tiny_task
     config = dict(lavergne2010.QUICK["pos"], owlqn_steps=6, chunk=3, stop=(0.0, 1))  # never stops early
-    params = LinearChainModel.zeros(encoded.num_unigram, len(data.labels), encoded.num_pair)
+    model = lavergne2010.chain_model(encoded, len(data.labels))
     calls = []
 
     def evaluate(model, fail_at=None):
@@ -113,7 +113,7 @@ def test_an_interrupted_unit_resumes_from_its_checkpoint(tiny_task, tmp_path):
             raise KeyboardInterrupt
         return {"error": 0.0, "nonzero": 0}
 
-    fit = functools.partial(lavergne2010.fit, name="u", optimizer="OWL-QN", params=params, train=encoded.train)
+    fit = functools.partial(lavergne2010.fit, name="u", optimizer="OWL-QN", model=model, train=encoded)
     fit = functools.partial(fit, config=config, progress=False)
     whole, _ = fit(RunDirectory(str(tmp_path / "whole")), evaluate=evaluate)
     interrupted = RunDirectory(str(tmp_path / "interrupted"))
@@ -261,14 +261,46 @@ def test_pair_features_enter_the_model_and_the_loss(tiny_task):
     data, without = tiny_task
     with_pairs = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1", lavergne2010.PAIR_TEMPLATES), 1)
     assert without.num_pair == 0 and with_pairs.num_pair > 0
-    (batch,) = with_pairs.train
+    batch = with_pairs.stacked
     inside = np.arange(batch.labels.shape[1])[None, :] < np.asarray(batch.lengths)[:, None]
     assert np.all((np.asarray(batch.pair_ids)[..., 0] >= 0) == inside)
     tokens = sum(len(s.labels) for s in data.train)
     L = len(data.labels)
     for encoded in (with_pairs, without):
-        model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
-        assert float(lavergne2010.corpus_loss(model, encoded.train)) == pytest.approx(tokens * np.log(L), rel=1e-5)
+        model = lavergne2010.chain_model(encoded, L)
+        uniform = pytest.approx(tokens * np.log(L), rel=1e-5)
+        assert float(lavergne2010.corpus_loss(model, (encoded.stacked,))) == uniform
+        # The library's packed path (OWL-QN's and fine-tuning's) reads the same corpus.
+        arrays = features.corpus_arrays(encoded.rows, encoded.num_unigram)
+        assert float(models.corpus_loss(model, arrays)) == uniform
+
+
+def test_the_model_is_the_observed_one_and_the_report_counts_both(tiny_task):
+    """All three optimizers train `chain_model`: weights on the (test,
+    label) pairs and (word, y', y) triples seen in training only; the report
+    gives that count and the paper's (every combination), never 'None'."""
+    data, _ = tiny_task
+    encoded = lavergne2010.encode(data, lavergne2010.Extractor("altun_s1", lavergne2010.PAIR_TEMPLATES), 1)
+    L, K, K2 = len(data.labels), encoded.num_unigram, encoded.num_pair
+    model = lavergne2010.chain_model(encoded, L)
+    emission, pairs = np.asarray(model.emission_mask), np.asarray(model.pair_mask)
+    # Oracle: the (test, label) pairs and (word, y', y) triples counted from the sentences.
+    seen, triples = set(), set()
+    stacked = jax.tree_util.tree_map(np.asarray, encoded.stacked)
+    for sentence, length in enumerate(stacked.lengths):
+        for t in range(length):
+            y = stacked.labels[sentence, t]
+            seen |= {(k, y) for k in stacked.unigram_ids[sentence, t] if k >= 0}
+            if t:
+                triples |= {(k, stacked.labels[sentence, t - 1], y) for k in stacked.pair_ids[sentence, t] if k >= 0}
+    assert emission.sum() == len(seen) and pairs.sum() == len(triples)
+    transitions = np.asarray(model.weight_masks().transitions).sum()
+    assert model.num_parameters() == len(seen) + len(triples) + transitions + L
+    assert lavergne2010.possible_features(encoded, L) == K * L + K2 * L * L + L * L + L
+    info = lavergne2010._describe(data, encoded, model)
+    cell = lavergne2010._features_cell(info)
+    assert f"{K * L + K2 * L * L + L * L + L} possible" in cell and f"{model.num_parameters()} in the model" in cell
+    assert "None" not in lavergne2010._feature_counts(info) and lavergne2010._feature_counts(None) == "-"
 
 
 @pytest.mark.slow  # four BCD plans and compilations, about 40 s
@@ -287,3 +319,17 @@ def test_bcd_probe_measures_memory_and_extrapolates_the_sweep(tmp_path):
         probe["subset"]["sweep_seconds"] / probe["subset_pos_labels"]["sweep_seconds"]
     )
     assert probe["fits"]  # a few sentences fit the budget
+
+
+def test_probe_estimates_add_the_fixed_time_to_the_iterations():
+    probe = dict(task="pos", optimizer="SGD-L1", labels=44, possible_features=100, weights_in_model=10)
+    probe |= dict(setup_s=10.0, compile_s=5.0, calibration_s=15.0, plan_s=None, first_iteration_s=11.0)
+    probe |= dict(per_iteration_s=10.0, peak_gib=2.0)
+    failed = {"task": "joint", "optimizer": "BCD", "failed": "over the memory limit"}
+    lines = lavergne2010.probe_estimates({"probes": [probe, failed], "limit_gib": 12}, lavergne2010.FULL)
+    table = "\n".join(lines)
+    # 30 s fixed + 28.5 epochs x 10 s = 315 s; at the cap of 200 epochs: 2030 s.
+    assert (
+        "| pos | SGD-L1 | 44 | 100 | 10 | 10.00 s | 41 s | 2.0 GiB | 5.2 min (28.5 it.) | 33.8 min (200 it.) |" in table
+    )
+    assert "not measured: over the memory limit" in table

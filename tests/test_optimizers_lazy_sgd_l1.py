@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -209,7 +210,7 @@ def test_batch_rows_give_the_loss_and_the_gradient_rows_jit_and_not():
         _assert_models_close(scattered, dense)
 
 
-def test_rejects_masked_models_and_too_many_segments():
+def test_rejects_too_many_segments_and_other_models():
     data = _data()
     optimizer = optimizers.lazy_sgd_l1(0.1, L1)
     bounds = optimizers.max_rows_per_batch(data, BATCH_SIZE)
@@ -217,10 +218,103 @@ def test_rejects_masked_models_and_too_many_segments():
         optimizers.lazy_epoch_step_fn(
             _loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds, segments_per_epoch=N
         )
-    masked = LinearChainModel.zeros(K, L, K2, emission_mask=np.ones((K, L), bool), dtype=jnp.float64)
     step_fn = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds)
-    with pytest.raises(ValueError, match="emission_mask"):
-        step_fn((masked, None, jax.random.PRNGKey(0)), jnp.zeros((), jnp.int32))
+    with pytest.raises(TypeError, match="LinearChainModel"):
+        step_fn(({"w": jnp.zeros(3)}, None, jax.random.PRNGKey(0)), jnp.zeros((), jnp.int32))
+
+
+def test_the_recorded_objective_can_be_given():
+    """`objective=` replaces `fun(model, data)` in the recorded value (the
+    experiment gives the packed corpus's loss); the trajectory is the same."""
+    data, model = _data(), _model()
+    optimizer = optimizers.lazy_sgd_l1(0.05, L1)
+    options = dict(batch_size=N, max_rows=optimizers.max_rows_per_batch(data, N))
+    inner = (model, optimizer.init(model), jax.random.PRNGKey(3))
+    plain = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, **options)(inner, 0)
+    doubled = lambda m: 2.0 * _loss(m, data)
+    given = optimizers.lazy_epoch_step_fn(_loss, optimizer, data, objective=doubled, **options)(inner, 0)
+    _assert_models_close(given[0][0], plain[0][0], atol=0.0)
+    np.testing.assert_allclose(float(given[1]), 2.0 * float(plain[1]), rtol=1e-12)
+
+
+def _masks(all_true: bool):
+    """Emission, pair and transition masks: random (about 60% kept) or all True."""
+    rng = np.random.default_rng(5)
+    keep = lambda shape: np.ones(shape, bool) if all_true else rng.random(shape) < 0.6
+    return keep((K, L)), keep((K2, L, L)), keep((L, L))
+
+
+def _masked_model(all_true: bool) -> LinearChainModel:
+    emission, pair, transitions = _masks(all_true)
+    model = LinearChainModel.zeros(K, L, K2, emission_mask=emission, dtype=jnp.float64)
+    return model.with_pair_mask(pair, max_sparse_fraction=0.0).with_transition_mask(transitions)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _masked_lazy(all_true, bounds):
+    data, model = _data(), _masked_model(all_true)
+    optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1)
+    step_fn = optimizers.lazy_epoch_step_fn(
+        _loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds, penalty=optimizers.elastic_net_penalty(L1)
+    )
+    loop = optimizers.init_loop((model, optimizer.init(model), jax.random.PRNGKey(3)), 2)
+    return optimizers.run_loop(step_fn, loop, 2, optimizers.relative_change_below(0.0))
+
+
+@jax.jit
+def _masked_dense():
+    """The dense oracle of a masked lazy run: `sgd_l1` on the float weights,
+    the gradient masked (the loss reads the weights through the masks) and
+    the penalty only on the weights that exist."""
+    data, model = _data(), _masked_model(False)
+    weights, fixed = eqx.partition(model, eqx.is_inexact_array)
+    exists = model.weight_masks()
+    exists = dataclasses.replace(
+        weights,
+        emission=exists.emission,
+        transitions=exists.transitions,
+        start=jnp.ones((L,), bool),
+        pair_emission=exists.pair_emission,
+    )
+    masked = lambda w: jax.tree_util.tree_map(lambda x, keep: jnp.where(keep, x, 0.0), w, exists)
+    fun = lambda w, batch: _loss(eqx.combine(masked(w), fixed), batch)
+    optimizer = optimizers.sgd_l1(SCHEDULE, L1, mask=lambda _: exists)  # a Module is callable: pass it as one
+    step_fn = optimizers.epoch_step_fn(
+        fun, optimizer, data, batch_size=BATCH_SIZE, penalty=optimizers.elastic_net_penalty(L1)
+    )
+    loop = optimizers.init_loop((weights, optimizer.init(weights), jax.random.PRNGKey(3)), 2)
+    return optimizers.run_loop(step_fn, loop, 2, optimizers.relative_change_below(0.0)), exists
+
+
+def test_all_true_masks_train_the_unmasked_models_weights():
+    bounds = optimizers.max_rows_per_batch(_data(), BATCH_SIZE)
+    masked, plain = _masked_lazy(True, bounds), _lazy(0.0, 2)
+    _assert_models_close(eqx.filter(masked.inner[0], eqx.is_inexact_array), plain.inner[0], atol=0.0)
+    np.testing.assert_array_equal(np.asarray(masked.trace), np.asarray(plain.trace))
+
+
+def test_masked_run_equals_the_dense_run_with_a_masked_gradient():
+    """Lazy SGD-L1 on a model with emission, pair and transition masks
+    (float64, jitted, without L2 so that lazy and dense agree) against
+    `sgd_l1` on the dense weights with the gradient and penalty masked:
+    the same weights and objectives; the weights outside the masks are
+    exactly 0, some inside are not."""
+    bounds = optimizers.max_rows_per_batch(_data(), BATCH_SIZE)
+    lazy = _masked_lazy(False, bounds)
+    dense, exists = _masked_dense()
+    weights = eqx.filter(lazy.inner[0], eqx.is_inexact_array)
+    _assert_models_close(weights, dense.inner[0])
+    np.testing.assert_allclose(np.asarray(lazy.trace), np.asarray(dense.trace), rtol=1e-12)
+    for leaf, keep in zip(jax.tree_util.tree_leaves(weights), jax.tree_util.tree_leaves(exists)):
+        leaf, keep = np.asarray(leaf), np.broadcast_to(np.asarray(keep), np.shape(leaf))
+        assert not keep.all() or leaf.ndim == 1  # every table but start has weights that do not exist
+        np.testing.assert_array_equal(leaf[~keep], 0.0)
+    assert (
+        np.count_nonzero(np.asarray(weights.emission)) > 0 and np.count_nonzero(np.asarray(weights.pair_emission)) > 0
+    )
+    # The penalty counts only weights that exist: none outside, so it equals the dense objective's.
+    q = lazy.inner[1].applied_penalty
+    np.testing.assert_array_equal(np.asarray(q.emission)[~np.asarray(exists.emission)], 0.0)
 
 
 def test_lazy_calibration_chooses_the_dense_calibrations_rate():

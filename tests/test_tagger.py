@@ -282,8 +282,8 @@ def test_pair_features_train_on_the_sparse_form_and_survive_save_and_load(tmp_pa
 def test_train_linear_chain_is_the_taggers_training(tmp_path):
     """`optimizers.train_linear_chain` on a corpus the caller indexed and
     packed gives the Tagger's weights bit for bit (the Tagger only assembles
-    its arguments), checks its own settings, and takes shards and a mesh
-    only together."""
+    its arguments), checks its own settings, and takes a mesh only with
+    shards."""
     from lossfns import features, optimizers
 
     corpus = [
@@ -307,8 +307,9 @@ def test_train_linear_chain_is_the_taggers_training(tmp_path):
     for ours, theirs in zip(jax.tree_util.tree_leaves(model), jax.tree_util.tree_leaves(tagger.model)):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     assert [float(v) for v in np.asarray(result.trace)[: int(result.num_steps)]] == tagger.history
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     with pytest.raises(ValueError, match="shards, mesh"):
-        optimizers.train_linear_chain(packed, len(tagger.labels), index.num_unigram, shards=packed)
+        optimizers.train_linear_chain(packed, len(tagger.labels), index.num_unigram, mesh=mesh)
     with pytest.raises(ValueError, match="memory_size"):
         optimizers.train_linear_chain(packed, len(tagger.labels), index.num_unigram, memory_size=0)
 

@@ -354,6 +354,18 @@ class LinearChainModel(eqx.Module):
             emission = emission[np.asarray(self.emission_mask)]
         return ChainWeights(emission, self.transitions, self.start, self.pair_emission)
 
+    def weight_masks(self) -> ChainWeights:
+        """Which weights of the dense tables exist (can be non-zero), as
+        `ChainWeights` of bool arrays `[K, L]`, `[L, L]`, `[L]`, `[K2, L, L]`,
+        each None where all do: the emission and pair masks, and the
+        transitions kept by `transition_mask` and, with a pair mask, on its
+        label pairs (`_masked_transitions`)."""
+        transitions = self.transition_mask
+        if self.pair_mask is not None:
+            used = jnp.any(self.pair_mask, axis=0)
+            transitions = used if transitions is None else transitions & used
+        return ChainWeights(self.emission_mask, transitions, None, self.pair_mask)  # pyright: ignore[reportArgumentType]
+
     def structure(self) -> ChainStructure:
         """The masks and the emission pairs of `weights()` (`ChainStructure`)."""
         pairs = None
@@ -412,13 +424,13 @@ class LinearChainModel(eqx.Module):
         return int(sum(np.count_nonzero(np.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(params)))
 
     def num_parameters(self) -> int:
-        """Number of weights that can be non-zero (masked weights excluded)."""
-        masked = sum(
-            0 if mask is None else int(np.count_nonzero(~np.asarray(mask)))
-            for mask in (self.emission_mask, self.pair_mask, self.transition_mask)
+        """Number of weights that can be non-zero (`weight_masks`: masked
+        weights excluded, transitions off a pair mask's label pairs too)."""
+        tables = (self.emission, self.transitions, self.start, self.pair_emission)
+        return sum(
+            int(np.size(table)) if mask is None else int(np.count_nonzero(np.asarray(mask)))
+            for table, mask in zip(tables, self.weight_masks())
         )
-        params, _ = self.trainable()
-        return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params)) - masked
 
 
 #: The sparse form is chosen when the label pairs that pair weights may use

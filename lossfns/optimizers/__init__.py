@@ -28,7 +28,7 @@ from .chain_boosting import ChainBoostingData, chain_boosting_data, chain_boosti
 from .driver import DriveResult, Report, TrainResult, drive, train
 from .elastic_net import ElasticNetTraining, crfsuite_elastic_net, elastic_net_training
 from .finetune import finetune
-from .linear_chain_training import train_linear_chain
+from .linear_chain_training import initial_chain_model, train_linear_chain
 from .minimize import (
     GradientSteps,
     LoopState,
@@ -118,6 +118,7 @@ __all__ = [
     "ElasticNetTraining",
     "crfsuite_elastic_net",
     "train_linear_chain",
+    "initial_chain_model",
     # block coordinate descent (Lavergne et al. 2010)
     "bcd",
     "bcd_data",

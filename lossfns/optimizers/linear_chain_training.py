@@ -49,16 +49,25 @@ def check_training(
     check_float_dtype("dtype", dtype)
 
 
-def _initial_model(
+def initial_chain_model(
     packed_corpus: PackedCorpus,
     num_labels: int,
     num_features: int,
-    num_pair_features: int,
-    observed_pairs_only: bool,
-    observed_transitions_only: bool,
-    dtype: DTypeLike,
+    num_pair_features: int = 0,
+    *,
+    observed_pairs_only: bool = True,
+    observed_transitions_only: bool = False,
+    dtype: DTypeLike = jnp.float32,
 ) -> LinearChainModel:
-    """The zero model, masked to what `packed_corpus` uses where asked."""
+    """The zero model `train_linear_chain` starts from: weights `[K, L]`,
+    `[L, L]`, `[L]`, `[K2, L, L]`, masked to the (feature, label) pairs and
+    (pair feature, previous label, label) triples `packed_corpus` has
+    (`observed_pairs_only`, CRFsuite's parameter set; the pair weights in the
+    sparse form when their label pairs are few) and to its transitions
+    (`observed_transitions_only`). Research code builds it to train the
+    same model with other optimizers (`lazy_sgd_l1`, `bcd`), or to force a
+    form (`with_pair_mask(model.pair_mask, max_sparse_fraction=0)`: dense)
+    and pass it back as `train_linear_chain(model=)`."""
     model = (
         LinearChainModel.observed(
             features.padded_buckets(packed_corpus), num_features, num_labels, num_pair_features, dtype=dtype
@@ -69,6 +78,18 @@ def _initial_model(
     if observed_transitions_only:
         model = model.with_transition_mask(features.observed_transitions(packed_corpus, num_labels))
     return model
+
+
+def _check_model(model, num_labels: int, num_features: int, num_pair_features: int) -> None:
+    if not isinstance(model, LinearChainModel):
+        raise TypeError(f"model must be a models.LinearChainModel or None, got {type(model).__name__}")
+    expected = (num_features, num_labels), (num_pair_features, num_labels, num_labels)
+    found = tuple(model.emission.shape), tuple(model.pair_emission.shape)
+    if found != expected:
+        raise ValueError(
+            f"model must have emission [K, L] = {expected[0]} and pair_emission [K2, L, L] = {expected[1]} "
+            f"(num_features, num_labels, num_pair_features), got {found[0]} and {found[1]}"
+        )
 
 
 def train_linear_chain(
@@ -88,6 +109,7 @@ def train_linear_chain(
     observed_pairs_only: bool = True,
     observed_transitions_only: bool = False,
     dtype: DTypeLike = jnp.float32,
+    model: LinearChainModel | None = None,
     shards=None,
     mesh: jax.sharding.Mesh | None = None,
     **drive_options,
@@ -102,36 +124,53 @@ def train_linear_chain(
     observed_pairs_only: weights only on the (feature, label) pairs and
       (pair feature, previous label, label) triples the corpus has (CRFsuite);
       observed_transitions_only: only on the transitions it has.
-    shards, mesh: data-parallel training: `shards` is the corpus as one block
-      per device of `mesh`'s data axis (`features.pack_shards`), default log-loss only.
+    model: the model to start from, its weights, masks and potential form
+      (e.g. `initial_chain_model(...)` forced onto the dense form); None:
+      `initial_chain_model(packed_corpus, ..., observed_pairs_only,
+      observed_transitions_only, dtype)`. Its tables must be `[K, L]`,
+      `[L, L]`, `[L]`, `[K2, L, L]` for the given counts.
+    shards, mesh: `shards` is the corpus as equally shaped blocks
+      (`features.pack_shards`, default log-loss only): with a `mesh`,
+      data-parallel training, one block per device of its data axis;
+      without, the blocks' losses summed one at a time on one device
+      (`models.blockwise_corpus_loss`: the memory of one block, for a
+      forward pass more per evaluation). `packed_corpus` still decides the
+      model's masks.
     stop: a stop rule (`relative_improvement_below`, ...), `max_iterations` the cap.
     drive_options: `checkpoint_dir`, `checkpoint_every`, `settings`,
       `callback`, `progress`, `description` (`drive`).
     Returns `(model, result)`: the trained model (off the mesh) and the driver's `TrainResult`.
     """
     check_training(loss, l1, l2, regularizer, optimizer, memory_size, max_iterations, dtype)
-    if (shards is None) != (mesh is None):
+    if mesh is not None and shards is None:
         raise ValueError("shards, mesh: data-parallel training needs both (features.pack_shards over the mesh)")
-    if mesh is not None and loss is not None:
-        raise ValueError("mesh: data-parallel training takes the default log-loss (loss=None)")
-    model = _initial_model(
-        packed_corpus,
-        num_labels,
-        num_features,
-        num_pair_features,
-        observed_pairs_only,
-        observed_transitions_only,
-        dtype,
-    )
+    if shards is not None and loss is not None:
+        raise ValueError(
+            "shards, mesh: training on blocks (over a mesh, or one at a time) takes the default log-loss (loss=None)"
+        )
+    if model is None:
+        model = initial_chain_model(
+            packed_corpus,
+            num_labels,
+            num_features,
+            num_pair_features,
+            observed_pairs_only=observed_pairs_only,
+            observed_transitions_only=observed_transitions_only,
+            dtype=dtype,
+        )
+    else:
+        _check_model(model, num_labels, num_features, num_pair_features)
     structure = model.structure()
     if shards is None:
         data = TrainingData(features.corpus_arrays(packed_corpus, num_features), structure)
+    elif mesh is None:  # blocks one after another: one copy of the masks
+        data = TrainingData(shards, structure)
     else:  # one copy of the masks per block
         count = jax.tree_util.tree_leaves(shards)[0].shape[0]
         copies = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure)
         data = TrainingData(shards, copies)
     training = elastic_net_training(l1, l2, optimizer, memory_size=memory_size, regularizer=regularizer)
-    objective = weights_objective(model, loss)
+    objective = weights_objective(model, loss, blockwise=shards is not None and mesh is None)
     result = train(
         objective if mesh is None else parallel.single_block(objective),
         model.weights(),

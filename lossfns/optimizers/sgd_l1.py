@@ -25,7 +25,11 @@ weights that clipping every row at every step gives: with `l2 = 0`, the
 two optimizers follow the same trajectory. The L2 decay of a row is
 applied when it is touched (as part of its gradient), not at every step.
 `lazy_epoch_step_fn` runs it over a `LinearChainModel` and a stacked
-`FeatureBatch`, the same batches as `minimize.epoch_step_fn`.
+`FeatureBatch`, the same batches as `minimize.epoch_step_fn`. A model with
+masks (`LinearChainModel.observed`: CRFsuite's parameter set, the model
+OWL-QN and BCD train) keeps its dense tables; the step gathers the mask rows
+beside the weight rows, and a weight outside its mask stays exactly 0, is
+never penalised and adds nothing to `q`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,17 +132,22 @@ class LazySgdL1(NamedTuple):
     """`lazy_sgd_l1`'s functions (an optax-shaped state machine whose
     updates are sparse, so it returns new params rather than dense updates).
 
-    init: `params -> LazySgdL1State`;
-    catch_up: `(state, params, rows) -> (params, state)`, the rows `rows`
-      (a pytree shaped like `params`, each leaf `[R]` int row indices of the
-      leaf's first axis, distinct; out-of-range indices are padding) clipped
-      up to the current penalty total: the weights the step's gradient must
-      be taken at;
-    update: `(row_grads, state, params, rows) -> (params, state)`, one step
-      on caught-up rows with `row_grads` (each leaf `[R, ...]`, the gradient
-      rows at the caught-up weights);
-    flush: `(state, params) -> (params, state)`, every weight caught up (the
-      exact weights of the algorithm).
+    init: `params -> LazySgdL1State` (over the floating-point leaves of
+      `params`; a model's bool masks get no state);
+    catch_up: `(state, params, rows, masks=None) -> (params, state)`, the
+      rows `rows` (a pytree shaped like `params`, each leaf `[R]` int row
+      indices of the leaf's first axis, distinct; out-of-range indices are
+      padding) clipped up to the current penalty total: the weights the
+      step's gradient must be taken at;
+    update: `(row_grads, state, params, rows, masks=None) -> (params,
+      state)`, one step on caught-up rows with `row_grads` (each leaf `[R,
+      ...]`, the gradient rows at the caught-up weights);
+    flush: `(state, params, masks=None) -> (params, state)`, every weight
+      caught up (the exact weights of the algorithm).
+    masks: None, or a pytree shaped like `params` whose leaves are bool
+    arrays of the leaf's whole shape (True: the weight exists) or None (all
+    exist): a weight outside its mask is set to 0 and left there, never
+    penalised (its `q` does not move).
     """
 
     init: Callable
@@ -158,38 +168,39 @@ def lazy_sgd_l1(learning_rate, l1: float, l2: float = 0.0) -> LazySgdL1:
     schedule = _checked_schedule(learning_rate, l1, l2)
 
     def init(params):
+        params = eqx.filter(params, eqx.is_inexact_array)
         check_float_params(params)
         dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
         return LazySgdL1State(
             jnp.zeros((), jnp.int32), jnp.zeros((), dtype), jax.tree_util.tree_map(jnp.zeros_like, params)
         )
 
-    def catch_up(state, params, rows):
-        params, applied = _rows_map(
-            params,
-            state.applied_penalty,
-            rows,
-            None,
-            lambda w, q, _: cumulative_l1_clip(w, state.total_penalty, q, 1.0),
-        )
+    def catch_up(state, params, rows, masks=None):
+        clip = lambda w, q, exists: _masked_clip(w, state.total_penalty, q, exists)
+        params, applied = _rows_map(params, state.applied_penalty, rows, None, clip, masks)
         return params, state._replace(applied_penalty=applied)
 
-    def update(row_grads, state, params, rows):
+    def update(row_grads, state, params, rows, masks=None):
         rate = jnp.asarray(schedule(state.count), state.total_penalty.dtype)
         total_penalty = state.total_penalty + rate * l1
 
-        def step(weights, applied, gradient):
+        def step(weights, applied, exists, gradient):
             stepped = weights - rate.astype(weights.dtype) * (gradient.astype(weights.dtype) + l2 * weights)
-            return cumulative_l1_clip(stepped, total_penalty, applied, 1.0)
+            return _masked_clip(stepped, total_penalty, applied, exists)
 
-        params, applied = _rows_map(params, state.applied_penalty, rows, row_grads, step)
+        params, applied = _rows_map(params, state.applied_penalty, rows, row_grads, step, masks)
         return params, LazySgdL1State(state.count + 1, total_penalty, applied)
 
-    def flush(state, params):
-        pairs = jax.tree_util.tree_map(
-            lambda w, q: cumulative_l1_clip(w, state.total_penalty, q, 1.0), params, state.applied_penalty
-        )
-        params, applied = _unzip(params, pairs)
+    def flush(state, params, masks=None):
+        structure = jax.tree_util.tree_structure(params)
+        masks = [None] * structure.num_leaves if masks is None else structure.flatten_up_to(masks)
+        pairs = [
+            _masked_clip(w, state.total_penalty, q, exists)
+            for w, q, exists in zip(
+                structure.flatten_up_to(params), structure.flatten_up_to(state.applied_penalty), masks
+            )
+        ]
+        params, applied = (structure.unflatten([pair[i] for pair in pairs]) for i in (0, 1))
         return params, state._replace(applied_penalty=applied)
 
     return LazySgdL1(init, catch_up, update, flush)
@@ -211,31 +222,33 @@ def _put(table, index, rows):
     return table if table.shape[0] == 0 else table.at[index].set(rows, mode="drop")
 
 
-def _rows_map(params, applied, rows, extra, step):
-    """`step(weights [R, ...], q [R, ...], extra leaf or None) -> (weights, q)`
-    applied to the rows `rows` of every leaf of `params` and `applied`,
-    scattered back (padding rows dropped). Returns `(params, applied)`."""
+def _masked_clip(weights, total_penalty, applied_penalty, exists):
+    """`cumulative_l1_clip` on the weights that exist (`exists`: bool of
+    their shape, or None: all); the others become 0 and keep their `q`."""
+    if exists is None:
+        return cumulative_l1_clip(weights, total_penalty, applied_penalty, 1.0)
+    clipped, applied = cumulative_l1_clip(weights, total_penalty, applied_penalty, exists)
+    return jnp.where(exists, clipped, 0.0), applied
 
-    def leaf(table, applied, index, extra):
-        weights, row_applied = step(_take(table, index), _take(applied, index), extra)
+
+def _rows_map(params, applied, rows, extra, step, masks=None):
+    """`step(weights [R, ...], q [R, ...], exists [R, ...] bool or None,
+    [extra leaf]) -> (weights, q)` applied to the rows `rows` of every leaf
+    of `params`, `applied` and `masks` (None: every weight exists), scattered
+    back (padding rows dropped). Returns `(params, applied)`."""
+
+    def leaf(table, applied, index, mask, *extra):
+        exists = None if mask is None else _take(mask, index)
+        weights, row_applied = step(_take(table, index), _take(applied, index), exists, *extra)
         return _put(table, index, weights), _put(applied, index, row_applied)
 
     structure = jax.tree_util.tree_structure(params)
-    extras = [None] * structure.num_leaves if extra is None else structure.flatten_up_to(extra)
-    leaves = [
-        leaf(*args)
-        for args in zip(
-            structure.flatten_up_to(params), structure.flatten_up_to(applied), structure.flatten_up_to(rows), extras
-        )
-    ]
+    masks = [None] * structure.num_leaves if masks is None else structure.flatten_up_to(masks)
+    parts = [structure.flatten_up_to(params), structure.flatten_up_to(applied), structure.flatten_up_to(rows), masks]
+    if extra is not None:
+        parts.append(structure.flatten_up_to(extra))
+    leaves = [leaf(*args) for args in zip(*parts)]
     return structure.unflatten([w for w, _ in leaves]), structure.unflatten([q for _, q in leaves])
-
-
-def _unzip(like, pairs):
-    """A pytree of `(a, b)` at the leaves of `like` as two pytrees."""
-    structure = jax.tree_util.tree_structure(like)
-    leaves = structure.flatten_up_to(pairs)
-    return (structure.unflatten([a for a, _ in leaves]), structure.unflatten([b for _, b in leaves]))
 
 
 def max_rows_per_batch(data: FeatureBatch, batch_size: int) -> tuple[int, int]:
@@ -273,17 +286,48 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
     rows: shaped like `model`, the `[max_rows[0] + 1]` emission and
     `[max_rows[1] + 1]` pair rows the batch uses (ascending, padded with
     out-of-range indices) and `arange(L)` for the transitions and start
-    weights, which every sentence uses; local_batch: the batch with its ids
-    renumbered into those rows. The loss of `take_rows(model, rows)` on
-    `local_batch` is the loss of `model` on `batch`, and its gradient is the
-    gradient's rows `rows`.
+    weights, which every sentence uses; the masks' rows are their tables'
+    (absent masks stay absent); local_batch: the batch with its ids
+    renumbered into those rows. The loss of `take_rows(model, rows)` (masks
+    included) on `local_batch` is the loss of `model` on `batch`, and its
+    gradient is the gradient's rows `rows`.
     """
     K, K2, L = model.emission.shape[0], model.pair_emission.shape[0], model.num_labels
     unigram_rows, unigram_ids = _local_rows(batch.unigram_ids, min(max_rows[0], K), K)
     pair_rows, pair_ids = _local_rows(batch.pair_ids, min(max_rows[1], K2), K2)
     every = jnp.arange(L, dtype=jnp.int32)
-    rows = dataclasses.replace(model, emission=unigram_rows, transitions=every, start=every, pair_emission=pair_rows)
+    rows = dataclasses.replace(
+        model,
+        emission=unigram_rows,
+        transitions=every,
+        start=every,
+        pair_emission=pair_rows,
+        emission_mask=None if model.emission_mask is None else unigram_rows,
+        pair_mask=None if model.pair_mask is None else pair_rows,
+        transition_mask=None if model.transition_mask is None else every,
+    )
     return rows, batch._replace(unigram_ids=unigram_ids, pair_ids=pair_ids)
+
+
+def _split_rows(rows: LinearChainModel) -> tuple:
+    """`chain_batch_rows`' rows as `(rows of the weights, rows of the
+    masks)`, shaped like `eqx.partition(model, eqx.is_inexact_array)`."""
+    masks = dict(emission_mask=None, pair_mask=None, transition_mask=None)
+    weights = dict(emission=None, transitions=None, start=None, pair_emission=None)
+    return dataclasses.replace(rows, **masks), dataclasses.replace(rows, **weights)
+
+
+def _weight_masks(model: LinearChainModel):
+    """`model.weight_masks()` shaped like the model's weights
+    (`eqx.filter(model, eqx.is_inexact_array)`), for `lazy_sgd_l1`."""
+    masks = model.weight_masks()
+    return dataclasses.replace(
+        eqx.filter(model, eqx.is_inexact_array),
+        emission=masks.emission,
+        transitions=masks.transitions,
+        start=masks.start,
+        pair_emission=masks.pair_emission,
+    )
 
 
 def lazy_epoch_step_fn(
@@ -295,18 +339,26 @@ def lazy_epoch_step_fn(
     max_rows: tuple[int, int],
     segments_per_epoch: int = 1,
     penalty: Callable | None = None,
+    objective: Callable | None = None,
 ) -> Callable:
     """The `run_loop` step function of lazy SGD-L1 on a `LinearChainModel`.
 
     fun: `(model, batch) -> loss summed over the batch`; data: the training
     set as one `FeatureBatch [N, T, ...]`; max_rows: `max_rows_per_batch(data,
-    batch_size)`. inner: `(model, opt_state, key)`; the minibatches are those
+    batch_size)`. inner: `(model, opt_state, key)`, `opt_state =
+    optimizer.init(model)`; a model with masks (`emission_mask`, `pair_mask`,
+    `transition_mask`) trains only the weights they keep (the others stay
+    0, `LinearChainModel.weight_masks`), and `penalty` reads only its
+    floating-point weights. The minibatches are those
     of `minimize.epoch_step_fn` (`permutation(fold_in(key, epoch))`, the last
     `N mod batch_size` examples skipped, gradients scaled by `N /
     batch_size`). One loop step runs `1 / segments_per_epoch` of an epoch
     (so a checkpoint can fall inside an epoch), then flushes the penalties
     (which changes nothing of the trajectory, see the module docstring) and
-    records `fun(model, data) + penalty(model)`.
+    records `objective(model) + penalty(model)`; objective: `model -> []`,
+    default `fun(model, data)` (the corpus loss on the padded `data`; the
+    same loss on a packed corpus, `models.corpus_loss`, takes a fraction of
+    its memory and time).
     """
     total = num_examples(data)
     check_int("batch_size", batch_size)
@@ -319,42 +371,46 @@ def lazy_epoch_step_fn(
             f"segments_per_epoch must lie in [1, {steps_per_epoch}] (the minibatches of an epoch), "
             f"got {segments_per_epoch}"
         )
-    grad_fn = jax.grad(fun)
 
     def step_fn(inner, step):
         model, opt_state, key = inner
-        _check_plain_model(model)
+        _check_chain_model(model)
+        # The optimizer sees the float weights; the bool masks ride along as data.
+        weights, fixed = eqx.partition(model, eqx.is_inexact_array)
+        masks = _weight_masks(model)
         epoch, segment = step // segments_per_epoch, step % segments_per_epoch
         order = jax.random.permutation(jax.random.fold_in(key, epoch), total)
 
         def minibatch(index, carry):
-            model, opt_state = carry
+            weights, opt_state = carry
             examples = jax.lax.dynamic_slice_in_dim(order, index * batch_size, batch_size)
             batch = jax.tree_util.tree_map(lambda x: x[examples], data)
             rows, local_batch = chain_batch_rows(model, batch, max_rows)
+            weight_rows, mask_rows = _split_rows(rows)
             # The gradient is taken where dense clipping would have left the rows.
-            model, opt_state = optimizer.catch_up(opt_state, model, rows)
-            grads = grad_fn(take_rows(model, rows), local_batch)
+            weights, opt_state = optimizer.catch_up(opt_state, weights, weight_rows, masks)
+            local_fixed = take_rows(fixed, mask_rows)
+            local_loss = lambda local: fun(eqx.combine(local, local_fixed), local_batch)
+            grads = jax.grad(local_loss)(take_rows(weights, weight_rows))
             grads = jax.tree_util.tree_map(lambda g: g * (total / batch_size), grads)
-            return optimizer.update(grads, opt_state, model, rows)
+            return optimizer.update(grads, opt_state, weights, weight_rows, masks)
 
         begin = segment * steps_per_epoch // segments_per_epoch
         end = (segment + 1) * steps_per_epoch // segments_per_epoch
-        model, opt_state = jax.lax.fori_loop(begin, end, minibatch, (model, opt_state))
-        model, opt_state = optimizer.flush(opt_state, model)
-        value = fun(model, data)
+        weights, opt_state = jax.lax.fori_loop(begin, end, minibatch, (weights, opt_state))
+        weights, opt_state = optimizer.flush(opt_state, weights, masks)
+        model = eqx.combine(weights, fixed)
+        value = fun(model, data) if objective is None else objective(model)
         if penalty is not None:
-            value = value + penalty(model)
+            value = value + penalty(weights)
         return (model, opt_state, key), value
 
     return step_fn
 
 
-def _check_plain_model(model) -> None:
+def _check_chain_model(model) -> None:
     if not isinstance(model, LinearChainModel):
         raise TypeError(f"lazy SGD-L1 trains a models.LinearChainModel, got {type(model).__name__}")
-    if model.emission_mask is not None or model.pair_mask is not None:
-        raise ValueError("lazy SGD-L1 trains models without emission_mask or pair_mask (every weight exists)")
 
 
 def calibrate_learning_rate(
@@ -383,13 +439,14 @@ def calibrate_learning_rate(
     leading example axis `N`. Returns `[]`, the chosen rate.
     max_rows: None: dense `sgd_l1`, all candidates in one `vmap`. Given
       (`max_rows_per_batch(data, batch_size)`, data a `FeatureBatch`, params a
-      `LinearChainModel`): `lazy_epoch_step_fn` (with `l2 = 0` its epoch is
+      `LinearChainModel`, masked or not): `lazy_epoch_step_fn` (with `l2 = 0` its epoch is
       the dense one, so is the choice), one candidate after another, so that
       memory holds one model and its state (a model of millions of weights
       over hundreds of labels would not fit nine times).
     """
     check_penalties(l1, l2)
-    check_float_params(params)
+    weights = params if max_rows is None else eqx.filter(params, eqx.is_inexact_array)  # a model's masks are data
+    check_float_params(weights)
     check_int("batch_size", batch_size)
     check_int("sample_size", sample_size)
     _check_candidates(candidates)
@@ -398,7 +455,7 @@ def calibrate_learning_rate(
     sample_key, epoch_key = jax.random.split(key)
     sample = jax.tree_util.tree_map(lambda x: x[jax.random.permutation(sample_key, total)[:size]], data)
     penalty = elastic_net_penalty(l1 * size / total, l2 * size / total, mask)
-    rates = jnp.asarray(candidates, ravel_pytree(params)[0].dtype) / total
+    rates = jnp.asarray(candidates, ravel_pytree(weights)[0].dtype) / total
 
     def sample_objective(rate):
         if max_rows is None:
