@@ -262,12 +262,12 @@ class Extractor(NamedTuple):
 
     def __call__(self, tokens) -> TokenFeatures:
         if self.unigram in presets.PRESETS:
-            features = presets.preset(self.unigram)(tokens)
+            observed = presets.preset(self.unigram)(tokens)
         else:
-            features = _parsed(self.unigram)(tokens)
+            observed = _parsed(self.unigram)(tokens)
         if not self.pairs:
-            return features
-        return features._replace(pair=_parsed(self.pairs)(tokens).pair)
+            return observed
+        return observed._replace(pair=_parsed(self.pairs)(tokens).pair)
 
 
 _parsed = functools.lru_cache(maxsize=None)(templates.parse_templates)
