@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -148,14 +149,27 @@ def loss_max_steps(config: dict, loss: str) -> int:
     return config.get("max_steps_by_loss", {}).get(loss, config["max_steps"])
 
 
-def _train_unit(
-    run: RunDirectory, name: str, data, encoded, set_name: str, loss: str, config: dict, progress: bool
+def train_unit(
+    run: RunDirectory,
+    name: str,
+    data,
+    encoded,
+    set_name: str,
+    loss: str,
+    config: dict,
+    progress: bool,
+    piece_length: int | None = None,
 ) -> dict:
+    """`loss` trained by L-BFGS on the training set (with `piece_length`:
+    on the pieces boosting trains on, `boosting_pieces`) until `LBFGS_STOP`
+    or its cap; the test score and token error of the final model."""
     max_steps = loss_max_steps(config, loss)
 
     def compute():
         params = tagging.init_params(encoded.num_features, len(data.labels))
         buckets = encoded.train[set_name]
+        if piece_length is not None:
+            buckets = [tagging.Bucket(*map(jnp.asarray, boosting_pieces(buckets, piece_length)))]
         weights = [np.ones(bucket.lengths.shape[0]) for bucket in buckets]
         result = tagging.train(
             params,
@@ -168,7 +182,7 @@ def _train_unit(
             checkpoint_dir=os.path.join(run.root, "checkpoints", name),
             progress=progress,
         )
-        score = tagging.evaluate(result.params, encoded.test[set_name], encoded.test_order, data)
+        score, token_error = tagging.decode_scores(result.params, encoded.test[set_name], encoded.test_order, data)
         print(f"  {name}: {score:.2f} ({result.num_steps} steps, {result.train_seconds:.0f} s)", flush=True)
         return {
             "task": data.name,
@@ -176,6 +190,8 @@ def _train_unit(
             "loss": loss,
             "metric": data.metric,
             "score": score,
+            "token_error": token_error,
+            "piece_length": piece_length,
             "train_seconds": result.train_seconds,
             "compile_seconds": result.compile_seconds,
             "steps": result.num_steps,
@@ -195,6 +211,8 @@ def _train_unit(
     }
     if loss.startswith("pointwise"):
         settings["marginals"] = POINTWISE_MARGINALS
+    if piece_length is not None:
+        settings["piece_length"] = piece_length
     return run.unit(name, compute, settings)
 
 
@@ -255,7 +273,7 @@ def boosting_pieces(buckets, piece_length: int):
     )
 
 
-def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, config: dict, progress: bool) -> dict:
+def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, config: dict, progress: bool) -> dict:
     """The library's sequence boosting on pieces of the training set until
     its stop rule or cap; test scores every `eval_every` rounds (a curve, no
     selection); resumable from the checkpoints of its chunks."""
@@ -280,7 +298,9 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, c
             progress=progress,
         )
         rounds = int(result.loop.step)
-        final = float(result.evaluations[-1, 1])
+        final, token_error = tagging.decode_scores(
+            chain_boosting_model(result.theta, sparse), encoded.test[set_name], encoded.test_order, data
+        )
         print(f"  {name}: {final:.2f} ({rounds} rounds, {result.stopped_by}, {result.seconds:.0f} s)", flush=True)
         shutil.rmtree(directory, ignore_errors=True)
         return {
@@ -289,6 +309,7 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, c
             "loss": "boosting",
             "metric": data.metric,
             "score": final,
+            "token_error": token_error,
             "train_seconds": result.seconds,
             "setup_seconds": result.setup_seconds,
             "steps": rounds,
@@ -302,20 +323,27 @@ def _boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, c
             "config": config,
             "curve": [[int(r), float(v)] for r, v in result.evaluations],
             "log_exp_loss": [float(v) for v in result.loop.trace[: rounds : max(1, rounds // 200)]],
+            "chosen_features": [int(v) for v in result.loop.inner.history.feature[:rounds]],
         }
 
-    return run.unit(name, compute)
+    return run.unit(name, compute, config | {"num_train": len(data.train)})
 
 
-def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosting: dict | None = None) -> dict:
+def load_and_encode(task: str, config: dict) -> tuple:
+    """`(data, encoded)`: the task's corpus as this experiment's units train
+    and test on it (`experiments.altun2002` reads the same)."""
     data = tagging.load_task(task, config["num_train"], config["num_test"], SEED, num_dev=config["num_dev"])
     print(
         f"[{task}] {data.source}: {len(data.train)} train / {len(data.test)} test sentences, {len(data.labels)} labels",
         flush=True,
     )
-    encoded = tagging.encode_task(data, config["feature_sets"], config["num_buckets"])
+    return data, tagging.encode_task(data, config["feature_sets"], config["num_buckets"])
+
+
+def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosting: dict | None = None) -> dict:
+    data, encoded = load_and_encode(task, config)
     rows = [
-        _train_unit(run, f"{task}-{set_name}-{loss}".replace(" ", "_"), data, encoded, set_name, loss, config, progress)
+        train_unit(run, f"{task}-{set_name}-{loss}".replace(" ", "_"), data, encoded, set_name, loss, config, progress)
         for set_name in config["feature_sets"]
         for loss in LOSSES
     ]
@@ -325,7 +353,7 @@ def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosti
     ]
     if boosting is not None:
         rows += [
-            _boosting_unit(run, f"{task}-{set_name}-boosting", data, encoded, set_name, boosting, progress)
+            boosting_unit(run, f"{task}-{set_name}-boosting", data, encoded, set_name, boosting, progress)
             for set_name in config["feature_sets"]
         ]
     rows = [row for row in rows if row is not None]  # None: unfinished (--report-only)
@@ -341,7 +369,7 @@ def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosti
         curve += [
             row
             for row in (
-                _train_unit(
+                train_unit(
                     run,
                     f"{task}-curve{size}-{loss}".replace(" ", "_"),
                     subset,

@@ -312,11 +312,19 @@ def predict(params: LinearChainModel, buckets: list, order: np.ndarray, labels: 
 
 def evaluate(params: LinearChainModel, buckets: list, order: np.ndarray, data: TaskData, split: str = "test") -> float:
     """Entity F1 (conlleval) or token accuracy on the test (or "dev") set, in percent."""
+    return decode_scores(params, buckets, order, data, split)[0]
+
+
+def decode_scores(
+    params: LinearChainModel, buckets: list, order: np.ndarray, data: TaskData, split: str = "test"
+) -> tuple[float, float]:
+    """`(score, token error)` in percent of one decoding of the test (or
+    "dev") set: the score is `evaluate`'s (entity F1 or token accuracy)."""
     predicted = predict(params, buckets, order, data.labels)
     gold = [sentence.labels for sentence in (data.test if split == "test" else data.dev)]
-    if data.metric == "entity_f1":
-        return 100.0 * metrics.entity_scores(gold, predicted).f1
-    return 100.0 * metrics.token_accuracy(gold, predicted)
+    accuracy = 100.0 * metrics.token_accuracy(gold, predicted)
+    score = 100.0 * metrics.entity_scores(gold, predicted).f1 if data.metric == "entity_f1" else accuracy
+    return score, 100.0 - accuracy
 
 
 # ---------------------------------------------------------------------------

@@ -46,26 +46,38 @@ def _quick(name: str, tasks: str, out) -> None:
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # about 40 s of CPU, mostly compiling the L-BFGS loops and the boosting round
-def test_altun2002_quick_run_writes_table_json_plot(tmp_path):
+@pytest.mark.slow  # about 45 s of CPU, mostly compiling the L-BFGS loops and the boosting round
+def test_altun2002_quick_run_shares_altun2003_units_and_writes_table_json_plot(tmp_path):
     corpus_or_fail(("corpora", "conll2002"))
-    _quick("altun2002", "S2", tmp_path)
-    table = (tmp_path / "results.md").read_text()
+    out = tmp_path / "altun2002"
+    _quick("altun2002", "ner-S2", out)
+    table = (out / "results.md").read_text()
     assert "66.11" in table and "69.75" in table  # the paper's S2 boosting and log-loss F1 beside ours
     assert "not judged (quick run)" in table and "| S2 converged |" in table
-    summary = json.loads((tmp_path / "results.json").read_text())
-    assert summary["result"]["source"].startswith("CoNLL-2002")
-    rows = {row["method"]: row for row in summary["result"]["rows"]}
-    assert set(rows) == set(altun2002.LBFGS_ROWS) | {"boosting"}
+    summary = json.loads((out / "results.json").read_text())
+    result = summary["results"]["ner"]
+    assert result["source"].startswith("CoNLL-2002")
+    rows = {row["method"]: row for row in result["rows"]}
+    assert set(rows) == set(altun2002.METHODS)
     for row in rows.values():
-        assert 0.0 <= row["f1"] <= 100.0 and 0.0 <= row["token_error"] <= 100.0
+        assert 0.0 <= row["score"] <= 100.0 and 0.0 <= row["token_error"] <= 100.0
     boost = rows["boosting"]
-    assert 0 < boost["features_used"] <= boost["rounds"] < rows["sequential log"]["features_used"]
-    assert boost["log_exp_loss"][-1] < boost["log_exp_loss"][0]  # boosting lowers the exp-loss
-    assert all(0.0 < bound <= 1.0 + 1e-6 for bound in boost["bound"])  # each round shrinks the loss bound
-    assert boost["stopped_by"] == "round cap" and boost["rounds"] == altun2002.QUICK["rounds"]
-    assert (tmp_path / "boosting_rounds.png").read_bytes()[:8] == PNG
-    assert "-m experiments altun2002 --quick" in (tmp_path / "COMMAND.txt").read_text()
+    assert 0 < boost["features_used"] <= boost["steps"] < rows["sequential log"]["features_used"]
+    assert boost["features_used"] == altun2002.features_used_by_round(boost["chosen_features"], [boost["steps"]])[0]
+    assert boost["convergence"]["cap"] == altun2002.configs(True)["ner"]["boosting"]["max_rounds"]
+    # The whole-sentence and boosting rows are altun2003's units, beside this run; the pieces row is altun2002's.
+    shared = sorted(path.name for path in (tmp_path / "altun2003-quick" / "units").iterdir())
+    assert shared == ["ner-S2-boosting.json", "ner-S2-sequential_exp.json", "ner-S2-sequential_log.json"]
+    assert [path.name for path in (out / "units").iterdir()] == ["ner-S2-sequential_exp_pieces.json"]
+    pieces = json.loads((out / "units" / "ner-S2-sequential_exp_pieces.json").read_text())
+    assert pieces["unit_settings"]["piece_length"] == 8 and pieces["loss"] == "sequential exp"
+    assert (out / "boosting_rounds.png").read_bytes()[:8] == PNG
+    assert "-m experiments altun2002 --quick" in (out / "COMMAND.txt").read_text()
+
+
+def test_altun2002_features_used_counts_distinct_first_choices():
+    chosen = [4, 4, 7, 2, 7, 9]
+    assert altun2002.features_used_by_round(chosen, [0, 1, 2, 3, 6]) == [0, 1, 1, 2, 4]
 
 
 # ---------------------------------------------------------------------------
