@@ -6,7 +6,8 @@ one part per run (each in its own process, so that its peak memory is its own):
 
 * `sgd`: one epoch of SGD-L1, dense (`optimizers.sgd_l1`: every weight at
   every step) against lazy (`optimizers.lazy_sgd_l1`: the rows a minibatch
-  uses), the same minibatches. The dense epoch is timed on the first
+  uses), the same minibatches; the lazy epoch also with every step at the
+  corpus's padded width (`length_tiers=()`) against its default tiers. The dense epoch is timed on the first
   `--dense-sentences` sentences (same feature index, so the same O(K) step)
   and extrapolated to the whole set, stated as such; the lazy epoch runs
   whole. The full objective after the epoch is timed apart.
@@ -104,18 +105,24 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
         row = {"batch_size": batch_size, "steps_per_epoch": N // batch_size}
         lazy = optimizers.lazy_sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
         max_rows = optimizers.max_rows_per_batch(stacked, batch_size)
-        lazy_epoch = lambda inner, d: optimizers.lazy_epoch_step_fn(
-            lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows
-        )(inner, jnp.int32(0))
         inner = (model, lazy.init(model), key)
-        compiled, row["lazy_compile_s"] = _compiled(lazy_epoch, inner, stacked)
-        (_, value), seconds = _timed(compiled, inner, stacked)
-        row["lazy_epoch_s"] = seconds - objective_seconds
-        row["lazy_objective"] = float(value)
-        log(
-            f"  batch {batch_size}: lazy epoch {row['lazy_epoch_s']:.1f} s (+ {objective_seconds:.1f} s objective; "
-            f"compile {row['lazy_compile_s']:.1f} s), rows per step <= {max_rows}"
-        )
+        # Default length tiers (each step on the narrowest width that holds its
+        # sentences) against every step at the corpus's padded width.
+        for tiers, prefix in ((None, "lazy"), ((), "lazy_whole_width")):
+            lazy_epoch = lambda inner, d, tiers=tiers: optimizers.lazy_epoch_step_fn(
+                lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows, length_tiers=tiers
+            )(inner, jnp.int32(0))
+            compiled, row[f"{prefix}_compile_s"] = _compiled(lazy_epoch, inner, stacked)
+            (_, value), seconds = _timed(compiled, inner, stacked)
+            row[f"{prefix}_epoch_s"] = seconds - objective_seconds
+            row[f"{prefix}_objective"] = float(value)
+            log(
+                f"  batch {batch_size}: {prefix.replace('_', ' ')} epoch {row[f'{prefix}_epoch_s']:.1f} s "
+                f"(+ {objective_seconds:.1f} s objective; compile {row[f'{prefix}_compile_s']:.1f} s), "
+                f"rows per step <= {max_rows}"
+            )
+        row["length_tiers_speedup"] = row["lazy_whole_width_epoch_s"] / row["lazy_epoch_s"]
+        log(f"  batch {batch_size}: length tiers {row['length_tiers_speedup']:.2f}x faster than the whole width")
         subset = _subset(stacked, max(batch_size, min(dense_sentences, N)))
         part = int(subset.lengths.shape[0])
         dense = optimizers.sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)

@@ -24,22 +24,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="write the tables from the finished units only; train nothing"
     )
+    parser.add_argument(
+        "--units",
+        default=None,
+        help="comma-separated shell patterns of the units to compute (e.g. 'ner-S1-*,pos-*-boosting'); the others are"
+        " read back or left missing, as with --report-only (to split one run over processes)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     arguments = parser.parse_args(argv)
     default = os.path.join(os.path.dirname(__file__), "results", arguments.name + ("-quick" if arguments.quick else ""))
     out = arguments.out or default
     # The command that computes what is written: a report of finished units
-    # (--report-only) is what the same command without that flag produces.
-    command = [sys.executable, "-m", "experiments"] + [
-        argument for argument in (sys.argv[1:] if argv is None else list(argv)) if argument != "--report-only"
-    ]
-    run = RunDirectory(out, command, compute_missing=not arguments.report_only)
+    # (--report-only, or a part of the run: --units) is what the same command
+    # without those flags produces.
+    command = [sys.executable, "-m", "experiments"] + _without_partial_flags(
+        sys.argv[1:] if argv is None else list(argv)
+    )
+    only = None if arguments.units is None else tuple(arguments.units.split(","))
+    run = RunDirectory(out, command, compute_missing=not arguments.report_only, only=only)
     module = importlib.import_module(EXPERIMENTS[arguments.name])
     tasks = None if arguments.tasks is None else tuple(arguments.tasks.split(","))
     module.run(run, quick=arguments.quick, progress=not arguments.no_progress, tasks=tasks)
     run.write_command()
     print(f"results in {out}")
     return 0
+
+
+def _without_partial_flags(arguments: list[str]) -> list[str]:
+    """`arguments` less `--report-only` and `--units PATTERNS` (either spelling)."""
+    kept, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "--units":
+            skip = True
+        elif argument != "--report-only" and not argument.startswith("--units="):
+            kept.append(argument)
+    return kept
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ first unfinished unit.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shlex
@@ -46,9 +47,21 @@ def _as_json(value):
 class RunDirectory:
     """Outputs of one experiment run under `root`."""
 
-    def __init__(self, root: str, command: list[str] | None = None, *, compute_missing: bool = True):
+    def __init__(
+        self,
+        root: str,
+        command: list[str] | None = None,
+        *,
+        compute_missing: bool = True,
+        only: tuple[str, ...] | None = None,
+    ):
         self.root = root
         self.compute_missing = compute_missing
+        # `only`: shell-style patterns (`ner-*-boosting`) of the units this
+        # run may compute; any other unit is read back or reported missing,
+        # as without `compute_missing`, so a long run can be split over
+        # processes (one per core) that each take their own units.
+        self.only = only
         self.command = command if command is not None else [sys.executable, "-m", "experiments"] + sys.argv[1:]
         self.missing: list[str] = []  # units a report (no `compute_missing`) found unfinished, in order
         os.makedirs(os.path.join(root, "units"), exist_ok=True)
@@ -70,6 +83,7 @@ class RunDirectory:
         `"stale": True` (a report shows what was run, and says so:
         `stale_note`)."""
         path = self._unit_path(name)
+        computes = self._computes(name)
         if os.path.exists(path):
             with open(path) as stream:
                 result = json.load(stream)
@@ -80,9 +94,9 @@ class RunDirectory:
                 or (stored is None and legacy is not None and legacy(result))
             ):
                 return result
-            if not self.compute_missing:
+            if not computes:
                 return result | {"stale": True, "unit": name}
-        if not self.compute_missing:
+        if not computes:
             self.missing.append(name)
             return None
         result = compute()
@@ -90,6 +104,10 @@ class RunDirectory:
             result = result | {"unit_settings": _as_json(settings)}
         _atomic_write(path, json.dumps(result, indent=1, sort_keys=True))
         return result
+
+    def _computes(self, name: str) -> bool:
+        """Whether this run computes unit `name` when it is missing or stale."""
+        return self.compute_missing and (self.only is None or any(fnmatch.fnmatchcase(name, p) for p in self.only))
 
     def read_json(self, name: str):
         """What `write_json(name, ...)` wrote, or None when there is no such file."""

@@ -19,6 +19,7 @@ from lossfns import checkpoint, optimizers, testing
 from lossfns.lattices import chain
 from lossfns.losses import sequence
 
+from experiments import __main__ as experiments_main
 from experiments import synthetic, tagging
 from experiments.harness import (
     RunDirectory,
@@ -102,6 +103,28 @@ def test_unit_is_computed_once_and_read_back(tmp_path):
     assert report.unit("a", must_not_run) == {"value": 1.5}
     assert report.unit("b", must_not_run) is None
     assert report.missing == ["b"] and missing_note(report)[0].endswith("computes them): b.")
+
+
+def test_a_run_split_by_unit_patterns_computes_only_its_own_units(tmp_path):
+    """`--units`: a process computes the units its patterns match; the others
+    are read back (stale ones marked) or left missing, as in a report; the
+    command written is the whole run's."""
+
+    def must_not_run():
+        raise AssertionError("a unit outside the patterns was computed")
+
+    RunDirectory(str(tmp_path)).unit("ner-S1-boosting", lambda: {"value": 0}, {"cap": 1})
+    part = RunDirectory(str(tmp_path), ["python"], only=("ner-*-boosting", "pos-S2-*"))
+    assert part.unit("ner-S2-boosting", lambda: {"value": 2})["value"] == 2
+    assert part.unit("pos-S2-perceptron", lambda: {"value": 3})["value"] == 3
+    assert part.unit("ner-S1-boosting", lambda: {"value": 1}, {"cap": 2})["value"] == 1  # stale, recomputed
+    assert part.unit("pos-S1-boosting", must_not_run) is None
+    stale = RunDirectory(str(tmp_path), ["python"], only=("x",)).unit("ner-S2-boosting", must_not_run, {"cap": 9})
+    assert stale["stale"] and stale["value"] == 2
+    assert part.missing == ["pos-S1-boosting"]
+    assert experiments_main._without_partial_flags(
+        ["altun2003", "--units", "ner-*", "--tasks", "ner", "--units=pos-*", "--report-only", "--no-progress"]
+    ) == ["altun2003", "--tasks", "ner", "--no-progress"]
 
 
 def test_unit_settings_decide_whether_a_finished_unit_stands(tmp_path):

@@ -335,3 +335,62 @@ def test_lazy_calibration_chooses_the_dense_calibrations_rate():
     assert candidates[0] / N > float(lazy) > candidates[-1] / N
     with pytest.raises(ValueError, match="mask: lazy calibration"):
         optimizers.calibrate_learning_rate(_loss, model, data, L1, max_rows=bounds, mask=model, **options)
+
+
+def _long_planted(num_positions: int) -> FeatureBatch:
+    """`_planted`'s sentences padded out to `num_positions` (lengths kept)."""
+    data = _data()
+    pad = num_positions - T
+    widen = lambda x, axis_pad: jnp.pad(x, ((0, 0), (0, pad)) + axis_pad, constant_values=-1)
+    return data._replace(
+        unigram_ids=widen(data.unigram_ids, ((0, 0),)),
+        pair_ids=widen(data.pair_ids, ((0, 0),)),
+        labels=widen(data.labels, ()),
+    )
+
+
+@pytest.mark.parametrize("batch_size", [1, BATCH_SIZE])
+def test_length_tiers_follow_the_whole_width_trajectory(batch_size):
+    """Each minibatch runs on the narrowest tier that holds its longest
+    sentence (here widths 2 and 4 of 21, sentences of 1 to 5 tokens): the
+    trajectory of running every step at the full width, jit and vmapped over
+    two keys; the step is traced at every tier (the cut is real)."""
+    data = _long_planted(21)
+    bounds = optimizers.max_rows_per_batch(data, batch_size)
+    widths = set()
+
+    def loss(model, batch):
+        widths.add(batch.unigram_ids.shape[1])
+        return _loss(model, batch)
+
+    def run(key, tiers):
+        optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1, 0.1)
+        step_fn = optimizers.lazy_epoch_step_fn(
+            loss, optimizer, data, batch_size=batch_size, max_rows=bounds, length_tiers=tiers
+        )
+        loop = optimizers.init_loop((_model(), optimizer.init(_model()), key), 2)
+        return optimizers.run_loop(step_fn, loop, 2, optimizers.relative_change_below(0.0))
+
+    keys = jnp.stack([jax.random.PRNGKey(3), jax.random.PRNGKey(4)])
+    whole = jax.jit(jax.vmap(lambda key: run(key, ())))(keys)
+    assert widths == {21}
+    tiered = jax.jit(jax.vmap(lambda key: run(key, (2, 4, 40))))(keys)
+    assert widths == {2, 4, 21}
+    _assert_models_close(tiered.inner[0], whole.inner[0], atol=1e-12)
+    np.testing.assert_allclose(np.asarray(tiered.trace), np.asarray(whole.trace), rtol=1e-12)
+    widths.clear()
+    single = jax.jit(lambda: run(jax.random.PRNGKey(3), None))()  # default tiers: 16 and 21
+    assert widths == {16, 21}
+    _assert_models_close(single.inner[0], jax.tree_util.tree_map(lambda x: x[0], whole.inner[0]), atol=1e-12)
+
+
+def test_length_tiers_must_be_positive_ints():
+    data, optimizer = _data(), optimizers.lazy_sgd_l1(0.1, L1)
+    bounds = optimizers.max_rows_per_batch(data, BATCH_SIZE)
+    make = lambda tiers: optimizers.lazy_epoch_step_fn(
+        _loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds, length_tiers=tiers
+    )
+    with pytest.raises(ValueError, match="length_tiers must be an int >= 1, got 0"):
+        make((0, 3))
+    with pytest.raises(TypeError, match="length_tiers"):
+        make((2.5,))

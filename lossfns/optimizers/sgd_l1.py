@@ -35,6 +35,7 @@ never penalised and adds nothing to `q`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -340,6 +341,7 @@ def lazy_epoch_step_fn(
     segments_per_epoch: int = 1,
     penalty: Callable | None = None,
     objective: Callable | None = None,
+    length_tiers: Sequence[int] | None = None,
 ) -> Callable:
     """The `run_loop` step function of lazy SGD-L1 on a `LinearChainModel`.
 
@@ -359,6 +361,15 @@ def lazy_epoch_step_fn(
     default `fun(model, data)` (the corpus loss on the padded `data`; the
     same loss on a packed corpus, `models.corpus_loss`, takes a fraction of
     its memory and time).
+
+    length_tiers: the widths a minibatch's gradient is compiled for: each
+    minibatch runs on its first `w` positions, `w` the smallest tier (or
+    `T`) that holds its longest sentence, so a per-sentence step on a
+    23-token sentence does not pay for a corpus padded to 78 (about 2x
+    faster per epoch on conll2000). Default (None): `16, 32, 64, ...` below
+    `T`; `()`: always `T`. Exact: positions past every length are padding,
+    which `fun` must ignore (as the library's losses do), so only the
+    rounding of the scan's sums can differ.
     """
     total = num_examples(data)
     check_int("batch_size", batch_size)
@@ -366,6 +377,7 @@ def lazy_epoch_step_fn(
         raise ValueError(f"batch_size must lie in [1, {total}] (the number of examples), got {batch_size}")
     check_int("segments_per_epoch", segments_per_epoch)
     steps_per_epoch = total // batch_size
+    widths = _tier_widths(data.unigram_ids.shape[1], length_tiers)
     if segments_per_epoch > steps_per_epoch:
         raise ValueError(
             f"segments_per_epoch must lie in [1, {steps_per_epoch}] (the minibatches of an epoch), "
@@ -381,6 +393,10 @@ def lazy_epoch_step_fn(
         epoch, segment = step // segments_per_epoch, step % segments_per_epoch
         order = jax.random.permutation(jax.random.fold_in(key, epoch), total)
 
+        def local_gradient(width, local, local_fixed, local_batch):
+            local_batch = _first_positions(local_batch, width)
+            return jax.grad(lambda local: fun(eqx.combine(local, local_fixed), local_batch))(local)
+
         def minibatch(index, carry):
             weights, opt_state = carry
             examples = jax.lax.dynamic_slice_in_dim(order, index * batch_size, batch_size)
@@ -389,9 +405,15 @@ def lazy_epoch_step_fn(
             weight_rows, mask_rows = _split_rows(rows)
             # The gradient is taken where dense clipping would have left the rows.
             weights, opt_state = optimizer.catch_up(opt_state, weights, weight_rows, masks)
-            local_fixed = take_rows(fixed, mask_rows)
-            local_loss = lambda local: fun(eqx.combine(local, local_fixed), local_batch)
-            grads = jax.grad(local_loss)(take_rows(weights, weight_rows))
+            operands = (take_rows(weights, weight_rows), take_rows(fixed, mask_rows), local_batch)
+            # Only the gathered rows enter the branches: a conditional over the
+            # whole tables would copy them at every step.
+            branches = [functools.partial(local_gradient, width) for width in widths]
+            if len(branches) == 1:
+                grads = branches[0](*operands)
+            else:
+                tier = jnp.sum(jnp.max(batch.lengths) > jnp.asarray(widths[:-1]))
+                grads = jax.lax.switch(tier, branches, *operands)
             grads = jax.tree_util.tree_map(lambda g: g * (total / batch_size), grads)
             return optimizer.update(grads, opt_state, weights, weight_rows, masks)
 
@@ -406,6 +428,26 @@ def lazy_epoch_step_fn(
         return (model, opt_state, key), value
 
     return step_fn
+
+
+def _tier_widths(num_positions: int, length_tiers: Sequence[int] | None) -> tuple[int, ...]:
+    """The ascending widths `lazy_epoch_step_fn` compiles a step for, the
+    last `num_positions` (T)."""
+    if length_tiers is None:
+        length_tiers = [2**k for k in range(4, max(num_positions.bit_length(), 4))]
+    tiers = sorted({check_int("length_tiers", width) for width in length_tiers})
+    return tuple(width for width in tiers if width < num_positions) + (num_positions,)
+
+
+def _first_positions(batch: FeatureBatch, width: int) -> FeatureBatch:
+    """`batch [B, T, ...]` cut to its first `width` positions (its lengths kept)."""
+    cut = lambda x: None if x is None else x[:, :width]
+    return batch._replace(
+        unigram_ids=cut(batch.unigram_ids),
+        pair_ids=cut(batch.pair_ids),
+        labels=cut(batch.labels),
+        unigram_values=cut(batch.unigram_values),
+    )
 
 
 def _check_chain_model(model) -> None:
