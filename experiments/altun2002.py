@@ -78,7 +78,7 @@ def shared_run(run: RunDirectory, quick: bool) -> RunDirectory:
     """altun2003's run directory beside `run`'s (`results/altun2003` for
     `results/altun2002`), where the rows both experiments report live."""
     root = os.path.join(os.path.dirname(os.path.abspath(run.root)), "altun2003" + ("-quick" if quick else ""))
-    return RunDirectory(root, compute_missing=run.compute_missing)
+    return RunDirectory(root, compute_missing=run.compute_missing, only=run.only)
 
 
 def num_weak_learners(encoded, set_name: str, num_labels: int) -> int:
