@@ -337,11 +337,18 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         document += [_tables(task, result, sets), ""]
         document += stale_note(result["rows"])
         document += _conclusion_text(task, conclusions[task], sets, quick)
+    boosted = [row for result in results.values() for row in result["rows"] if row["method"] == "boosting"]
+    capped = [f"{row['task']} {row['features']}" for row in boosted if not row["convergence"]["met"]]
     document += [
         f"![test score and weak learners used against boosting rounds]({os.path.basename(_plot_rounds(run, results))})",
         "",
         "Note: boosting's fraction of weak learners is bounded by its rounds (R rounds touch at most R weak "
-        "learners); the rows stop on their exp-loss rule, so the fraction is the algorithm's, not a cap's.",
+        "learners): "
+        + (
+            f"the rows {', '.join(capped)} stopped at their round cap, so their fraction is bounded by the cap."
+            if capped
+            else "the rows stop on their exp-loss rule, so the fraction is the algorithm's, not a cap's."
+        ),
         "",
     ]
     document += missing_note(run) + missing_note(shared)
