@@ -7,7 +7,8 @@ one part per run (each in its own process, so that its peak memory is its own):
 * `sgd`: one epoch of SGD-L1, dense (`optimizers.sgd_l1`: every weight at
   every step) against lazy (`optimizers.lazy_sgd_l1`: the rows a minibatch
   uses), the same minibatches; the lazy epoch also with every step at the
-  corpus's padded width (`length_tiers=()`) against its default tiers. The dense epoch is timed on the first
+  corpus's padded width (`length_tiers=()`, the default) against widths
+  16, 32, 64 (`length_tiers=None`). The dense epoch is timed on the first
   `--dense-sentences` sentences (same feature index, so the same O(K) step)
   and extrapolated to the whole set, stated as such; the lazy epoch runs
   whole. The full objective after the epoch is timed apart.

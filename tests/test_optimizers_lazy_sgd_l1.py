@@ -379,7 +379,7 @@ def test_length_tiers_follow_the_whole_width_trajectory(batch_size):
     _assert_models_close(tiered.inner[0], whole.inner[0], atol=1e-12)
     np.testing.assert_allclose(np.asarray(tiered.trace), np.asarray(whole.trace), rtol=1e-12)
     widths.clear()
-    single = jax.jit(lambda: run(jax.random.PRNGKey(3), None))()  # default tiers: 16 and 21
+    single = jax.jit(lambda: run(jax.random.PRNGKey(3), None))()  # None: powers of 2 from 16, so 16 and 21
     assert widths == {16, 21}
     _assert_models_close(single.inner[0], jax.tree_util.tree_map(lambda x: x[0], whole.inner[0]), atol=1e-12)
 

@@ -341,7 +341,7 @@ def lazy_epoch_step_fn(
     segments_per_epoch: int = 1,
     penalty: Callable | None = None,
     objective: Callable | None = None,
-    length_tiers: Sequence[int] | None = None,
+    length_tiers: Sequence[int] | None = (),
 ) -> Callable:
     """The `run_loop` step function of lazy SGD-L1 on a `LinearChainModel`.
 
@@ -365,9 +365,9 @@ def lazy_epoch_step_fn(
     length_tiers: the widths a minibatch's gradient is compiled for: each
     minibatch runs on its first `w` positions, `w` the smallest tier (or
     `T`) that holds its longest sentence, so a per-sentence step on a
-    23-token sentence does not pay for a corpus padded to 78 (about 2x
-    faster per epoch on conll2000). Default (None): `16, 32, 64, ...` below
-    `T`; `()`: always `T`. Exact: positions past every length are padding,
+    23-token sentence does not pay for a corpus padded to 78 (1.17x
+    faster per epoch on conll2000 POS). Default `()`: always `T`; None: `16,
+    32, 64, ...` below `T`. Exact: positions past every length are padding,
     which `fun` must ignore (as the library's losses do), so only the
     rounding of the scan's sums can differ.
     """
