@@ -131,8 +131,10 @@ def test_flat_view_and_counts():
     assert masked.num_parameters() == L + L * L + L
 
 
-@pytest.mark.parametrize("form", ["dense", "sparse"])
-def test_packed_potentials_equal_padded_batches(form):
+@pytest.mark.parametrize("form, pair_tests", [("dense", 2), ("sparse", 2), ("sparse", 1)])
+def test_packed_potentials_equal_padded_batches(form, pair_tests):
+    """Dense, one sparse support (two pair tests per position) and a support
+    per position (one)."""
     model = _random_model(15)
     if form == "sparse":
         mask = np.zeros((K2, L, L), bool)
@@ -143,15 +145,18 @@ def test_packed_potentials_equal_padded_batches(form):
     encoded = [
         (
             [[int(x) for x in rng.integers(0, K, size=rng.integers(0, 3))] for _ in range(n)],
-            [[int(x) for x in rng.integers(0, K2, size=rng.integers(0, 2))] for _ in range(n)],
+            [[int(x) for x in rng.integers(0, K2, size=rng.integers(0, pair_tests + 1))] for _ in range(n)],
         )
         for n in lengths
     ]
     packed = pack(encoded, num_buckets=2)
     design = jax.tree_util.tree_map(jnp.asarray, bucket_design(packed, K))
+    assert packed.pair_ids.shape[-1] == pair_tests
     buckets = model.packed_potentials(
         design, jnp.asarray(packed.pair_ids), tuple(jnp.asarray(p) for p in packed.positions)
     )
+    if form == "sparse":
+        assert all(b.per_position == (pair_tests == 1) for b in buckets)
     for potentials, members in zip(buckets, packed.members):
         padded = pad_batch([encoded[i] for i in members], max_length=jax.tree_util.tree_leaves(potentials)[0].shape[1])
         # Padding reads no features in either layout, so even the positions
@@ -201,23 +206,28 @@ def test_argument_errors():
         LinearChainModel.zeros(K, L, emission_mask=np.ones((L, K), bool))
 
 
-def test_sparse_pair_weights_give_the_dense_models_loss_and_gradient():
-    """A pair mask on few label pairs makes the model build `SparsePotentials`;
-    its loss and gradient equal those of the same masked model on the dense
-    per-position form (float32 to 1e-5, float64 to 1e-10), batched and in
-    packed rows, and the masked weights get zero gradient."""
+@pytest.mark.parametrize("pair_tests", [2, 1])
+def test_sparse_pair_weights_give_the_dense_models_loss_and_gradient(pair_tests):
+    """A pair mask on few label pairs makes the model build `SparsePotentials`
+    (one support for two pair tests per position, a support per position for
+    one); its loss and gradient equal those of the same masked model on the
+    dense per-position form (float32 to 1e-5, float64 to 1e-10), and the
+    masked weights get zero gradient."""
     from lossfns.lattices.sparse_chain import SparsePotentials
 
     rng = np.random.default_rng(7)
     mask = np.zeros((K2, L, L), bool)
     mask[0, 0, 1] = mask[1, 2, 2] = mask[2, 0, 1] = mask[2, 1, 0] = True  # 3 of the 9 label pairs
-    ids, pair_ids = _random_ids(8, (2, T), K, F), _random_ids(9, (2, T), K2, 2)
+    mask[1, 0, 0] = True  # a test with pair (0, 0), where padding listings point
+    ids, pair_ids = _random_ids(8, (2, T), K, F), _random_ids(9, (2, T), K2, pair_tests)
     labels = jnp.asarray(rng.integers(0, L, size=(2, T)))
     lengths = jnp.array([T, 3])
     for dtype, tolerance in ((jnp.float32, 1e-5), (jnp.float64, 1e-10)):
         sparse_model = _random_model(10, dtype=dtype).with_pair_mask(mask)
         assert sparse_model.pair_support is not None
-        assert isinstance(sparse_model(ids, pair_ids), SparsePotentials)
+        np.testing.assert_array_equal(sparse_model.pair_slots, [[1, -1], [0, 8], [1, 3]])
+        potentials = sparse_model(ids, pair_ids)
+        assert isinstance(potentials, SparsePotentials) and potentials.per_position == (pair_tests == 1)
         dense_model = _random_model(10, dtype=dtype).with_pair_mask(mask, max_sparse_fraction=0.0)
         assert dense_model.pair_support is None and not isinstance(dense_model(ids, pair_ids), tuple)
 

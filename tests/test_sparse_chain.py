@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lossfns import testing
-from lossfns.lattices import chain, sparse_chain
+from lossfns.lattices import chain, prefix, sparse_chain
 from lossfns.lattices.sparse_chain import SparsePotentials
 
 _log_partition = jax.jit(chain.log_partition)
@@ -304,3 +304,135 @@ def test_every_chain_loss_takes_the_sparse_form():
         np.testing.assert_allclose(
             loss(potentials, labels, lengths), loss(dense, labels, lengths), rtol=1e-10, err_msg=loss.__name__
         )
+
+
+def _random_per_position(seed, batch_shape, T, L, K, dtype=jnp.float64, transitions=True):
+    """A support per position: `K` distinct random label pairs at each
+    position, plus one padding listing (a repeat of the first pair, weight 0)."""
+    rng = np.random.default_rng(seed)
+    flat = np.argsort(rng.random(batch_shape + (T, L * L)), axis=-1)[..., :K]
+    flat = np.concatenate([flat, flat[..., :1]], axis=-1)
+    weights = rng.normal(size=batch_shape + (T, K + 1))
+    weights[..., K] = 0.0
+    previous, following = np.divmod(flat, L)
+    return SparsePotentials(
+        jnp.asarray(rng.normal(size=batch_shape + (T, L)), dtype),
+        jnp.asarray(weights, dtype),
+        jnp.asarray(previous, jnp.int32),
+        jnp.asarray(following, jnp.int32),
+        jnp.asarray(rng.normal(size=L), dtype),
+        jnp.asarray(rng.normal(size=(L, L)), dtype) if transitions else None,
+    )
+
+
+def _per_position_pair_marginals(edge, potentials):
+    """Dense edge marginals `[..., T, L, L]` gathered at each position's own
+    support `[..., T, K]`; at t = 0 only pairs from the start state (label 0)."""
+    gathered = jnp.take_along_axis(
+        edge.reshape(edge.shape[:-2] + (edge.shape[-1] ** 2,)),
+        potentials.pair_previous * edge.shape[-1] + potentials.pair_next,
+        -1,
+    )
+    if gathered.shape[-2] == 0:
+        return gathered
+    return gathered.at[..., 0, :].multiply(potentials.pair_previous[..., 0, :] == 0)
+
+
+@pytest.mark.parametrize(
+    "T, L, K, batch_shape, transitions",
+    [(0, 2, 1, (2,), True), (1, 3, 2, (), False), (5, 4, 3, (3,), True), (4, 3, 4, (2, 2), False)],
+)
+def test_a_support_per_position_matches_enumeration(T, L, K, batch_shape, transitions):
+    """log Z, marginals (pairs at each position's own support, padding
+    listings included), Viterbi, scores and node marginals through the
+    reversed chain equal the dense form's, jitted, vmapped and looped."""
+    potentials = _random_per_position(T + L, batch_shape, T, L, K, transitions=transitions)
+    assert potentials.per_position
+    lengths = _random_lengths(T + L, batch_shape, T)
+    dense = np.asarray(sparse_chain.to_dense(potentials))
+    log_z = _log_partition(potentials, lengths)
+    np.testing.assert_allclose(log_z, testing.log_partition(dense, lengths), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(chain.log_partition(potentials, lengths), log_z, rtol=1e-12, atol=1e-12)
+    edge = jnp.asarray(testing.marginals(dense, lengths))
+    result = _marginals(potentials, lengths)
+    np.testing.assert_allclose(result.unary, edge.sum(axis=-2), atol=1e-10)
+    listed_once = np.ones(potentials.pair_weights.shape, bool)
+    listed_once[..., K] = False  # the padding listing's derivative is the pair's marginal too: not compared
+    np.testing.assert_allclose(
+        np.asarray(result.pair_weights)[listed_once],
+        np.asarray(_per_position_pair_marginals(edge, potentials))[listed_once],
+        atol=1e-10,
+    )
+    np.testing.assert_allclose(
+        prefix.log_node_marginals(potentials, lengths),
+        prefix.log_node_marginals(jnp.asarray(dense), lengths),
+        atol=1e-10,
+    )
+    labels = jnp.asarray(np.random.default_rng(T).integers(0, L, size=batch_shape + (T,)))
+    np.testing.assert_allclose(
+        chain.score(potentials, labels, lengths), chain.score(dense, labels, lengths), rtol=1e-12
+    )
+    for a, b in zip(
+        jax.tree_util.tree_leaves(chain.viterbi(potentials, lengths)),
+        jax.tree_util.tree_leaves(chain.viterbi(jnp.asarray(dense), lengths)),
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    if batch_shape:
+        one = lambda u, w, p, f, n: chain.log_partition(
+            potentials._replace(unary=u, pair_weights=w, pair_previous=p, pair_next=f), n
+        )
+        fields = (potentials.unary, potentials.pair_weights, potentials.pair_previous, potentials.pair_next, lengths)
+        flat = [x.reshape((int(np.prod(batch_shape)),) + x.shape[len(batch_shape) :]) for x in fields]
+        mapped = jax.vmap(jax.jit(one))(*flat)
+        looped = [one(*(x[b] for x in flat)) for b in range(flat[0].shape[0])]
+        np.testing.assert_allclose(mapped, log_z.reshape(-1), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.stack(looped), log_z.reshape(-1), rtol=1e-12, atol=1e-12)
+
+
+def test_a_support_per_position_in_float32_with_wide_and_forbidden_weights():
+    """Scale-50 weights and -inf pairs, float32, rows of back-to-back chains:
+    equal to the float64 dense form (the checked steps recover)."""
+    potentials64 = _random_per_position(21, (3,), 12, 6, 5)
+    potentials64 = potentials64._replace(
+        unary=50 * potentials64.unary, pair_weights=(50 * potentials64.pair_weights).at[:, 4, 1].set(-jnp.inf)
+    )
+    lengths = jnp.array([12, 7, 1])
+    dense64 = sparse_chain.to_dense(potentials64)
+    cast = lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    potentials32 = jax.tree_util.tree_map(cast, potentials64)
+    np.testing.assert_allclose(
+        np.asarray(_log_partition(potentials32, lengths), np.float64), chain.log_partition(dense64, lengths), rtol=1e-5
+    )
+    got = _marginals(potentials32, lengths)
+    for leaf in jax.tree_util.tree_leaves(got):
+        assert np.isfinite(np.asarray(leaf)).all()
+    np.testing.assert_allclose(got.unary, chain.marginals(dense64, lengths).sum(-2), atol=1e-5)
+    starts = jnp.zeros((3, 12), bool).at[0, 5].set(True)
+    first = potentials64.first_scores()
+    dense_rows = jnp.where(starts[..., None, None] & (jnp.arange(6) == 0)[:, None], first[:, :, None, :], dense64)
+    np.testing.assert_allclose(
+        np.asarray(chain.row_log_partition(potentials32, starts, lengths), np.float64),
+        chain.row_log_partition(dense_rows, starts, lengths),
+        rtol=1e-5,
+    )
+
+
+def test_a_support_per_position_to_second_order():
+    potentials = _random_per_position(22, (), 4, 3, 2)
+
+    @jax.jit
+    def objective(unary, pair_weights, transitions):
+        return chain.log_partition(potentials._replace(unary=unary, pair_weights=pair_weights, transitions=transitions))
+
+    testing.check_gradients(
+        objective, (potentials.unary, potentials.pair_weights, potentials.transitions), order=2, modes=("rev",)
+    )
+
+
+def test_a_pair_listed_twice_with_weights_is_refused():
+    potentials = _random_per_position(23, (2,), 3, 3, 2)
+    twice = potentials._replace(pair_weights=potentials.pair_weights.at[1, 2, 2].set(0.5))  # the padding listing
+    with pytest.raises(ValueError, match=r"list the label pair \(\d, \d\) twice at one position"):
+        chain.log_partition(twice)
+    with pytest.raises(ValueError, match=r"pair_next must have shape \[3\] \(one support\) or \[2, 3, 3\]"):
+        chain.log_partition(potentials._replace(pair_next=potentials.pair_next[0]))

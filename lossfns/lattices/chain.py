@@ -188,7 +188,7 @@ class _Algorithms(NamedTuple):
 _ALGORITHMS = {
     (semirings.LogSemiring, DensePotentials): _Algorithms(kernel.dense_tangent, kernel.log_matmul),
     (semirings.LogSemiring, FactoredPotentials): _Algorithms(kernel.factored_tangent, kernel.log_matmul, pad=True),
-    (semirings.LogSemiring, SparsePotentials): _Algorithms(None, kernel.log_matmul),
+    (semirings.LogSemiring, SparsePotentials): _Algorithms(sparse_chain.sparse_tangent, kernel.log_matmul),
 }
 
 

@@ -98,7 +98,7 @@ def _reversed_in_time(x, lengths, batch_ndim: int, offset: int):
     gathered = jnp.take_along_axis(
         x, jnp.clip(index, 0, max(T - 1, 0)).reshape(index.shape + trailing), axis=batch_ndim
     )
-    return jnp.where(valid.reshape(valid.shape + trailing), gathered, 0.0)
+    return jnp.where(valid.reshape(valid.shape + trailing), gathered, jnp.zeros((), x.dtype))
 
 
 def _reversed_chain(potentials, lengths, batch_ndim: int):
@@ -116,12 +116,15 @@ def _reversed_chain(potentials, lengths, batch_ndim: int):
         if isinstance(potentials, FactoredPotentials):
             return FactoredPotentials(reversed_unary, jnp.swapaxes(potentials.transitions, -1, -2)), unary
         transitions = potentials.transitions
+        previous, following = potentials.pair_previous, potentials.pair_next
+        if potentials.per_position:  # each edge's support travels with its weights
+            previous, following = (_reversed_in_time(x, lengths, batch_ndim, 1) for x in (previous, following))
         return (
             SparsePotentials(
                 reversed_unary,
                 _reversed_in_time(potentials.pair_weights, lengths, batch_ndim, 1),
-                potentials.pair_next,
-                potentials.pair_previous,
+                following,
+                previous,
                 None,
                 None if transitions is None else jnp.swapaxes(transitions, -1, -2),
             ),

@@ -18,8 +18,10 @@ sparse part over the non-zeros of `M_t`:
                                      + sum_{i: M_t(i, j) != 0} alpha_{t-1}(i) exp(A(i, j)) M_t(i, j)),
 
 which costs `O(K)` per position on top of the shared product instead of
-building and exponentiating `[T, L, L]` scores; autodiff of the recursion
-(the backward pass) costs the same.
+building and exponentiating `[T, L, L]` scores. Its derivative is in closed
+form (`sparse_tangent`, registered on the scan): the backward pass runs the
+same sparse product transposed, and each listed pair's marginal is a gather,
+so the gradient costs the same as the forward pass.
 
 `SparsePotentials` is a form of `lattices.forms`: every `chain` function
 takes it (`chain.log_partition`, `marginals`, `row_log_partition`,
@@ -27,11 +29,20 @@ takes it (`chain.log_partition`, `marginals`, `row_log_partition`,
 semiring) its step is the sparse product above; for the other semirings it
 builds one `[L, L]` block per step.
 
-Representation: the non-zero label pairs share one support for the whole
-batch, `pair_previous [K]` and `pair_next [K]` (the union of the pairs any
-label-pair feature may fire on; with L1 training, the pairs whose weights are
-non-zero), and `pair_weights [..., T, K]` holds their per-position log-space
-weights (0 where a pair's weight is zero at that position). The same
+Representation: `pair_weights [..., T, K]` holds per-position log-space
+weights (0 where a pair's weight is zero at that position) of the label pairs
+`(pair_previous, pair_next)`, which are either
+
+* one support `[K]` shared by every position of the batch (the union of the
+  pairs any label-pair feature may fire on; with L1 training, the pairs whose
+  weights are non-zero), or
+* a support per position, `[..., T, K]` like the weights (the pairs of the
+  observation at each position only: on conll2000's words at most 62 of the
+  1,936 POS label pairs, 18 on average, where their union covers 56%).
+
+At one position a pair may be listed more than once only with weight 0
+there (padding); listed twice with non-zero weights it would count as two
+factors `(1 + M)` instead of one, so concrete inputs are checked. The same
 conventions as `chain` hold: at a chain's first position the previous label
 is the start state (label index 0 in the pair support; `A` does not apply
 there), `lengths` mask positions at or past each length, and `to_dense`
@@ -67,8 +78,9 @@ class SparsePotentials(NamedTuple):
     label-pair weights (see the module docstring).
 
     unary: `[..., T, L]`; pair_weights: `[..., T, K]` (log space, 0 = no
-    effect, -inf = forbidden pair); pair_previous, pair_next: `[K]` int label
-    indices of each non-zero pair; start: `[L]`, `[..., L]` or `None`
+    effect, -inf = forbidden pair); pair_previous, pair_next: `[K]` (one
+    support) or `[..., T, K]` (a support per position) int label indices of
+    each non-zero pair; start: `[L]`, `[..., L]` or `None`
     (zeros); transitions: `[L, L]` shared by the batch, or `None` (zeros).
     """
 
@@ -91,22 +103,34 @@ class SparsePotentials(NamedTuple):
             pair_weights=jnp.where(valid[:, None], self.pair_weights, 0.0),
         )
 
-    def _pairs(self, weights):
-        """The pair scores `[..., L, L]` of per-pair weights `[..., K]`."""
+    @property
+    def per_position(self) -> bool:
+        """Whether each position has its own support (`[..., T, K]` indices)."""
+        return jnp.ndim(self.pair_previous) > 1
+
+    def _pairs(self, weights, previous=None, following=None):
+        """The pair scores `[..., L, L]` of per-pair weights `[..., K]` on the
+        support `previous, following` (`[K]` or `[..., K]`; default this form's)."""
         L = self.num_labels
-        return (
-            jnp.zeros(weights.shape[:-1] + (L, L), weights.dtype)
-            .at[..., self.pair_previous, self.pair_next]
-            .add(weights)
-        )
+        previous = self.pair_previous if previous is None else previous
+        following = self.pair_next if following is None else following
+        return _scatter_last(weights, previous * L + following, L * L).reshape(weights.shape[:-1] + (L, L))
 
     def first_scores(self):
         from_start = jnp.where(self.pair_previous == 0, self.pair_weights, 0.0)
-        pairs = jnp.zeros(self.unary.shape, self.dtype).at[..., self.pair_next].add(from_start)
-        return self.start[..., None, :] + self.unary + pairs
+        return self.start[..., None, :] + self.unary + _scatter_last(from_start, self.pair_next, self.num_labels)
 
     def time_inputs(self):
+        if self.per_position:
+            return self.unary, self.pair_weights, self.pair_previous, self.pair_next
         return self.unary, self.pair_weights
+
+    def _support_at(self, inputs_t):
+        """`(unary_t [L], weights_t [K], previous_t [K], following_t [K])` of one step's inputs."""
+        if self.per_position:
+            return inputs_t
+        unary_t, weights_t = inputs_t
+        return unary_t, weights_t, self.pair_previous, self.pair_next
 
     def _transitions(self):
         """The shared transition scores (zeros when there are none)."""
@@ -115,15 +139,15 @@ class SparsePotentials(NamedTuple):
         return self.transitions
 
     def block(self, inputs_t):
-        unary_t, weights_t = inputs_t
-        return self._transitions() + unary_t[None, :] + self._pairs(weights_t)
+        unary_t, weights_t, previous_t, following_t = self._support_at(inputs_t)
+        return self._transitions() + unary_t[None, :] + self._pairs(weights_t, previous_t, following_t)
 
     def column(self, inputs_t, label):
-        unary_t, weights_t = inputs_t
+        unary_t, weights_t, previous_t, following_t = self._support_at(inputs_t)
         pairs = (
             jnp.zeros((self.num_labels,), weights_t.dtype)
-            .at[self.pair_previous]
-            .add(jnp.where(self.pair_next == label, weights_t, 0.0))
+            .at[previous_t]
+            .add(jnp.where(following_t == label, weights_t, 0.0))
         )
         return self._transitions()[:, label] + unary_t[label] + pairs
 
@@ -137,7 +161,8 @@ class SparsePotentials(NamedTuple):
 
     def score_terms(self, labels, previous, starts):
         positions = jnp.arange(labels.shape[0])
-        matches = (self.pair_previous[None, :] == previous[:, None]) & (self.pair_next[None, :] == labels[:, None])
+        # [K] or [T, K] against [T, 1]: [T, K] either way
+        matches = (self.pair_previous == previous[:, None]) & (self.pair_next == labels[:, None])
         pairs = jnp.sum(jnp.where(matches, self.pair_weights, 0.0), -1)
         edge = jnp.where(starts, self.start[labels], self._transitions()[previous, labels])
         return self.unary[positions, labels] + edge + pairs
@@ -148,16 +173,14 @@ class SparsePotentials(NamedTuple):
         shared = transitions is None or transitions.ndim == 2
         if transitions is not None and not shared:
             transitions = flat(jnp.broadcast_to(transitions, batch_shape + transitions.shape[-2:]), 2)
+        previous, following, support_axis = self.pair_previous, self.pair_next, None
+        if self.per_position:
+            previous, following, support_axis = flat(previous, 2), flat(following, 2), 0
         return (
             SparsePotentials(
-                flat(self.unary, 2),
-                flat(self.pair_weights, 2),
-                self.pair_previous,
-                self.pair_next,
-                flat(self.start, 1),
-                transitions,
+                flat(self.unary, 2), flat(self.pair_weights, 2), previous, following, flat(self.start, 1), transitions
             ),
-            SparsePotentials._make((0, 0, None, None, 0, None if shared else 0)),
+            SparsePotentials._make((0, 0, support_axis, support_axis, 0, None if shared else 0)),
         )  # in_axes: its leaves are axes
 
     def unshared(self, batch_shape):
@@ -176,9 +199,47 @@ class SparsePotentials(NamedTuple):
         return gradient._replace(pair_previous=self.pair_previous, pair_next=self.pair_next)
 
 
+class SparseSteps(NamedTuple):
+    """`lift(Log)` inputs of the sparse form (one chain).
+
+    unary: `[T, L]` (masked) plus the column shifts `c` of the transitions;
+    pair_weights: `[T, K]`; factors: `[T, K]`, `exp(w - s)`; shift: `[T]`,
+    `s`, each step's largest pair weight (at least 0); previous, following:
+    `[K]` or `[T, K]`, the support; pair_dense: `exp(A - c)` at the support,
+    `[K]` or `[T, K]`; shifted: `[L, L]`, `A - c`; dense_factors: `exp(A - c)`.
+    """
+
+    unary: jax.Array
+    pair_weights: jax.Array
+    factors: jax.Array
+    shift: jax.Array
+    previous: jax.Array
+    following: jax.Array
+    pair_dense: jax.Array
+    shifted: jax.Array
+    dense_factors: jax.Array
+
+    def support_at(self, t):
+        """`(previous [K], following [K], pair_dense [K])` of step `t`."""
+        fields = (self.previous, self.following, self.pair_dense)
+        if self.previous.ndim == 1:
+            return fields
+        return tuple(kernel.at_position(x, t) for x in fields)
+
+    def scores_at(self, t):
+        """`[L, L]`: step `t`'s log edge scores less `c` and `s`, those the
+        column sums `log_sums` of the step add up (`kernel._exact_conditional`)."""
+        previous, following, _ = self.support_at(t)
+        L = self.shifted.shape[-1]
+        pairs = _scatter_last(kernel.at_position(self.pair_weights, t), previous * L + following, L * L)
+        return self.shifted + pairs.reshape(L, L) - kernel.at_position(self.shift, t)
+
+
 def _sparse_log_step(potentials: SparsePotentials):
     """`(inputs, step)` of the log semiring: the checked sparse product above
-    on log-space forward scores (see the module docstring)."""
+    on log-space forward scores (see the module docstring). The step's
+    auxiliary output is `(log column sums [L], recovered)`, what
+    `sparse_tangent` reads."""
     unary, pair_weights, previous, following = (
         potentials.unary,
         potentials.pair_weights,
@@ -191,50 +252,223 @@ def _sparse_log_step(potentials: SparsePotentials):
     column_shift = semirings.finite_max(transitions, 0)  # c [L]
     shifted = transitions - column_shift
     dense_factors = jnp.exp(shifted)  # exp(A - c), columns peak at 1
-    pair_dense = dense_factors[previous, following]  # [K]
     # Shifts keep exp() in range (NUMERICS.md 5): exp(w - s) = exp(-s) (1 + M)
     # with s >= 0 the largest pair weight of the step, so nothing overflows.
     if pair_weights.shape[-1]:
         pair_shift = jnp.maximum(semirings.finite_max(pair_weights, -1), 0.0)
     else:
         pair_shift = jnp.zeros((T,), unary.dtype)
-    pair_factors = jnp.exp(pair_weights - pair_shift[:, None])
+    inputs = SparseSteps(
+        unary + column_shift,
+        pair_weights,
+        jnp.exp(pair_weights - pair_shift[:, None]),
+        pair_shift,
+        previous,
+        following,
+        dense_factors[previous, following],
+        shifted,
+        dense_factors,
+    )
     tau = kernel.recovery_threshold(unary.dtype, L)
     # Below this fraction of the sum of its terms' magnitudes, a column sum has
     # lost more than about 1e-5 of relative precision (a few roundings of eps).
     cancellation = min(1.0, 4 * float(jnp.finfo(unary.dtype).eps) / 1e-5)
 
     def step(log_alpha, inputs, t, live):
-        unary_t, weights_t, factors_t, shift_t = (kernel.at_position(x, t) for x in inputs)
+        factors_t, shift_t = kernel.at_position(inputs.factors, t), kernel.at_position(inputs.shift, t)
+        previous_t, following_t, pair_dense_t = inputs.support_at(t)
         alpha = jnp.exp(log_alpha)
         dense_t = jnp.exp(-shift_t)
-        dense = dense_t * (jnp.sum(alpha) if rank_one else alpha @ dense_factors)
-        gathered = alpha[previous] if rank_one else alpha[previous] * pair_dense
-        sums = dense + jax.ops.segment_sum(gathered * (factors_t - dense_t), following, L)
-        magnitudes = dense + jax.ops.segment_sum(gathered * (factors_t + dense_t), following, L)
+        dense = dense_t * (jnp.sum(alpha) if rank_one else alpha @ inputs.dense_factors)
+        gathered = alpha[previous_t] if rank_one else alpha[previous_t] * pair_dense_t
+        terms = jnp.stack([gathered * (factors_t - dense_t), gathered * (factors_t + dense_t)])
+        sums, magnitudes = dense + _sum_by_label(terms, following_t, L)
         # One decision for the whole batch (`kernel.any_in_batch`).
         recover = kernel.any_in_batch(live & jnp.any(sums < jnp.maximum(tau, cancellation * magnitudes)))
 
         def exact():
-            scores = shifted + potentials._pairs(weights_t)
-            return semirings.logsumexp(log_alpha[:, None] + scores, 0) - shift_t
+            return semirings.logsumexp(log_alpha[:, None] + inputs.scores_at(t), 0)
 
         log_sums = jax.lax.cond(recover, exact, lambda: kernel.safe_log(jnp.maximum(sums, 0.0)))
-        return log_sums + shift_t + column_shift + unary_t, jnp.zeros((), unary.dtype), ()
+        return (
+            log_sums + shift_t + kernel.at_position(inputs.unary, t),
+            jnp.zeros((), unary.dtype),
+            (log_sums, recover),
+        )
 
-    return (unary, pair_weights, pair_factors, pair_shift), step
+    return inputs, step
 
 
-def _label_indices(name: str, indices, size: int, num_labels: int) -> jax.Array:
-    """Pair support indices `[K]` of ints in `[0, num_labels)`."""
+def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel.Forward, tangent):
+    """The closed-form JVP of `log Z` of one row of sparse chains: node
+    marginals by the backward pass of `kernel.factored_tangent` with the
+    sparse product transposed, then, vectorised over the positions, each
+    listed pair's marginal `alpha_{t-1}(i) exp(A(i, j) - c(j)) exp(w - s_t)
+    beta_t(j) / s_t(j)` (its derivative), and the transitions' expected
+    counts as the dense outer products plus the pairs' corrections (a
+    gather of the tangent, never a scatter). Recovered steps (rare) are
+    recomputed in log space.
+
+    potentials, tangent: `SparsePotentials` (one chain); forward: the scan's
+    with `_sparse_log_step`.
+    """
+    T, L = potentials.unary.shape
+    rank_one = potentials.transitions is None
+    chains = kernel._chains(length, starts, T)
+    log_alphas = forward.values
+    log_sums, recovered = forward.aux
+    steps: SparseSteps = forward.inputs
+    alphas = jnp.exp(log_alphas)
+    dense_after = jnp.exp(-steps.shift)  # exp(-s_t) [T]
+
+    def step(following, inputs):
+        t, alpha_t, log_alpha_t, end_t, valid_t, continues_t = inputs
+        log_sums_next, recovered_next, inverse_sums = kernel._next_step(log_sums, recovered, continues_t, t)
+        ratio = following * inverse_sums
+        after = jnp.minimum(t + 1, T - 1)
+
+        def exact():
+            conditional = kernel._exact_conditional(log_alpha_t, steps.scores_at(after), log_sums_next)
+            return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
+
+        def ordinary():
+            # sum_j G(i, j) ratio(j), G the step's factors (the product of the step, transposed)
+            previous, next_labels, pair_dense = steps.support_at(after)
+            dense = kernel.at_position(dense_after, after)
+            spread = jnp.sum(ratio) if rank_one else steps.dense_factors @ ratio
+            factors = kernel.at_position(steps.factors, after) - dense
+            sparse = (1.0 if rank_one else pair_dense) * factors * ratio[next_labels]
+            return alpha_t * (dense * spread + _sum_by_label(sparse, previous, L))
+
+        backward = jax.lax.cond(recovered_next, exact, ordinary)
+        nodes_t = jnp.where(valid_t, kernel._normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
+        return nodes_t, (nodes_t, ratio)
+
+    inputs = (jnp.arange(T), alphas, log_alphas, chains.ends, chains.valid, chains.continues)
+    _, (nodes, ratios) = jax.lax.scan(step, jnp.zeros((L,), alphas.dtype), inputs, reverse=True)
+
+    # Each listed pair's marginal at t >= 1 (ratios[t - 1] is position t's;
+    # 0 where t starts a chain, lies past the length or was recovered).
+    previous = jnp.broadcast_to(steps.previous, steps.pair_weights.shape)
+    following = jnp.broadcast_to(steps.following, steps.pair_weights.shape)
+    pair_dense = 1.0 if rank_one else jnp.broadcast_to(steps.pair_dense, steps.pair_weights.shape)[1:]
+    from_alpha = jnp.take_along_axis(alphas[:-1], previous[1:], 1)  # [T - 1, K]
+    to_ratio = jnp.take_along_axis(ratios[:-1], following[1:], 1)
+    pairs = from_alpha * pair_dense * steps.factors[1:] * to_ratio
+    # Recovered steps: the same marginals in log space.
+    taken = recovered[1:] & chains.valid[1:] & ~chains.starts[1:]
+    # (conditions on `recovered` alone, unbatched: a batched one would run both branches)
+    any_recovered = jnp.any(recovered[1:])
+    pairs = jax.lax.cond(
+        any_recovered,
+        lambda: jnp.where(taken[:, None], _exact_pair_marginals(forward, nodes, previous, following), pairs),
+        lambda: pairs,
+    )
+    # At a chain's start the pairs from label 0 are part of its first scores.
+    heads = jnp.where(chains.starts[:, None] & (previous == 0), jnp.take_along_axis(nodes, following, 1), 0.0)
+    pairs = jnp.concatenate([heads[:1], pairs + heads[1:]])
+    firsts = jnp.where(chains.starts[:, None], nodes, 0.0)
+    out = (
+        jnp.sum(nodes * kernel._masked(nodes, tangent.unary))
+        + jnp.sum(pairs * kernel._masked(pairs, tangent.pair_weights))
+        + jnp.sum(firsts.sum(0) * kernel._masked(firsts.sum(0), tangent.start))
+    )
+    if rank_one:
+        return out
+    # Transitions: the dense part of every ordinary step, alpha_{t-1} (x)
+    # exp(-s_t) ratio_t * exp(A - c), as one [L, T] x [T, L] product; each
+    # listed pair's part beyond it, (exp(w - s) - exp(-s)) of the same; the
+    # recovered steps' exact counts.
+    allowed = steps.shifted > -jnp.inf  # a forbidden transition's tangent may be infinite
+    transitions_tangent = jnp.where(allowed, tangent.transitions, 0.0)
+    outer = alphas[:-1].T @ (dense_after[1:, None] * ratios[:-1])
+    corrections = from_alpha * pair_dense * (steps.factors[1:] - dense_after[1:, None]) * to_ratio
+    exact_edges = jax.lax.cond(
+        any_recovered,
+        lambda: _sparse_exact_edges(forward, chains, nodes, taken),
+        lambda: jnp.zeros((L, L), alphas.dtype),
+    )
+    return (
+        out
+        + kernel._contract(steps.dense_factors * transitions_tangent, outer)
+        + jnp.sum(corrections * transitions_tangent[previous[1:], following[1:]])
+        + kernel._contract(transitions_tangent, exact_edges)
+    )
+
+
+def _exact_pair_marginals(forward: kernel.Forward, nodes, previous, following):
+    """Every listed pair's marginal at `t >= 1` in log space, `[T - 1, K]`:
+    `exp(la_{t-1}(i) + A(i, j) - c(j) + w - s_t - log s_t(j)) nodes_t(j)`."""
+    steps: SparseSteps = forward.inputs
+    log_sums = forward.aux[0][1:]
+    finite = jnp.isfinite(jnp.take_along_axis(log_sums, following[1:], 1))
+    exponent = (
+        jnp.take_along_axis(forward.values[:-1], previous[1:], 1)
+        + steps.shifted[previous[1:], following[1:]]
+        + steps.pair_weights[1:]
+        - steps.shift[1:, None]
+        - jnp.where(finite, jnp.take_along_axis(log_sums, following[1:], 1), 0.0)
+    )
+    return jnp.where(finite, jnp.exp(exponent), 0.0) * jnp.take_along_axis(nodes[1:], following[1:], 1)
+
+
+def _sparse_exact_edges(forward: kernel.Forward, chains, nodes, taken):
+    """Expected transition counts `[L, L]` of the recovered steps `taken
+    [T - 1]` (of positions 1..T-1), in log space."""
+    steps: SparseSteps = forward.inputs
+    log_sums = forward.aux[0]
+
+    def step(edges, inputs):
+        t, log_alpha_previous, log_sums_t, nodes_t, taken_t = inputs
+        conditional = kernel._exact_conditional(log_alpha_previous, steps.scores_at(t), log_sums_t)
+        return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
+
+    L = nodes.shape[-1]
+    T = nodes.shape[0]
+    xs = (jnp.arange(1, T), forward.values[:-1], log_sums[1:], nodes[1:], taken)
+    edges, _ = jax.lax.scan(step, jnp.zeros((L, L), nodes.dtype), xs)
+    return edges
+
+
+def _sum_by_label(values, labels, num_labels: int):
+    """`out[..., j] = sum of values[..., k] over labels[k] == j`, `[..., L]`, for
+    `values [..., K]` and `labels [K]`: a product with the one-hot `[K, L]`
+    when `K <= L` (XLA:CPU's scatter costs several times more per element),
+    else a segment sum."""
+    if labels.shape[-1] <= num_labels:
+        one_hot = (labels[:, None] == jnp.arange(num_labels)).astype(values.dtype)
+        return values @ one_hot
+    return (
+        jax.ops.segment_sum(jnp.moveaxis(values, -1, 0), labels, num_labels).T
+        if values.ndim > 1
+        else (jax.ops.segment_sum(values, labels, num_labels))
+    )
+
+
+def _scatter_last(values, indices, size: int):
+    """`out[..., i] = sum of values[..., k] over indices[..., k] == i`, `[..., size]`,
+    for `values [..., K]` and `indices [K]` or `[..., K]` (a per-row support)."""
+    out = jnp.zeros(values.shape[:-1] + (size,), values.dtype)
+    if jnp.ndim(indices) == 1:
+        return out.at[..., indices].add(values)
+    rows = jnp.indices(values.shape[:-1], sparse=True)
+    return out.at[(*(r[..., None] for r in rows), indices)].add(values)
+
+
+def _label_indices(name: str, indices, weights_shape: tuple, num_labels: int) -> jax.Array:
+    """Pair support indices `[K]` or `[..., T, K]` (the shape of
+    `pair_weights`) of ints in `[0, num_labels)`."""
     indices = jnp.asarray(indices)
+    K = weights_shape[-1]
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(
-            f"{name} must be an integer array of shape [{size}] (K, from pair_weights), got dtype {indices.dtype}"
+            f"{name} must be an integer array of shape [{K}] or {list(weights_shape)} (from pair_weights), "
+            f"got dtype {indices.dtype}"
         )
-    if indices.shape != (size,):
+    if indices.shape not in ((K,), tuple(weights_shape)):
         raise ValueError(
-            f"{name} must have shape [{size}] (K, from pair_weights [..., T, K]), got shape {indices.shape}"
+            f"{name} must have shape [{K}] (one support) or {list(weights_shape)} (a support per position, "
+            f"the shape of pair_weights [..., T, K]), got shape {indices.shape}"
         )
     value = concrete(indices)
     if value is not None and value.size and (value.min() < 0 or value.max() >= num_labels):
@@ -243,6 +477,25 @@ def _label_indices(name: str, indices, size: int, num_labels: int) -> jax.Array:
             f"got {int(value[(value < 0) | (value >= num_labels)][0])}"
         )
     return indices.astype(jnp.int32)
+
+
+def _check_distinct_pairs(previous, following, pair_weights, num_labels: int) -> None:
+    """A label pair listed twice at one position must have weight 0 in all but
+    one listing (see the module docstring); checked when the inputs are concrete."""
+    previous, following, weights = (concrete(x) for x in (previous, following, pair_weights))
+    if previous is None or following is None or weights is None or weights.size == 0:
+        return
+    keys = np.broadcast_to(previous.astype(np.int64) * num_labels + following, weights.shape)
+    # Zero weights (padding) get distinct negative keys: they never collide.
+    keys = np.where(weights != 0, keys, -1 - np.arange(weights.shape[-1]))
+    ordered = np.sort(keys, axis=-1)
+    repeated = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
+    if repeated.any():
+        key = int(ordered[..., 1:][repeated][0])
+        raise ValueError(
+            f"pair_previous, pair_next list the label pair {divmod(key, num_labels)} twice at one position "
+            "with non-zero pair_weights; list each pair once (other listings may only have weight 0)"
+        )
 
 
 def _prepare(potentials: SparsePotentials, lengths):
@@ -259,9 +512,13 @@ def _prepare(potentials: SparsePotentials, lengths):
             f"pair_weights must have shape {batch_shape + (T,)} + [K] (batch and T from unary "
             f"{unary.shape}), got shape {pair_weights.shape}"
         )
-    K = pair_weights.shape[-1]
-    previous = _label_indices("pair_previous", potentials.pair_previous, K, L)
-    following = _label_indices("pair_next", potentials.pair_next, K, L)
+    previous = _label_indices("pair_previous", potentials.pair_previous, pair_weights.shape, L)
+    following = _label_indices("pair_next", potentials.pair_next, pair_weights.shape, L)
+    if previous.shape != following.shape:
+        raise ValueError(
+            f"pair_previous and pair_next must have the same shape, got {previous.shape} and {following.shape}"
+        )
+    _check_distinct_pairs(previous, following, pair_weights, L)
     start = jnp.zeros((L,), unary.dtype) if potentials.start is None else potentials.start
     start = as_float_array("start", start, 1, "[L] or [..., L]")
     if start.shape[-1] != L:

@@ -16,10 +16,14 @@ gradient of a gather is a scatter-add into the rows that occur, never a dense
 one-hot product. The model picks its potential form from its weights:
 
 * no label-pair-observation features (`K2 = 0`): `FactoredPotentials`;
-* pair features whose weights exist on few label pairs (`pair_mask`: the
-  union of its label pairs covers at most half of the `L^2`):
-  `SparsePotentials` on that support (Lavergne et al.'s sparse
-  forward-backward; `[T, L, L]` is never built);
+* pair features whose weights exist on few label pairs (`pair_mask`), one
+  pair test per position (`pair_ids [..., T, 1]`): `SparsePotentials` with
+  a support per position, the label pairs of that position's test (Lavergne
+  et al.'s sparse forward-backward; `[T, L, L]` is never built), when no
+  test has more than half of the `L^2`;
+* several pair tests per position, and the union of every test's label
+  pairs covers at most half of the `L^2`: `SparsePotentials` on that one
+  support;
 * otherwise: per-position `[..., T, L, L]` potentials.
 
 All three give the same losses and gradients (tested). Pair features do not
@@ -122,12 +126,14 @@ class ChainStructure(NamedTuple):
     """What `LinearChainModel.with_weights` needs besides the weights:
     emission_pairs: `(rows [P], columns [P])` int32 of the emission
     weights that exist, or None (all); emission_mask `[K, L]`, pair_mask
-    `[K2, L, L]` and transition_mask `[L, L]` bool, or None."""
+    `[K2, L, L]` and transition_mask `[L, L]` bool, or None; pair_slots
+    `[K2, S]` int32 or None (`LinearChainModel.pair_slots`)."""
 
     emission_pairs: tuple | None
     emission_mask: jax.Array | None
     pair_mask: jax.Array | None
     transition_mask: jax.Array | None = None
+    pair_slots: jax.Array | None = None
 
 
 class LinearChainModel(eqx.Module):
@@ -141,7 +147,11 @@ class LinearChainModel(eqx.Module):
     pairs `(previous, next)` that any pair weight may use when they are few
     enough for the sparse form, else None (derived from `pair_mask` by
     `with_pair_mask`; static); transition_mask: `[L, L]` bool or None (True:
-    the transition weight exists; CRFsuite's transitions seen in training).
+    the transition weight exists; CRFsuite's transitions seen in training);
+    pair_slots: `[K2, S]` int32 or None, each pair test's label pairs on its
+    mask as flat indices `previous * L + next`, padded with -1, when no test
+    has more than the sparse fraction of the `L^2` (the support per position
+    of the sparse form; derived from `pair_mask` by `with_pair_mask`).
     """
 
     emission: jax.Array
@@ -152,13 +162,16 @@ class LinearChainModel(eqx.Module):
     pair_mask: jax.Array | None = None
     pair_support: tuple | None = eqx.field(default=None, static=True)
     transition_mask: jax.Array | None = None
+    pair_slots: jax.Array | None = None
 
     def with_pair_mask(self, pair_mask, *, max_sparse_fraction: float | None = None) -> LinearChainModel:
         """The model with the pair weights outside `pair_mask [K2, L, L]` fixed
-        at 0, and the sparse form when the mask's label pairs (its union over
-        features) cover at most `max_sparse_fraction` (default
-        `SPARSE_MAX_FRACTION`; 0 keeps the dense form) of the `L^2`. The mask
-        must be concrete (it decides static shapes)."""
+        at 0, and the sparse forms where their label pairs are at most
+        `max_sparse_fraction` (default `SPARSE_MAX_FRACTION`; 0 keeps the
+        dense form) of the `L^2`: a support per position when every pair
+        test's own label pairs are (`pair_slots`, for one pair test per
+        position), one support when their union is (`pair_support`). The
+        mask must be concrete (it decides static shapes)."""
         max_sparse_fraction = SPARSE_MAX_FRACTION if max_sparse_fraction is None else max_sparse_fraction
         K2, L = self.pair_emission.shape[0], self.num_labels
         mask = np.asarray(pair_mask, dtype=bool)
@@ -167,7 +180,18 @@ class LinearChainModel(eqx.Module):
         previous, following = np.nonzero(mask.any(axis=0))
         sparse = 0 < previous.size <= max_sparse_fraction * L * L
         support = (tuple(previous.tolist()), tuple(following.tolist())) if sparse else None
-        return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support)
+        flat = mask.reshape(K2, L * L)
+        counts = flat.sum(axis=1)
+        widest = int(counts.max()) if K2 else 0
+        slots = None
+        if 0 < widest <= max_sparse_fraction * L * L:
+            # Row-major order keeps each test's pairs in ascending flat index.
+            tests, flat_pairs = np.nonzero(flat)
+            rank = np.arange(tests.size) - np.repeat(np.cumsum(counts) - counts, counts)
+            table = np.full((K2, widest), -1, np.int32)
+            table[tests, rank] = flat_pairs
+            slots = jnp.asarray(table)
+        return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support, pair_slots=slots)
 
     def with_transition_mask(self, transition_mask) -> LinearChainModel:
         """The model with the transition weights outside `transition_mask
@@ -266,6 +290,9 @@ class LinearChainModel(eqx.Module):
                 f"pair_ids must have shape [..., T, F2] with [..., T] = {unary.shape[:-1]} "
                 f"(from unigram_ids), got shape {pair_ids.shape}"
             )
+        if self.pair_slots is not None and pair_ids.shape[-1] == 1:
+            table, slots = self._slot_table()
+            return self._per_position(unary, _sum_rows(table, pair_ids), _token_slots(slots, pair_ids[..., 0]))
         if self.pair_support is not None:
             return self._sparse(unary, _sum_rows(self._pair_table(), pair_ids))
         return self._edges(unary, _sum_rows(self._masked_pair_emission(), pair_ids))
@@ -286,6 +313,32 @@ class LinearChainModel(eqx.Module):
         """Each pair feature's weights on the sparse support, `[K2, K]`."""
         previous, following = (np.asarray(side, np.int32) for side in self.pair_support)
         return self._masked_pair_emission()[:, previous, following]
+
+    def _slot_table(self) -> tuple:
+        """`(table [K2, S], slots [K2, S])`: each pair test's weights on its own
+        label pairs (0 at padding), and those pairs (`pair_slots`)."""
+        assert self.pair_slots is not None
+        K2, L = self.pair_emission.shape[0], self.num_labels
+        slots = self.pair_slots
+        flat = self._masked_pair_emission().reshape(K2, L * L)
+        table = jnp.take_along_axis(flat, jnp.maximum(slots, 0), axis=1)
+        # A padding slot reads pair 0 of its test: zeroed, so it is a
+        # weight-0 listing (and gets no gradient).
+        return jnp.where(slots >= 0, table, 0.0), slots
+
+    def _per_position(self, unary, pair, slots, starts=None):
+        """`SparsePotentials` with a support per position from unary
+        `[..., T, L]`, pair weights `[..., T, S]` and their flat label pairs
+        `slots [..., T, S]` (padding: pair (0, 0) at weight 0); the pair
+        weights do not apply at t = 0 (nor at `starts`), the transitions are
+        the dense part of each step."""
+        first = jnp.arange(pair.shape[-2])[:, None] == 0
+        if starts is not None:
+            first = first | starts[..., None]
+        previous, following = jnp.divmod(slots, self.num_labels)
+        return SparsePotentials(
+            unary, jnp.where(first, 0.0, pair), previous, following, self.start, self._masked_transitions()
+        )
 
     def _sparse(self, unary, pair, starts=None):
         """`SparsePotentials` from unary `[..., T, L]` and pair weights on the
@@ -315,15 +368,27 @@ class LinearChainModel(eqx.Module):
         Returns a tuple of potentials as `__call__` does, one per bucket.
         """
         unaries = bucket_slices(design_matmul(design, self._masked_emission()), [p.shape for p in positions])
-        pair = None
+        pair = slots = None
         if self.pair_emission.shape[0]:
-            table = self._pair_table() if self.pair_support is not None else self._masked_pair_emission()
-            pair = _sum_rows(table, _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0]))
+            pair_ids = _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0])
+            if self.pair_slots is not None and pair_ids.shape[-1] == 1:
+                table, slots = self._slot_table()
+                slots = _token_slots(slots, pair_ids[:, 0])
+            elif self.pair_support is not None:
+                table = self._pair_table()
+            else:
+                table = self._masked_pair_emission()
+            pair = _sum_rows(table, pair_ids)
         out = []
         for b, (bucket, bucket_unary) in enumerate(zip(positions, unaries)):
             bucket_starts = None if starts is None else starts[b]
             if pair is None:
                 out.append(FactoredPotentials(bucket_unary, self.transitions, self.start))
+            elif slots is not None:
+                bucket_slots = _token_slots(slots, bucket)
+                out.append(
+                    self._per_position(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_slots, bucket_starts)
+                )
             elif self.pair_support is not None:
                 out.append(self._sparse(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_starts))
             else:
@@ -371,7 +436,7 @@ class LinearChainModel(eqx.Module):
         pairs = None
         if self.emission_mask is not None:
             pairs = tuple(np.asarray(i, np.int32) for i in np.nonzero(np.asarray(self.emission_mask)))
-        return ChainStructure(pairs, self.emission_mask, self.pair_mask, self.transition_mask)
+        return ChainStructure(pairs, self.emission_mask, self.pair_mask, self.transition_mask, self.pair_slots)
 
     def with_weights(self, weights: ChainWeights, structure: ChainStructure) -> LinearChainModel:
         """This model with `weights` (from `weights()`, or an optimizer) and
@@ -404,6 +469,7 @@ class LinearChainModel(eqx.Module):
             structure.pair_mask,
             pair_support,
             structure.transition_mask,
+            structure.pair_slots,
         )
 
     def trainable(self):
@@ -437,6 +503,14 @@ class LinearChainModel(eqx.Module):
 #: are at most this fraction of all `L^2` (beyond, its per-pair work costs
 #: more than the dense blocks it saves).
 SPARSE_MAX_FRACTION = 0.5
+
+
+def _token_slots(slots: jax.Array, ids: jax.Array) -> jax.Array:
+    """The label pairs `[..., S]` of each token's pair test `ids [...]` (-1:
+    none) from a test's `slots [K2', S]` (K2' tests or tokens), padding at
+    pair 0 (its weight is 0)."""
+    rows = slots.at[jnp.where(ids >= 0, ids, slots.shape[0])].get(mode="fill", fill_value=0)
+    return jnp.maximum(rows, 0)
 
 
 def _check_ids(name: str, ids, size: int) -> jax.Array:

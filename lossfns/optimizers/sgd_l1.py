@@ -287,8 +287,8 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
     rows: shaped like `model`, the `[max_rows[0] + 1]` emission and
     `[max_rows[1] + 1]` pair rows the batch uses (ascending, padded with
     out-of-range indices) and `arange(L)` for the transitions and start
-    weights, which every sentence uses; the masks' rows are their tables'
-    (absent masks stay absent); local_batch: the batch with its ids
+    weights, which every sentence uses; the masks' (and `pair_slots`') rows
+    are their tables' (absent masks stay absent); local_batch: the batch with its ids
     renumbered into those rows. The loss of `take_rows(model, rows)` (masks
     included) on `local_batch` is the loss of `model` on `batch`, and its
     gradient is the gradient's rows `rows`.
@@ -306,6 +306,7 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
         emission_mask=None if model.emission_mask is None else unigram_rows,
         pair_mask=None if model.pair_mask is None else pair_rows,
         transition_mask=None if model.transition_mask is None else every,
+        pair_slots=None if model.pair_slots is None else pair_rows,
     )
     return rows, batch._replace(unigram_ids=unigram_ids, pair_ids=pair_ids)
 
@@ -313,7 +314,7 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
 def _split_rows(rows: LinearChainModel) -> tuple:
     """`chain_batch_rows`' rows as `(rows of the weights, rows of the
     masks)`, shaped like `eqx.partition(model, eqx.is_inexact_array)`."""
-    masks = dict(emission_mask=None, pair_mask=None, transition_mask=None)
+    masks = dict(emission_mask=None, pair_mask=None, transition_mask=None, pair_slots=None)
     weights = dict(emission=None, transitions=None, start=None, pair_emission=None)
     return dataclasses.replace(rows, **masks), dataclasses.replace(rows, **weights)
 
