@@ -559,21 +559,48 @@ def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60
 # ---------------------------------------------------------------------------
 
 
-def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7, budget_s: float = 60.0, log=print):
-    """log Z plus gradients: sparse (O(L + K) per step) against the dense
-    per-position chain (real semiring, O(L^2) per step), in float32."""
+def _support_per_position(seed: int, shape, K: int) -> tuple:
+    """`(previous, following)` `[B, T, K]`: K distinct random label pairs at each position."""
     B, T, L = shape
+    rng = np.random.default_rng(seed)
+    flat = np.stack([rng.choice(L * L, K, replace=False) for _ in range(B * T)]).reshape(B, T, K)
+    return tuple(jnp.asarray(x, jnp.int32) for x in np.divmod(flat, L))
+
+
+def benchmark_sparse(
+    shape=(8, 40, 333),
+    densities=(0.1, 0.02),
+    repeats: int = 7,
+    budget_s: float = 60.0,
+    log=print,
+    per_position: tuple = ((128, 40, 44), 62),
+):
+    """log Z plus gradients: sparse (O(L + K) per step) against the dense
+    per-position chain (real semiring, O(L^2) per step), in float32: at
+    `shape` on one support of each density, and at `per_position = (shape,
+    K)` on K pairs per position (the conll2000 pair features' largest) with
+    shared transitions (the model's form)."""
+    cases = [(shape, density, None) for density in densities]
+    if per_position:
+        cases.append((per_position[0], per_position[1] / per_position[0][2] ** 2, per_position[1]))
     records = []
-    for density in densities:
-        keys = jax.random.split(jax.random.PRNGKey(1), 4)
-        previous, following = sparse_chain.random_support(keys[0], L, density)
-        K = previous.shape[0]
+    for shape, density, per_position_pairs in cases:
+        B, T, L = shape
+        keys = jax.random.split(jax.random.PRNGKey(1), 5)
+        if per_position_pairs is None:
+            previous, following = sparse_chain.random_support(keys[0], L, density)
+            transitions = None
+        else:
+            previous, following = _support_per_position(1, shape, per_position_pairs)
+            transitions = jax.random.normal(keys[4], (L, L), jnp.float32)
+        K = previous.shape[-1]
         potentials = sparse_chain.SparsePotentials(
             2.0 * jax.random.normal(keys[1], (B, T, L), jnp.float32),
             jax.random.normal(keys[2], (B, T, K), jnp.float32),
             jnp.asarray(previous),
             jnp.asarray(following),
             jax.random.normal(keys[3], (L,), jnp.float32),
+            transitions,
         )
         lengths = jnp.full((B,), T, jnp.int32)
         fields = (potentials.unary, potentials.pair_weights, potentials.start)
@@ -606,6 +633,7 @@ def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7
         medians = {name: statistics.median(times) for name, (_, times) in timings.items()}
         record = {
             "shape": list(shape),
+            "support": "one" if per_position_pairs is None else "per position",
             "zero_fraction": 1.0 - K / L**2,
             "nonzero_pairs": K,
             "log_z_relative_error": log_z_error,
@@ -617,7 +645,7 @@ def benchmark_sparse(shape=(8, 40, 333), densities=(0.1, 0.02), repeats: int = 7
         }
         records.append(record)
         log(
-            f"sparse {shape} zeros {record['zero_fraction']:.0%} (K = {K}): sparse {medians['sparse'] * 1e3:.1f} ms, "
+            f"sparse {shape} {record['support']} support, zeros {record['zero_fraction']:.0%} (K = {K}): sparse {medians['sparse'] * 1e3:.1f} ms, "
             f"dense {medians['dense (from the sparse weights)'] * 1e3:.1f} ms "
             f"(given matrices {medians['dense (given [B, T, L, L])'] * 1e3:.1f} ms): "
             f"{record['speedup_vs_dense_from_weights']:.1f}x / {record['speedup_vs_dense_given']:.1f}x; "
