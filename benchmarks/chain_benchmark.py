@@ -645,7 +645,8 @@ def benchmark_sparse(
         }
         records.append(record)
         log(
-            f"sparse {shape} {record['support']} support, zeros {record['zero_fraction']:.0%} (K = {K}): sparse {medians['sparse'] * 1e3:.1f} ms, "
+            f"sparse {shape} {record['support']} support, zeros {record['zero_fraction']:.0%} (K = {K}): "
+            f"sparse {medians['sparse'] * 1e3:.1f} ms, "
             f"dense {medians['dense (from the sparse weights)'] * 1e3:.1f} ms "
             f"(given matrices {medians['dense (given [B, T, L, L])'] * 1e3:.1f} ms): "
             f"{record['speedup_vs_dense_from_weights']:.1f}x / {record['speedup_vs_dense_given']:.1f}x; "
