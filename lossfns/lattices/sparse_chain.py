@@ -400,14 +400,14 @@ def _exact_pair_marginals(forward: kernel.Forward, nodes, previous, following):
     """Every listed pair's marginal at `t >= 1` in log space, `[T - 1, K]`:
     `exp(la_{t-1}(i) + A(i, j) - c(j) + w - s_t - log s_t(j)) nodes_t(j)`."""
     steps: SparseSteps = forward.inputs
-    log_sums = forward.aux[0][1:]
-    finite = jnp.isfinite(jnp.take_along_axis(log_sums, following[1:], 1))
+    log_sums = jnp.take_along_axis(forward.aux[0][1:], following[1:], 1)  # at each pair's next label
+    finite = jnp.isfinite(log_sums)
     exponent = (
         jnp.take_along_axis(forward.values[:-1], previous[1:], 1)
         + steps.shifted[previous[1:], following[1:]]
         + steps.pair_weights[1:]
         - steps.shift[1:, None]
-        - jnp.where(finite, jnp.take_along_axis(log_sums, following[1:], 1), 0.0)
+        - jnp.where(finite, log_sums, 0.0)
     )
     return jnp.where(finite, jnp.exp(exponent), 0.0) * jnp.take_along_axis(nodes[1:], following[1:], 1)
 

@@ -290,12 +290,28 @@ class LinearChainModel(eqx.Module):
                 f"pair_ids must have shape [..., T, F2] with [..., T] = {unary.shape[:-1]} "
                 f"(from unigram_ids), got shape {pair_ids.shape}"
             )
+        table, slots = self._pair_rows(pair_ids)
+        return self._pair_potentials(unary, _sum_rows(table, pair_ids), slots)
+
+    def _pair_rows(self, pair_ids) -> tuple:
+        """`(table, slots)`: the pair tests' weights in the form the model
+        takes for `pair_ids [..., F2]` (each test's own label pairs `[K2, S]`,
+        the one support's `[K2, K]` or `[K2, L, L]`), and for the first, each
+        token's label pairs `[..., S]` (else None)."""
         if self.pair_slots is not None and pair_ids.shape[-1] == 1:
             table, slots = self._slot_table()
-            return self._per_position(unary, _sum_rows(table, pair_ids), _token_slots(slots, pair_ids[..., 0]))
+            return table, _token_slots(slots, pair_ids[..., 0])
         if self.pair_support is not None:
-            return self._sparse(unary, _sum_rows(self._pair_table(), pair_ids))
-        return self._edges(unary, _sum_rows(self._masked_pair_emission(), pair_ids))
+            return self._pair_table(), None
+        return self._masked_pair_emission(), None
+
+    def _pair_potentials(self, unary, pair, slots, starts=None):
+        """The potentials of unary `[..., T, L]` and pair scores from `_pair_rows`' table."""
+        if slots is not None:
+            return self._per_position(unary, pair, slots, starts)
+        if self.pair_support is not None:
+            return self._sparse(unary, pair, starts)
+        return self._edges(unary, pair, starts)
 
     def _masked_transitions(self) -> jax.Array:
         """With a pair mask, transition weights exist only on its label pairs
@@ -332,12 +348,9 @@ class LinearChainModel(eqx.Module):
         `slots [..., T, S]` (padding: pair (0, 0) at weight 0); the pair
         weights do not apply at t = 0 (nor at `starts`), the transitions are
         the dense part of each step."""
-        first = jnp.arange(pair.shape[-2])[:, None] == 0
-        if starts is not None:
-            first = first | starts[..., None]
         previous, following = jnp.divmod(slots, self.num_labels)
         return SparsePotentials(
-            unary, jnp.where(first, 0.0, pair), previous, following, self.start, self._masked_transitions()
+            unary, _off_chain_starts(pair, starts), previous, following, self.start, self._masked_transitions()
         )
 
     def _sparse(self, unary, pair, starts=None):
@@ -345,12 +358,9 @@ class LinearChainModel(eqx.Module):
         support `[..., T, K]`, which do not apply at t = 0 (nor at `starts`).
         The transitions live on the support too, so the dense part of each
         step is Lavergne's rank-one sum."""
-        first = jnp.arange(pair.shape[-2])[:, None] == 0
-        if starts is not None:
-            first = first | starts[..., None]
         previous, following = (jnp.asarray(side, jnp.int32) for side in self.pair_support)
         pair = pair + self.transitions[previous, following]
-        return SparsePotentials(unary, jnp.where(first, 0.0, pair), previous, following, self.start)
+        return SparsePotentials(unary, _off_chain_starts(pair, starts), previous, following, self.start)
 
     def packed_potentials(self, design: SparseDesign, pair_ids, positions, starts=None) -> tuple:
         """Potentials of every bucket of a packed corpus (`features.PackedCorpus`).
@@ -371,28 +381,17 @@ class LinearChainModel(eqx.Module):
         pair = slots = None
         if self.pair_emission.shape[0]:
             pair_ids = _check_ids("pair_ids", pair_ids, self.pair_emission.shape[0])
-            if self.pair_slots is not None and pair_ids.shape[-1] == 1:
-                table, slots = self._slot_table()
-                slots = _token_slots(slots, pair_ids[:, 0])
-            elif self.pair_support is not None:
-                table = self._pair_table()
-            else:
-                table = self._masked_pair_emission()
+            table, slots = self._pair_rows(pair_ids)
             pair = _sum_rows(table, pair_ids)
         out = []
         for b, (bucket, bucket_unary) in enumerate(zip(positions, unaries)):
             bucket_starts = None if starts is None else starts[b]
             if pair is None:
                 out.append(FactoredPotentials(bucket_unary, self.transitions, self.start))
-            elif slots is not None:
-                bucket_slots = _token_slots(slots, bucket)
-                out.append(
-                    self._per_position(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_slots, bucket_starts)
-                )
-            elif self.pair_support is not None:
-                out.append(self._sparse(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_starts))
             else:
-                out.append(self._edges(bucket_unary, _sum_rows(pair, bucket[..., None]), bucket_starts))
+                bucket_slots = None if slots is None else _token_slots(slots, bucket)
+                bucket_pair = _sum_rows(pair, bucket[..., None])
+                out.append(self._pair_potentials(bucket_unary, bucket_pair, bucket_slots, bucket_starts))
         return tuple(out)
 
     def _edges(self, unary, pair, starts=None):
@@ -503,6 +502,15 @@ class LinearChainModel(eqx.Module):
 #: are at most this fraction of all `L^2` (beyond, its per-pair work costs
 #: more than the dense blocks it saves).
 SPARSE_MAX_FRACTION = 0.5
+
+
+def _off_chain_starts(pair, starts):
+    """Pair weights `[..., T, K]` set to 0 at t = 0 and where `starts [..., T]`
+    (None: none), where a chain starts and only the start scores apply."""
+    first = jnp.arange(pair.shape[-2])[:, None] == 0
+    if starts is not None:
+        first = first | starts[..., None]
+    return jnp.where(first, 0.0, pair)
 
 
 def _token_slots(slots: jax.Array, ids: jax.Array) -> jax.Array:
