@@ -43,7 +43,8 @@ Tasks (conll2000 WSJ, all 8,936 training and 2,012 test sentences;
 Every optimizer runs through `optimizers.drive` with checkpoints under
 `OUT/checkpoints/UNIT` (an interrupted unit resumes where it stopped) and
 stops on a relative objective change (CRFsuite's rule,
-`relative_improvement_below`); the iteration caps are safety limits.
+`relative_improvement_below`; SGD-L1 on the change either way,
+`relative_change_over`); the iteration caps are safety limits.
 """
 
 from __future__ import annotations
@@ -129,7 +130,10 @@ PAIR_TEMPLATES = "B01:%x[0,0]"  # label pair x current word: f_{y', y, x}
 # tol`): `stop` for the quasi-Newton runs (OWL-QN, CRFsuite L-BFGS: its
 # defaults delta 1e-5, period 10), `epoch_stop` for epochs and sweeps (SGD-L1,
 # BCD, l2sgd); fine-tuning stops on a relative change below `finetune_tol` in
-# one iteration. The caps are safety limits far beyond (a capped row says so).
+# one iteration. SGD-L1 takes `epoch_stop` on the change either way
+# (`relative_change_over`): CRFsuite's rule stopped the pairs run at epoch 14,
+# when its objective rose (20,230 to 20,630) with the step still too large.
+# The caps are safety limits far beyond (a capped row says so).
 _FULL_CHAIN = dict(
     num_train=None,
     num_test=None,
@@ -541,6 +545,11 @@ def _stop_rule(config: dict, key: str):
     return optimizers.relative_improvement_below(tol, period)
 
 
+def _sgd_stop_rule(config: dict):
+    """SGD-L1's: `epoch_stop` on the objective's change either way (a rise is no convergence)."""
+    return optimizers.relative_change_over(*config["epoch_stop"])
+
+
 @functools.partial(jax.jit, static_argnames=("loss", "batch_size", "sample_size", "max_rows"))
 def _calibrate(params, data, key, *, loss, batch_size, sample_size, max_rows):
     return optimizers.calibrate_learning_rate(
@@ -599,7 +608,7 @@ def fit(
             _sgd_step_fn, loss=batch_loss, schedule=schedule, l1=L1, l2=L2, batch_size=batch_size, max_rows=max_rows
         )
         inner = (model, optimizers.lazy_sgd_l1(schedule, L1, L2).init(model), jax.random.PRNGKey(SEED))
-        common.update(max_steps=config["sgd_epochs"], stop=_stop_rule(config, "epoch_stop"))
+        common.update(max_steps=config["sgd_epochs"], stop=_sgd_stop_rule(config))
         settings["rate"] = extra["calibration"]["rate"]
     else:
         make, inner = functools.partial(_bcd_step_fn, l1=L1, l2=L2), (model, ())
@@ -1010,8 +1019,13 @@ def row_convergence(row: dict, config: dict) -> dict:
     else:
         key = "stop" if name in ("OWL-QN", CRFSUITE_ROWS["lbfgs"]) else "epoch_stop"
         tol, period = config[key]
-        rule = optimizers.relative_improvement_below(tol, period)
-        criterion = f"relative change over {period} it. < {tol:g}"
+        if name == "SGD-L1":
+            rule, criterion = _sgd_stop_rule(config), f"relative change (either way) over {period} it. < {tol:g}"
+        else:
+            rule, criterion = (
+                optimizers.relative_improvement_below(tol, period),
+                f"relative change over {period} it. < {tol:g}",
+            )
         cap = {"OWL-QN": "owlqn_steps", "SGD-L1": "sgd_epochs", "BCD": "bcd_sweeps"}.get(name, "crfsuite_iterations")
         cap = config[cap]
     trace = row.get("trace")
@@ -1386,7 +1400,8 @@ def _preamble(quick: bool, configs: dict) -> list[str]:
         f"paper's are CPU times of 8 cores. Stopping (CRFsuite's rule, `relative_improvement_below`): the "
         f"objective improved by less than {tol:g} (relative) over the last {period} iterations (OWL-QN, "
         f"CRFsuite L-BFGS), or by less than {epoch_tol:g} over the last {epoch_period} epochs or sweeps "
-        f"(SGD-L1, BCD, l2sgd); fine-tuning: a relative change below {config['finetune_tol']:g} in one "
+        f"(BCD, l2sgd; SGD-L1: changed by less than that either way, `relative_change_over`, since a rise "
+        f"means its step is still too large); fine-tuning: a relative change below {config['finetune_tol']:g} in one "
         f"iteration. Iteration caps are safety limits (the paper stopped on a development set); the "
         f"`converged` columns say which rows met the rule. Conclusions are judged only from converged rows.",
         "",

@@ -955,6 +955,13 @@ CASES = [
         ["period", ">= 1", "0"],
     ),
     (
+        "stop-period-either-way",
+        "a stopping period of 0 for the either-way rule",
+        lambda _: optimizers.relative_change_over(1e-4, 0),
+        ValueError,
+        ["period", ">= 1", "0"],
+    ),
+    (
         "mesh-axes",
         "a mesh without a data axis and with two axes",
         lambda _: parallel.data_axis(jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("a", "b"))),

@@ -20,6 +20,17 @@ from lossfns.optimizers.minimize import run_loop_jit
 TRACE = np.array([100.0, 60.0, 40.0, 30.0, 29.0, 28.5, 28.4, 28.39, 28.389, 28.3889, 28.3888, 28.3888])
 
 
+# An SGD-like trace that rises for a while before it settles.
+NOISY = np.array([100.0, 60.0, 50.0, 52.0, 55.0, 54.0, 50.0, 49.0, 48.99, 48.985, 48.984, 48.9839])
+
+
+def test_a_rise_stops_crfsuite_rule_but_not_the_change_over_a_period():
+    """The case that tells the two period rules apart: NOISY rises over
+    steps 3-5, which CRFsuite's rule takes for convergence."""
+    assert _crfsuite_stops_after(NOISY, 1e-3, 2) == 5
+    assert _settled_stops_after(NOISY, 1e-3, 2) == 10
+
+
 def _replay(values):
     """`make_step` of a loop whose objective after step k is `values[k]`."""
     return lambda data: lambda inner, step: (inner, jnp.asarray(values)[step])
@@ -31,6 +42,15 @@ def _crfsuite_stops_after(values, tol, period):
     for k in range(len(values)):
         history = values[: k + 1]
         if tol > 0 and len(history) > period and (history[-1 - period] - history[-1]) / abs(history[-1]) < tol:
+            return k + 1
+    return len(values)
+
+
+def _settled_stops_after(values, tol, period):
+    """Like `_crfsuite_stops_after`, but on the absolute change: a rise never stops."""
+    for k in range(len(values)):
+        history = values[: k + 1]
+        if tol > 0 and len(history) > period and abs(history[-1 - period] - history[-1]) / abs(history[-1]) < tol:
             return k + 1
     return len(values)
 
@@ -48,12 +68,16 @@ def test_stop_rules_fire_where_their_definitions_say(tol, period):
     rules = [
         (optimizers.relative_improvement_below(tol, period), _crfsuite_stops_after(TRACE, tol, period)),
         (optimizers.relative_change_below(tol), _relative_change_stops_after(TRACE, tol)),
+        (optimizers.relative_change_over(tol, period), _settled_stops_after(TRACE, tol, period)),
+        (optimizers.relative_improvement_below(tol, period), _crfsuite_stops_after(NOISY, tol, period), NOISY),
+        (optimizers.relative_change_over(tol, period), _settled_stops_after(NOISY, tol, period), NOISY),
     ]
-    for rule, expected in rules:
-        done = run_loop_jit(_replay(TRACE)(None), loop, len(TRACE), rule)
+    for rule, expected, *values in rules:
+        values = values[0] if values else TRACE
+        done = run_loop_jit(_replay(values)(None), loop, len(values), rule)
         assert int(done.step) == expected, (rule, expected)
         status = int(done.status)
-        stopped = expected < len(TRACE) or bool(done.done)
+        stopped = expected < len(values) or bool(done.done)
         assert status == (optimizers.Status.CONVERGED if stopped else optimizers.Status.ITERATION_LIMIT)
 
 

@@ -273,6 +273,25 @@ class RelativeImprovement(NamedTuple):
         return (self.tol > 0) & (step > self.period) & ((before - value) / jnp.maximum(jnp.abs(value), tiny) < self.tol)
 
 
+class RelativeChangeOver(NamedTuple):
+    """Stop rule for stochastic optimizers: the objective changed by less
+    than `tol` (relative to the current value) over the last `period` steps
+    in either direction, `|f_{k-period} - f_k| / |f_k| < tol`; never before
+    `period + 1` steps, never with `tol = 0`. Where CRFsuite's rule
+    (`RelativeImprovement`) stops on any rise, this one goes on: with a
+    decaying step size, an objective that rises over a period means steps
+    still too large, not convergence. (`relative_change_over(tol, period)`)"""
+
+    tol: float
+    period: int
+
+    def __call__(self, trace, step):
+        value, before = trace[step - 1], trace[jnp.maximum(step - 1 - self.period, 0)]
+        tiny = jnp.finfo(trace.dtype).tiny
+        change = jnp.abs(before - value) / jnp.maximum(jnp.abs(value), tiny)
+        return (self.tol > 0) & (step > self.period) & (change < self.tol)
+
+
 #: `(trace [max_steps], num_steps []) -> []` bool (see `run_loop`). A rule that
 #: needs the host (a development-set score) is a `driver.drive` callback.
 StopRule = Callable[[jax.Array, jax.Array], jax.Array]
@@ -294,6 +313,13 @@ def relative_improvement_below(tol: float, period: int) -> RelativeImprovement:
     return RelativeImprovement(float(tol), int(period))
 
 
+def relative_change_over(tol: float, period: int) -> RelativeChangeOver:
+    """Relative change below `tol` over the last `period` steps, either way (SGD epochs)."""
+    check_scalar("tol", tol, 0)
+    check_int("period", period)
+    return RelativeChangeOver(float(tol), int(period))
+
+
 def run_loop(
     step_fn: Callable, loop: LoopState, until, stop_fn: StopRule, halt_fn: Callable | None = None
 ) -> LoopState:
@@ -305,7 +331,8 @@ def run_loop(
     step_fn: `(inner, step) -> (inner, objective)`; `step` is the int32 step index.
     stop_fn: `(trace [max_steps], num_steps []) -> []` bool, asked after each
       step with the objectives so far (`trace[:num_steps]`; NaN beyond), e.g.
-      `relative_change_below(tol)` or `relative_improvement_below(tol, period)`.
+      `relative_change_below(tol)`, `relative_improvement_below(tol, period)`
+      or `relative_change_over(tol, period)`.
     """
     max_steps = loop.trace.shape[0]
     until = jnp.minimum(jnp.asarray(until, jnp.int32), max_steps)
