@@ -244,15 +244,19 @@ def _masks(all_true: bool):
     return keep((K, L)), keep((K2, L, L)), keep((L, L))
 
 
-def _masked_model(all_true: bool) -> LinearChainModel:
+def _masked_model(all_true: bool, sparse: bool = False) -> LinearChainModel:
+    """sparse: the pair weights in the sparse form with a support per
+    position (`pair_slots`, one pair test per position), else dense."""
     emission, pair, transitions = _masks(all_true)
     model = LinearChainModel.zeros(K, L, K2, emission_mask=emission, dtype=jnp.float64)
-    return model.with_pair_mask(pair, max_sparse_fraction=0.0).with_transition_mask(transitions)
+    model = model.with_pair_mask(pair, max_sparse_fraction=1.0 if sparse else 0.0)
+    assert (model.pair_slots is not None) == sparse
+    return model.with_transition_mask(transitions)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _masked_lazy(all_true, bounds):
-    data, model = _data(), _masked_model(all_true)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _masked_lazy(all_true, bounds, sparse=False):
+    data, model = _data(), _masked_model(all_true, sparse)
     optimizer = optimizers.lazy_sgd_l1(SCHEDULE, L1)
     step_fn = optimizers.lazy_epoch_step_fn(
         _loss, optimizer, data, batch_size=BATCH_SIZE, max_rows=bounds, penalty=optimizers.elastic_net_penalty(L1)
@@ -315,6 +319,20 @@ def test_masked_run_equals_the_dense_run_with_a_masked_gradient():
     # The penalty counts only weights that exist: none outside, so it equals the dense objective's.
     q = lazy.inner[1].applied_penalty
     np.testing.assert_array_equal(np.asarray(q.emission)[~np.asarray(exists.emission)], 0.0)
+
+
+def test_sparse_pair_form_trains_the_same_weights_as_the_dense_form():
+    """The lazy rows of a model whose pair weights take the sparse form with
+    a support per position (`pair_slots`: the rows a step gathers are the
+    pair tests' slots) against the same run on the dense `[T, L, L]` form:
+    the same weights and objectives, float64."""
+    bounds = optimizers.max_rows_per_batch(_data(), BATCH_SIZE)
+    sparse, dense = _masked_lazy(False, bounds, True), _masked_lazy(False, bounds, False)
+    _assert_models_close(
+        eqx.filter(sparse.inner[0], eqx.is_inexact_array), eqx.filter(dense.inner[0], eqx.is_inexact_array)
+    )
+    np.testing.assert_allclose(np.asarray(sparse.trace), np.asarray(dense.trace), rtol=1e-12)
+    assert np.count_nonzero(np.asarray(sparse.inner[0].pair_emission)) > 0
 
 
 def test_lazy_calibration_chooses_the_dense_calibrations_rate():
