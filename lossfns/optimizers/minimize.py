@@ -268,9 +268,13 @@ class RelativeImprovement(NamedTuple):
     period: int
 
     def __call__(self, trace, step):
-        value, before = trace[step - 1], trace[jnp.maximum(step - 1 - self.period, 0)]
-        tiny = jnp.finfo(trace.dtype).tiny
-        return (self.tol > 0) & (step > self.period) & ((before - value) / jnp.maximum(jnp.abs(value), tiny) < self.tol)
+        return (self.tol > 0) & (step > self.period) & (_relative_drop(trace, step, self.period) < self.tol)
+
+
+def _relative_drop(trace, step, period: int):
+    """`(f_{k-period} - f_k) / |f_k|` of the last `step` objectives in `trace`."""
+    value, before = trace[step - 1], trace[jnp.maximum(step - 1 - period, 0)]
+    return (before - value) / jnp.maximum(jnp.abs(value), jnp.finfo(trace.dtype).tiny)
 
 
 class RelativeChangeOver(NamedTuple):
@@ -286,10 +290,7 @@ class RelativeChangeOver(NamedTuple):
     period: int
 
     def __call__(self, trace, step):
-        value, before = trace[step - 1], trace[jnp.maximum(step - 1 - self.period, 0)]
-        tiny = jnp.finfo(trace.dtype).tiny
-        change = jnp.abs(before - value) / jnp.maximum(jnp.abs(value), tiny)
-        return (self.tol > 0) & (step > self.period) & (change < self.tol)
+        return (self.tol > 0) & (step > self.period) & (jnp.abs(_relative_drop(trace, step, self.period)) < self.tol)
 
 
 #: `(trace [max_steps], num_steps []) -> []` bool (see `run_loop`). A rule that
