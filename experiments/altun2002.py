@@ -28,8 +28,9 @@ experiment runs first fills them for both; this experiment adds the
 pieces rows, the token errors of Altun et al. 2002's Table 1, the boosting
 curves and the conclusion. Every row runs to its stop rule (altun2003's:
 L-BFGS until the objective improved by less than 1e-5 over 10 steps;
-boosting until the log exp-loss fell by less than log(1 + tol) over
-`window` rounds), its cap only a safety limit.
+boosting until its development score stopped improving, or the log
+exp-loss fell by less than log(1 + tol) over `window` rounds), its cap only
+a safety limit.
 """
 
 from __future__ import annotations
@@ -102,10 +103,12 @@ def _row(unit: dict, method: str, weak_learners: int, config: dict) -> dict:
         "feature_fraction": unit["nonzero_parameters"] / weak_learners,
         "train_seconds": unit["train_seconds"],
         "steps": unit["steps"],
+        "best_round": unit.get("best_round", unit["steps"]),  # earlier boosting units scored the final model
         "convergence": altun2003.row_convergence(unit, config),
         "stale": unit.get("stale", False),
         "unit": unit.get("unit"),
         "curve": unit.get("curve"),
+        "curve_split": unit.get("curve_split", "test"),
         "chosen_features": unit.get("chosen_features"),
     }
 
@@ -235,15 +238,17 @@ def features_used_by_round(chosen: list, rounds: list) -> list:
 
 
 def _plot_rounds(run: RunDirectory, results: dict) -> str:
-    """Per task: test score against boosting rounds per feature set, the
-    L-BFGS sequential log-loss dashed; and weak learners used."""
+    """Per task: the score boosting stopped on (`curve_split`: development,
+    or test in rows of an earlier configuration) against rounds per feature
+    set, the L-BFGS sequential log-loss's test score dashed; and weak
+    learners used."""
     figure, axes = plt.subplots(len(results), 2, figsize=(10, 3.6 * len(results)), squeeze=False)
     for (score_axis, used_axis), (task, result) in zip(axes, results.items()):
         for row in result["rows"]:
             if row["method"] != "boosting" or not row["curve"]:
                 continue
             rounds, scores = zip(*row["curve"])
-            (line,) = score_axis.plot(rounds, scores, label=f"boosting {row['features']}")
+            (line,) = score_axis.plot(rounds, scores, label=f"boosting {row['features']} ({row['curve_split']})")
             log = _find(result["rows"], row["features"], "sequential log")
             if log is not None:
                 score_axis.axhline(log["score"], color=line.get_color(), linestyle="--", linewidth=0.8)
@@ -253,7 +258,7 @@ def _plot_rounds(run: RunDirectory, results: dict) -> str:
                 used_axis.plot(rounds, fractions, label=row["features"], color=line.get_color())
         score_axis.set_xlabel("boosting round")
         score_axis.set_ylabel("entity F1 (%)" if result["metric"] == "entity_f1" else "accuracy (%)")
-        score_axis.set_title(f"{task.upper()}; dashed: sequential log-loss, L-BFGS")
+        score_axis.set_title(f"{task.upper()}; dashed: sequential log-loss, L-BFGS (test)")
         used_axis.set_xlabel("boosting round")
         used_axis.set_ylabel("weak learners used (% of all)")
         used_axis.set_title(f"the paper's boosting: about {100 * PAPER_FEATURE_FRACTION:.0f}%")
@@ -312,7 +317,8 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     }
     shared_path = os.path.relpath(shared.root, run.root)
     pieces = "; ".join(
-        f"{task}: {b['piece_length']} tokens, tol {b['tol']:g} over {b['window']} rounds, cap {b['max_rounds']}"
+        f"{task}: {b['piece_length']} tokens, development score every {b['eval_every']} rounds, patience "
+        f"{b['patience']}, tol {b['tol']:g} over {b['window']} rounds, cap {b['max_rounds']}"
         for task, b in ((task, config["boosting"]) for task, config in task_configs.items())
     )
     document = [
@@ -321,8 +327,10 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         f"Mode: {'quick (small slices, few rounds: not comparable to the paper)' if quick else 'full'}. "
         f"Whole training sets. L-BFGS rows: Gaussian prior sigma^2 = {1 / L2_WEIGHT:g}, until the "
         f"{LBFGS_CRITERION} (altun2003's rule and units). Boosting: line-search bound with per-sequence ranges, no "
-        f"prior, on the training sentences cut into pieces ({pieces}), until the log exp-loss fell by less than "
-        f"log(1 + tol) over `window` rounds (or the cap `max_rounds`); test scores every `eval_every` rounds. "
+        f"prior, on the training sentences cut into pieces ({pieces}), until the development score (NER esp.testa, "
+        f"POS the treebank sample) had not improved in `patience` evaluations or the log exp-loss fell by less "
+        f"than log(1 + tol) over `window` rounds (or the cap `max_rounds`); the best development evaluation's "
+        f"model is scored on test. "
         f"'sequential exp on pieces' is L-BFGS on the objective boosting minimises, same pieces. Weak learners "
         f"used: observation feature x label, label pairs and start labels with a non-zero weight, of all of the "
         f"feature set's. The whole-sentence and boosting rows are altun2003's units (`{shared_path}`), computed once "
@@ -340,7 +348,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     boosted = [row for result in results.values() for row in result["rows"] if row["method"] == "boosting"]
     capped = [f"{row['task']} {row['features']}" for row in boosted if not row["convergence"]["met"]]
     document += [
-        f"![test score and weak learners used against boosting rounds]({os.path.basename(_plot_rounds(run, results))})",
+        f"![development score and weak learners used against boosting rounds]({os.path.basename(_plot_rounds(run, results))})",
         "",
         "Note: boosting's fraction of weak learners is bounded by its rounds (R rounds touch at most R weak "
         "learners): "

@@ -75,6 +75,9 @@ def test_quick_run_writes_table_json_plots_and_command(quick_run):
         if row["loss"] == "boosting":  # the library's sequence boosting, to its stop rule or cap
             assert row["log_exp_loss"][-1] < row["log_exp_loss"][0] and row["steps"] <= 100
             assert row["converged"] == (row["stopped_by"] != "round cap")
+            # Stopped on development scores; the model scored on test is the best evaluation's.
+            assert row["curve_split"] == "dev" and row["num_dev_sentences"] > 0
+            assert row["best_round"] == max(row["curve"], key=lambda point: point[1])[0] <= row["steps"]
         elif row["loss"] == "perceptron":  # shuffled epochs, the best development epoch kept
             assert len(row["dev_scores"]) == row["steps"] and 1 <= row["best_epoch"] <= row["steps"]
             assert row["dev_scores"][row["best_epoch"] - 1] == max(row["dev_scores"])

@@ -62,8 +62,10 @@ def test_altun2002_quick_run_shares_altun2003_units_and_writes_table_json_plot(t
     for row in rows.values():
         assert 0.0 <= row["score"] <= 100.0 and 0.0 <= row["token_error"] <= 100.0
     boost = rows["boosting"]
-    assert 0 < boost["features_used"] <= boost["steps"] < rows["sequential log"]["features_used"]
-    assert boost["features_used"] == altun2002.features_used_by_round(boost["chosen_features"], [boost["steps"]])[0]
+    assert 0 < boost["features_used"] <= boost["best_round"] <= boost["steps"] < rows["sequential log"]["features_used"]
+    # The model scored is the best development evaluation's: the weak learners chosen up to its round.
+    used = altun2002.features_used_by_round(boost["chosen_features"], [boost["best_round"]])[0]
+    assert boost["features_used"] == used and boost["curve_split"] == "dev"
     assert boost["convergence"]["cap"] == altun2002.configs(True)["ner"]["boosting"]["max_rounds"]
     # The whole-sentence and boosting rows are altun2003's units, beside this run; the pieces row is altun2002's.
     shared = sorted(path.name for path in (tmp_path / "altun2003-quick" / "units").iterdir())
