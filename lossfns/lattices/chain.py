@@ -319,6 +319,16 @@ def row_score(potentials, labels, starts, lengths=None):
     return _map_batch(_row_score_instance, potentials, lengths, labels, starts)
 
 
+def _marginals_instance(semiring, algorithm, potentials, length):
+    """The derivative of one chain's log Z with respect to its potentials
+    (a form of the same type). Taken inside the batch's map, a factored
+    form's shared transitions stay shared in the forward pass (one product
+    per step for the whole batch) while their derivative is this chain's
+    own expected counts."""
+    instance_log_z = lambda p: _forward_instance(semiring, algorithm, p, length)
+    return jax.grad(instance_log_z, allow_int=True)(potentials)
+
+
 def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """Derivative of `log_partition` with respect to the potentials.
 
@@ -331,18 +341,22 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
     chain's first position, the pairs from label 0) and the support as
     given. Differentiable again (second derivatives work).
     """
-    form, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
-    form = form.unshared(batch_shape)
-    total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
-    return form.from_gradient(jax.grad(total, allow_int=True)(form.as_argument()))
+    if not _computes_log_z(semiring):
+        raise ValueError(f"semiring must be Log or Real for marginals, got {semiring!r}")
+    form, lengths, _, T, L = _prepare(potentials, lengths)
+    algorithm = _resolve_algorithm(algorithm, T, L)
+    per_chain = _map_batch(_instance(_marginals_instance, _log_semiring(semiring), algorithm), form, lengths)
+    return form.from_gradient(per_chain)
 
 
 def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
-    edge = marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
-    if isinstance(edge, tuple):  # a factored or sparse form: its unary derivatives
-        return edge.unary  # pyright: ignore[reportAttributeAccessIssue]  # a factored or sparse potentials tuple
-    return jnp.sum(edge, axis=-2)
+    if isinstance(potentials, (FactoredPotentials, SparsePotentials)):
+        # The unary derivatives alone: shared transitions keep one (summed) derivative.
+        form, lengths, _, _, _ = _prepare(potentials, lengths)
+        total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
+        return jax.grad(total, allow_int=True)(form).unary
+    return jnp.sum(marginals(potentials, lengths, semiring=semiring, algorithm=algorithm), axis=-2)
 
 
 def entropy(potentials, lengths=None, *, algorithm: str = "auto"):

@@ -41,9 +41,9 @@ The protocol (methods of an *unbatched* form, `T` positions, `L` labels):
   position's label given the previous one (or the start at `starts`);
 * `batched(batch_shape)`: `(flat, in_axes)`, the form with its batch
   flattened into one axis and the `jax.vmap` axes of its fields (shared
-  transitions stay shared); `unshared(batch_shape)`: every field per
-  example; `as_argument()` and `from_gradient(gradient)`: what public
-  functions take and return.
+  transitions stay shared); `from_gradient(gradient)`: what
+  `chain.marginals` returns, from the per-chain derivative of log Z with
+  respect to the form (a form of the same type).
 
 `lattices.sparse_chain.SparsePotentials` (Lavergne's sparse label pairs) is
 the third form; it lives beside its sparse step.
@@ -131,17 +131,9 @@ class DensePotentials(NamedTuple):
             (0,)
         )  # in_axes: its leaf is an axis
 
-    def unshared(self, batch_shape):
-        return self
-
-    def as_argument(self):
-        """What public functions take and return for this form: the bare array."""
-        return self.scores
-
     def from_gradient(self, gradient):
-        """The marginals of `chain.marginals` from the gradient of log Z with
-        respect to `as_argument()`."""
-        return gradient
+        """The edge marginals: the bare array."""
+        return gradient.scores
 
 
 class FactoredPotentials(NamedTuple):
@@ -229,21 +221,8 @@ class FactoredPotentials(NamedTuple):
         transitions = jnp.pad(self.transitions, [(0, 0)] * (self.transitions.ndim - 2) + [(0, extra), (0, extra)])
         return FactoredPotentials(pad(self.unary, -jnp.inf), transitions, pad(self.start, -jnp.inf))
 
-    def unshared(self, batch_shape):
-        """Per-example transitions and start, so that their derivatives are
-        per-example expected counts rather than batch sums."""
-        L = self.num_labels
-        assert self.start is not None  # filled with zeros on entry
-        return FactoredPotentials(
-            self.unary,
-            jnp.broadcast_to(self.transitions, batch_shape + (L, L)),
-            jnp.broadcast_to(self.start, batch_shape + (L,)),
-        )
-
-    def as_argument(self):
-        return self
-
     def from_gradient(self, gradient):
+        """Unary marginals, expected transition counts and start marginals, per chain."""
         return gradient
 
 

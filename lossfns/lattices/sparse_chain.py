@@ -183,19 +183,8 @@ class SparsePotentials(NamedTuple):
             SparsePotentials._make((0, 0, support_axis, support_axis, 0, None if shared else 0)),
         )  # in_axes: its leaves are axes
 
-    def unshared(self, batch_shape):
-        """Per-example transitions, so that their derivatives are per-example
-        expected counts (the start is per example already)."""
-        if self.transitions is None:
-            return self
-        L = self.num_labels
-        return self._replace(transitions=jnp.broadcast_to(self.transitions, tuple(batch_shape) + (L, L)))
-
-    def as_argument(self):
-        return self
-
     def from_gradient(self, gradient):
-        """Marginals from a gradient taken with `allow_int`: the support as given."""
+        """The marginals, per chain, with the support as given (not repeated per chain)."""
         return gradient._replace(pair_previous=self.pair_previous, pair_next=self.pair_next)
 
 

@@ -512,14 +512,10 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
     lengths = jnp.where(valid, data.lengths[rows], 0)
     unary = jnp.sum(jnp.take(emission, jnp.where(ids < 0, K, ids), axis=0, mode="fill", fill_value=0), axis=2)
 
-    def total(unary, transitions, start):
-        log_z = chain.log_partition(chain.FactoredPotentials(unary, transitions, start), lengths)
-        return jnp.sum(log_z), log_z
-
-    (_, log_z), (node, expected, first) = jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True)(
-        unary, jnp.broadcast_to(transitions, (B, L, L)), jnp.broadcast_to(start, (B, L))
-    )
-    log_losses = log_z - chain.score(chain.FactoredPotentials(unary, transitions, start), labels, lengths)
+    potentials = chain.FactoredPotentials(unary, transitions, start)
+    # Per sequence: node marginals [B, T, L], expected transition counts [B, L, L], first labels [B, L].
+    node, expected, first = chain.marginals(potentials, lengths)
+    log_losses = chain.log_partition(potentials, lengths) - chain.score(potentials, labels, lengths)
     weight = jnp.where(valid, jnp.exp(log_weights(log_losses) - log_scale), 0.0)  # D(i) W / W_scale
     inverse = jnp.where(valid, jnp.exp(log_losses - log_scale), 0.0)  # (1 / P_i) / W_scale
     dtype = weight.dtype
