@@ -289,6 +289,18 @@ def test_marginals_entropy_and_factored_gradients_order_two():
         (unary, transitions),
         order=2,
     )
+    # Per-chain marginals of a shared transition matrix (each chain differentiated
+    # inside the batch's map) and the unary-only node marginals differentiate again.
+    unary, lengths = jnp.asarray(rng.normal(size=(2, 4, 3))), jnp.asarray([4, 2], jnp.int32)
+    count_weights, node_weights = jnp.asarray(rng.normal(size=(2, 3, 3))), jnp.asarray(rng.normal(size=(2, 4, 3)))
+    testing.check_gradients(
+        jax.jit(lambda u, a: jnp.sum(chain.marginals(FactoredPotentials(u, a), lengths).transitions * count_weights)),
+        (unary, transitions),
+    )
+    testing.check_gradients(
+        jax.jit(lambda u, a: jnp.sum(chain.node_marginals(FactoredPotentials(u, a), lengths) * node_weights)),
+        (unary, transitions),
+    )
 
 
 def test_forbidden_transitions_give_finite_values_and_gradients():
