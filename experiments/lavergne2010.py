@@ -616,30 +616,39 @@ def fit(
     return run_checkpointed(run, name, make, inner, train, settings=settings, **common), extra
 
 
-@functools.partial(jax.jit, static_argnames=("objective", "max_steps", "tol"))
-def _finetune(weights, data, *, objective, max_steps, tol):
-    return optimizers.finetune(
-        lambda w: objective(w, data), weights, l2=FINETUNE_L2, max_steps=max_steps, tol=tol, memory_size=OWLQN_MEMORY
-    )
-
-
-def fine_tune(model: LinearChainModel, blocks, config: dict) -> tuple[LinearChainModel, list, float, float]:
+def fine_tune(
+    run: RunDirectory, name: str, model: LinearChainModel, blocks, config: dict, progress: bool
+) -> tuple[LinearChainModel, list, float, float]:
     """The paper's final L-BFGS pass on the active features with a small L2,
     until the relative change falls below `finetune_tol` in one iteration (or
     `finetune_steps`), on the model's weights over the training blocks
     (`models.weights_objective`, the objective `train_linear_chain`
-    minimises). Returns `(model, trace, seconds, compile seconds)`."""
+    minimises), checkpointed under `OUT/checkpoints/NAME-finetune` after
+    each chunk (a run started again resumes there). Returns `(model, trace,
+    seconds, compile seconds)`, the seconds summed over resumed runs."""
     structure = model.structure()
-    data = models.TrainingData(blocks, structure)
-    options = dict(objective=models.weights_objective(model, blockwise=True), max_steps=config["finetune_steps"])
-    start = time.perf_counter()
-    compiled = _finetune.lower(model.weights(), data, tol=config["finetune_tol"], **options).compile()
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    result = compiled(model.weights(), data)
-    jax.block_until_ready(result.params)
+    name = f"{name}-finetune"
+    recorder = CurveRecorder(run, name, lambda _: {}, lambda inner: inner[0])
+    result = optimizers.train_finetune(
+        models.weights_objective(model, blockwise=True),
+        model.weights(),
+        models.TrainingData(blocks, structure),
+        l2=FINETUNE_L2,
+        max_steps=config["finetune_steps"],
+        stop=optimizers.relative_change_below(config["finetune_tol"]),
+        memory_size=OWLQN_MEMORY,
+        chunk_steps=config["chunk"],
+        checkpoint_dir=_checkpoints(run, name),
+        checkpoint_every=config["chunk"],
+        settings=_unit_settings(config),
+        progress=progress,
+        callback=recorder,
+        description=name,
+    )
+    curve = recorder.finish(result.compile_seconds)
     trace = np.asarray(result.trace)[: int(result.num_steps)].tolist()
-    return model.with_weights(result.params, structure), trace, time.perf_counter() - start, compile_seconds
+    seconds = curve[-1]["seconds"] if curve else 0.0
+    return model.with_weights(result.params, structure), trace, seconds, result.compile_seconds
 
 
 # ---------------------------------------------------------------------------
@@ -691,10 +700,11 @@ def _print_rows(rows) -> None:
 def _finish_unit(run: RunDirectory, name: str, unit: dict | None) -> dict | None:
     """A unit as the report reads it: its checkpoints removed once it is
     saved, its rows marked when they come from an earlier configuration."""
-    shutil.rmtree(_checkpoints(run, name), ignore_errors=True)
-    curve = os.path.join(run.root, "checkpoints", f"{name}.curve.json")
-    if os.path.exists(curve):
-        os.remove(curve)
+    for part in (name, f"{name}-finetune"):
+        shutil.rmtree(_checkpoints(run, part), ignore_errors=True)
+        curve = os.path.join(run.root, "checkpoints", f"{part}.curve.json")
+        if os.path.exists(curve):
+            os.remove(curve)
     if unit is None:
         return None
     marks = {"stale": True, "unit": name} if unit.get("stale") else {}
@@ -725,7 +735,9 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
             extra["plan_seconds"] = plan_seconds
         rows = [_fit_row(task, optimizer, result, **extra)]
         if config["finetune_steps"]:
-            tuned, trace, seconds, compile_seconds = fine_tune(result.params, encoded.blocks, config)
+            tuned, trace, seconds, compile_seconds = fine_tune(
+                run, name, result.params, encoded.blocks, config, progress
+            )
             rows.append(
                 _row(
                     task,

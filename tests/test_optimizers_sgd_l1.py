@@ -111,6 +111,32 @@ def test_finetune_keeps_the_support_and_reaches_the_restricted_optimum():
     assert float(crf_problem()(result.params)) < float(crf_problem()(sparse))
 
 
+def _crf_objective(params, data):
+    del data  # the shared problem closes over its data
+    return crf_problem()(params)
+
+
+def test_train_finetune_reaches_the_restricted_optimum_and_resumes_bit_identically(tmp_path):
+    sparse = _owlqn(2.0).params
+    options = dict(l2=1e-3, max_steps=60, stop=optimizers.relative_change_below(1e-12), progress=False)
+    whole = optimizers.train_finetune(_crf_objective, sparse, **options)
+    before, after = np.asarray(ravel_pytree(sparse)[0]), np.asarray(ravel_pytree(whole.params)[0])
+    np.testing.assert_array_equal(after[before == 0], 0.0)
+    gradient = np.asarray(ravel_pytree(crf_value_and_grad()(whole.params)[1])[0]) + 1e-3 * after
+    np.testing.assert_allclose(gradient[before != 0], 0.0, atol=1e-5)
+    # The jit-able loop reaches the same optimum.
+    looped = jax.jit(lambda p: finetune(crf_problem(), p, l2=1e-3, max_steps=200, tol=1e-15))(sparse)
+    np.testing.assert_allclose(after, np.asarray(ravel_pytree(looped.params)[0]), atol=1e-4)
+    # Stopped after 5 steps and started again on its checkpoint: the same run.
+    checkpointed = dict(options, checkpoint_dir=tmp_path / "finetune", chunk_steps=2, checkpoint_every=2)
+    stopped = optimizers.train_finetune(_crf_objective, sparse, until=5, **checkpointed)
+    assert int(stopped.num_steps) == 5
+    resumed = optimizers.train_finetune(_crf_objective, sparse, **checkpointed)
+    assert int(resumed.num_steps) == int(whole.num_steps)
+    np.testing.assert_array_equal(np.asarray(ravel_pytree(resumed.params)[0]), after)
+    np.testing.assert_array_equal(np.asarray(resumed.trace), np.asarray(whole.trace))
+
+
 def test_resume_is_bit_identical(tmp_path):
     optimizer = sgd_l1(optax.exponential_decay(1e-2, 6, 0.85), 2.0)
     step_fn = optimizers.epoch_step_fn(

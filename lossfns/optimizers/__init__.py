@@ -27,7 +27,7 @@ from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_objective, bc
 from .chain_boosting import ChainBoostingData, chain_boosting_data, chain_boosting_model, sequence_pieces
 from .driver import DriveResult, Report, TrainResult, drive, train
 from .elastic_net import ElasticNetTraining, crfsuite_elastic_net, elastic_net_training
-from .finetune import finetune
+from .finetune import finetune, train_finetune
 from .linear_chain_training import initial_chain_model, train_linear_chain
 from .minimize import (
     GradientSteps,
@@ -105,6 +105,7 @@ __all__ = [
     "minimize_stochastic",
     "MinimizeResult",
     "finetune",
+    "train_finetune",
     # L1 and elastic-net training
     "owlqn",
     "elastic_net_penalty",

@@ -74,7 +74,7 @@ def elastic_net_training(
     l1, l2 = float(l1), float(l2)
     if optimizer is None and l1 > 0:
         return ElasticNetTraining(_owlqn(l1, l2, memory_size), regularizer, _elastic_net_penalty(l1, l2))
-    optimizer = optimizer or _lbfgs(memory_size)
+    optimizer = optimizer or lbfgs(memory_size)
     return ElasticNetTraining(optimizer, L2Regularizer(l2, regularizer) if l2 else regularizer, None)
 
 
@@ -91,7 +91,8 @@ def _elastic_net_penalty(l1: float, l2: float) -> Callable:
 
 
 @functools.lru_cache(maxsize=32)
-def _lbfgs(memory_size: int) -> optax.GradientTransformation:
+def lbfgs(memory_size: int) -> optax.GradientTransformation:
+    """`optax.lbfgs(memory_size)`, one object per size (see above)."""
     return optax.lbfgs(memory_size=memory_size)
 
 
