@@ -122,6 +122,17 @@ def test_marginals_match_enumeration_and_sum_to_one(algorithm, problem):
         )
 
 
+@given(problem=problems(forbidden=True))
+def test_log_partition_and_marginals_match_enumeration(problem):
+    potentials, lengths = problem
+    log_z, marginals = jitted("log_partition_and_marginals")(potentials, lengths)
+    assert_close(log_z, testing.log_partition(potentials, lengths))
+    if isinstance(potentials, FactoredPotentials):
+        assert_close(marginals.unary, testing.node_marginals(potentials, lengths))
+    else:
+        assert_close(marginals, testing.marginals(potentials, lengths))
+
+
 @given(problem=problems(factored=True))
 def test_factored_equals_materialized(problem):
     potentials, lengths = problem

@@ -320,13 +320,24 @@ def row_score(potentials, labels, starts, lengths=None):
 
 
 def _marginals_instance(semiring, algorithm, potentials, length):
-    """The derivative of one chain's log Z with respect to its potentials
+    """One chain's log Z and its derivative with respect to the potentials
     (a form of the same type). Taken inside the batch's map, a factored
     form's shared transitions stay shared in the forward pass (one product
     per step for the whole batch) while their derivative is this chain's
     own expected counts."""
     instance_log_z = lambda p: _forward_instance(semiring, algorithm, p, length)
-    return jax.grad(instance_log_z, allow_int=True)(potentials)
+    return jax.value_and_grad(instance_log_z, allow_int=True)(potentials)
+
+
+def log_partition_and_marginals(potentials, lengths=None, *, algorithm: str = "auto"):
+    """`(log_partition, marginals)` from one forward-backward: `log Z [...]`
+    and its derivative with respect to the potentials, as `marginals` gives
+    it (for callers that need both, e.g. sequence boosting's weights and
+    feature masses)."""
+    form, lengths, _, T, L = _prepare(potentials, lengths)
+    algorithm = _resolve_algorithm(algorithm, T, L)
+    log_z, per_chain = _map_batch(_instance(_marginals_instance, semirings.Log, algorithm), form, lengths)
+    return log_z, form.from_gradient(per_chain)
 
 
 def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
@@ -343,10 +354,7 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
     """
     if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for marginals, got {semiring!r}")
-    form, lengths, _, T, L = _prepare(potentials, lengths)
-    algorithm = _resolve_algorithm(algorithm, T, L)
-    per_chain = _map_batch(_instance(_marginals_instance, _log_semiring(semiring), algorithm), form, lengths)
-    return form.from_gradient(per_chain)
+    return log_partition_and_marginals(potentials, lengths, algorithm=algorithm)[1]
 
 
 def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):

@@ -514,8 +514,8 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
 
     potentials = chain.FactoredPotentials(unary, transitions, start)
     # Per sequence: node marginals [B, T, L], expected transition counts [B, L, L], first labels [B, L].
-    node, expected, first = chain.marginals(potentials, lengths)
-    log_losses = chain.log_partition(potentials, lengths) - chain.score(potentials, labels, lengths)
+    log_z, (node, expected, first) = chain.log_partition_and_marginals(potentials, lengths)
+    log_losses = log_z - chain.score(potentials, labels, lengths)
     weight = jnp.where(valid, jnp.exp(log_weights(log_losses) - log_scale), 0.0)  # D(i) W / W_scale
     inverse = jnp.where(valid, jnp.exp(log_losses - log_scale), 0.0)  # (1 / P_i) / W_scale
     dtype = weight.dtype
