@@ -1181,11 +1181,13 @@ def _run_time_note(rows: list, num_missing: int) -> str:
     todo = [row for row in rows if row.get("stale")]
     mean = lambda values: sum(values) / max(len(values), 1)
     estimate = sum(mean(em) if row["criterion"] == "EM" else mean(ce) for row in todo) + num_missing * mean(em + ce)
+    done = f"Wall time: {len(rows)} models in {sum(em + ce) / 3600:.1f} h (mean per model: EM {mean(em):.0f} s, "
+    done += f"CE {mean(ce):.0f} s)."
+    if not todo and not num_missing:
+        return done + " Every model is trained in the current configuration."
     return (
-        f"Wall time: {len(rows)} models in {sum(em + ce) / 3600:.1f} h (mean per model: EM {mean(em):.0f} s, "
-        f"CE {mean(ce):.0f} s). The {len(todo)} models of an earlier configuration and {num_missing} not yet "
-        f"run would take about {estimate / 3600:.1f} h at that pace (longer where a model runs past the "
-        f"earlier cap)."
+        f"{done} The {len(todo)} models of an earlier configuration and {num_missing} not yet run would take "
+        f"about {estimate / 3600:.1f} h at that pace (longer where a model runs past the earlier cap)."
     )
 
 
