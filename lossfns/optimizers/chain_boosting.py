@@ -471,7 +471,8 @@ def _slots(data: ChainBoostingData, rows):
     lengths = data.lengths[rows]
     most = _most(lengths, L)
     pairs = (labels[:, None] * L + labels[None, :]) * (2 * T - 1) + T - 1
-    transition = jnp.where(most > 0, transition_offset + pairs + most, num_slots)
+    most_by_length = _most(jnp.arange(T + 1), L)
+    transition = jnp.where(most_by_length > 0, transition_offset + pairs + most_by_length, num_slots)
     t_live = data.transition_count[rows] > 0
     t_pair = data.transition_from[rows] * L + data.transition_to[rows]
     t_base = transition_offset + t_pair * (2 * T - 1) + T - 1
@@ -505,7 +506,7 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
     """`(log_losses [B], values [...])`: `-log P(y_i | x_i)` of sequences
     `rows [B]` (where `valid [B]`) and their masses at the slots of `_slots`,
     times `e^-log_scale`, from one forward-backward."""
-    L, K = data.num_labels, data.num_features
+    L, K, T = data.num_labels, data.num_features, data.ids.shape[1]
     B = rows.shape[0]
     emission, transitions, start = _weights(theta, data)
     ids, labels = data.ids[rows], data.labels[rows]
@@ -524,11 +525,12 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
     # Emission: per (sequence, feature) the marginal mass of its occurrences per label.
     Q = data.pair_feature.shape[1]
     occurrence = data.occurrence_pair[rows]
-    sums = (
-        jnp.zeros((B, Q + 1, L), dtype)
-        .at[batch[:, None, None], occurrence]
-        .add(jnp.broadcast_to(node[:, :, None, :], occurrence.shape + (L,)))[:, :Q]
+    # Scatter the occurrences (not their L marginals), then one batched matmul.
+    at_position = (
+        jnp.zeros((B, T, Q + 1), dtype).at[batch[:, None, None], jnp.arange(T)[None, :, None], occurrence].add(1.0)
     )
+    # HIGHEST: accelerators' default float32 matmul rounds its inputs (TF32, bfloat16).
+    sums = jnp.einsum("btq,btl->bql", at_position[..., :Q], node, precision=jax.lax.Precision.HIGHEST)
     count = data.pair_count[rows].astype(dtype)
     gold_pair, gold_label, gold_count = data.gold_pair[rows], data.gold_label[rows], data.gold_count[rows]
     is_gold = (
@@ -561,6 +563,10 @@ def _contributions(data: ChainBoostingData, theta, rows, valid, log_scale):
     transition_values = jnp.where(
         is_gold_transition | (most == 0), 0.0, inverse[:, None, None] * expected / jnp.maximum(most, 1.0)
     )
+    # A non-gold transition's slot depends on the sequence only through its
+    # length: sum per length ([T + 1, L, L]) before the scatter into slots,
+    # which would otherwise take L^2 scattered adds per sequence.
+    transition_values = jax.ops.segment_sum(transition_values.reshape(B, L * L), lengths, num_segments=T + 1)
     t_expected = jnp.take_along_axis(expected.reshape(B, L * L), t_pair, 1)
     t_most = jnp.take_along_axis(most.reshape(B, L * L), t_pair, 1)
     transition_low = jnp.where(
