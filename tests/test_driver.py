@@ -193,6 +193,43 @@ def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(cr
     assert resumed.compile_seconds >= 0 and resumed.run_seconds > 0
 
 
+def test_a_resumed_run_reports_the_seconds_of_the_runs_before_it(crf, tmp_path):
+    """run_seconds is summed over the runs that wrote the checkpoint: the
+    checkpoint holds the first run's seconds, and a resumed run adds its own
+    to them. A checkpoint without a time (written before the driver kept
+    one) still resumes, from 0 s."""
+    data, params = crf
+    run = functools.partial(
+        optimizers.train,
+        _crf_objective,
+        params,
+        optax.lbfgs(),
+        data,
+        max_steps=12,
+        stop=optimizers.relative_change_below(0.0),
+        progress=False,
+        checkpoint_every=1,
+    )
+    first = run(checkpoint_dir=tmp_path / "new", until=10)
+    optimizer = optax.lbfgs()
+    like = {
+        "fingerprint": fingerprint(data),
+        "loop": optimizers.init_loop((params, optimizer.init(params)), 12),
+        "run_seconds": np.zeros((), np.float64),
+    }
+    stored = checkpoint.load(checkpoint.checkpoint_path(tmp_path / "new", 10), like)
+    assert float(stored["run_seconds"]) == first.run_seconds > 0
+    resumed = run(checkpoint_dir=tmp_path / "new")
+    assert int(resumed.num_steps) == 12 and resumed.run_seconds > first.run_seconds
+
+    del stored["run_seconds"]  # the layout before the driver kept its time
+    (tmp_path / "old").mkdir()
+    checkpoint.save(checkpoint.checkpoint_path(tmp_path / "old", 10), stored)
+    old = run(checkpoint_dir=tmp_path / "old")
+    np.testing.assert_array_equal(np.asarray(old.trace), np.asarray(resumed.trace))
+    assert 0 < old.run_seconds < resumed.run_seconds
+
+
 def test_fingerprint_and_describe_see_data_and_settings_not_addresses():
     data = {"x": np.arange(3.0)}
     assert np.array_equal(fingerprint(data, [1, "a"]), fingerprint(dict(data), [1, "a"]))

@@ -78,7 +78,8 @@ class Report(NamedTuple):
 class DriveResult(NamedTuple):
     """loop: the final `LoopState`; compile_seconds: compiling the chunk (0
     when cached or nothing was left to run); run_seconds: the chunks, callbacks
-    and checkpoints excluded."""
+    and checkpoints excluded, summed over the runs that wrote the checkpoint
+    this run resumed from (so a resumed run reports its whole time)."""
 
     loop: LoopState
     compile_seconds: float
@@ -173,23 +174,28 @@ def _compiled_chunk(make_step, stop, loop, data, mesh):
     return executable, time.perf_counter() - start
 
 
-def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> LoopState:
-    """The loop of the newest checkpoint in `directory`, or `loop` when there is none."""
+def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> tuple[LoopState, float]:
+    """`(loop, run seconds)` of the newest checkpoint in `directory` (the
+    seconds of the runs that wrote it), or `(loop, 0.0)` when there is none."""
     latest = checkpoint.latest_checkpoint(directory)
     if latest is None:
-        return loop
+        return loop, 0.0
     refusal = (
         f"checkpoint_dir {directory}: {latest.name} was written for other data or other training "
         "settings; use a new directory (or delete this one) to start afresh"
     )
+    like = {"fingerprint": stamp, "loop": loop, "run_seconds": np.zeros((), np.float64)}
     try:
+        # Checkpoints written before the driver kept its time hold none: they resume from 0 s.
+        if all(leaf["path"] != "['run_seconds']" for leaf in checkpoint.read_header(latest)["leaves"]):
+            del like["run_seconds"]
         # `latest_checkpoint` skipped damaged files, so a failure here is a structure mismatch.
-        restored = checkpoint.load(latest, {"fingerprint": stamp, "loop": loop})
+        restored = checkpoint.load(latest, like)
     except checkpoint.CheckpointError as error:
         raise checkpoint.CheckpointError(f"{refusal} ({error})") from None
     if not np.array_equal(np.asarray(restored["fingerprint"]), stamp):
         raise checkpoint.CheckpointError(refusal)
-    return _strong(restored["loop"])
+    return _strong(restored["loop"]), float(restored.get("run_seconds", 0.0))
 
 
 def _progress_bar(show: bool, total: int, initial: int, description: str | None):
@@ -228,7 +234,7 @@ def drive(
     stop: the stop rule, `(trace, num_steps) -> bool` (`minimize.StopRule`).
     until: stop after this many steps in total (a time-boxed run, resumed
       later); default the loop's `max_steps`.
-    checkpoint_dir: save `{fingerprint, loop}` there every `checkpoint_every`
+    checkpoint_dir: save `{fingerprint, loop, run_seconds}` there every `checkpoint_every`
       steps (at chunk ends) and at the end, keeping the newest `keep`; resume
       from the newest checkpoint found. `settings` (any value, described by
       `describe`) and `data` make the fingerprint a checkpoint must match.
@@ -252,16 +258,17 @@ def drive(
     # One writer per checkpoint directory (`checkpoint.DirectoryLock`, which
     # creates it): a second run on it gets a CheckpointError naming it.
     with checkpoint.locked(checkpoint_dir):
+        run_seconds = 0.0
         if checkpoint_dir is not None:
             checkpoint_dir, stamp = Path(checkpoint_dir), fingerprint(data, settings)
-            loop = _resume(checkpoint_dir, loop, stamp)
+            loop, run_seconds = _resume(checkpoint_dir, loop, stamp)
         if mesh is None:  # on the device once, not copied from the host by every chunk
             data = jax.device_put(data)
         else:
             data, loop = parallel.shard_leading_axis(data, mesh), parallel.replicate(loop, mesh)
         step, saved = int(loop.step), int(loop.step)
         bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
-        executable, compile_seconds, run_seconds = None, 0.0, 0.0
+        executable, compile_seconds = None, 0.0
         while step < until and not bool(loop.done):
             if executable is None:
                 executable, compile_seconds = _compiled_chunk(make_step, stop, loop, data, mesh)
@@ -280,7 +287,10 @@ def drive(
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
             finished = step >= until or bool(loop.done)
             if checkpoint_dir is not None and (step - saved >= checkpoint_every or (finished and step > saved)):
-                checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, step), {"fingerprint": stamp, "loop": loop})
+                checkpoint.save(
+                    checkpoint.checkpoint_path(checkpoint_dir, step),
+                    {"fingerprint": stamp, "loop": loop, "run_seconds": np.asarray(run_seconds, np.float64)},
+                )
                 checkpoint.prune_checkpoints(checkpoint_dir, keep)
                 saved = step
         if bar is not None:
