@@ -154,9 +154,9 @@ def test_callback_sees_every_chunk_and_can_stop_the_run(crf):
     assert set(reports[-1].inner[0]) == {"weights", "transitions"}
 
 
-def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(crf, tmp_path):
-    data, params = crf
-    run = functools.partial(
+def _twelve_lbfgs_steps(params, **options):
+    """`optimizers.train` of the CRF objective from `params`: 12 L-BFGS steps, no stop before them."""
+    return functools.partial(
         optimizers.train,
         _crf_objective,
         params,
@@ -164,8 +164,13 @@ def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(cr
         max_steps=12,
         stop=optimizers.relative_change_below(0.0),
         progress=False,
-        settings={"run": 1},
+        **options,
     )
+
+
+def test_checkpoints_resume_bit_identically_and_refuse_other_data_or_settings(crf, tmp_path):
+    data, params = crf
+    run = _twelve_lbfgs_steps(params, settings={"run": 1})
     straight = run(data)
     first = run(data, checkpoint_dir=tmp_path, until=5, checkpoint_every=2)
     assert int(first.num_steps) == 5 and checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(
@@ -199,17 +204,7 @@ def test_a_resumed_run_reports_the_seconds_of_the_runs_before_it(crf, tmp_path):
     to them. A checkpoint without a time (written before the driver kept
     one) still resumes, from 0 s."""
     data, params = crf
-    run = functools.partial(
-        optimizers.train,
-        _crf_objective,
-        params,
-        optax.lbfgs(),
-        data,
-        max_steps=12,
-        stop=optimizers.relative_change_below(0.0),
-        progress=False,
-        checkpoint_every=1,
-    )
+    run = functools.partial(_twelve_lbfgs_steps(params, checkpoint_every=1), data)
     first = run(checkpoint_dir=tmp_path / "new", until=10)
     optimizer = optax.lbfgs()
     like = {
