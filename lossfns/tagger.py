@@ -69,8 +69,7 @@ class Tagger:
 
     After `fit` (or `load`): `model`, `labels`, `index`, and of the last fit
     `history` (the objective after each iteration), `training_seconds` (the
-    driver's compilation and iterations, the iterations of runs it resumed
-    from included) and `status` (why it stopped).
+    driver's compilation and iterations, those of resumed runs included) and `status` (why it stopped).
     """
 
     features: str | Extractor = "crfsuite_ner"
