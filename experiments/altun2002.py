@@ -82,13 +82,6 @@ def shared_run(run: RunDirectory, quick: bool) -> RunDirectory:
     return RunDirectory(root, compute_missing=run.compute_missing, only=run.only)
 
 
-def num_weak_learners(encoded, set_name: str, num_labels: int) -> int:
-    """Weak learners of a feature set: its observation features x labels, plus
-    the transitions and starts (ids are indexed on training, so all occur)."""
-    observed = max(int(np.asarray(bucket.ids).max()) for bucket in encoded.train[set_name]) + 1
-    return observed * num_labels + num_labels * num_labels + num_labels
-
-
 def _row(unit: dict, method: str, weak_learners: int, config: dict) -> dict:
     """A table row from an altun2003 unit (`train_unit` or `boosting_unit`)."""
     return {
@@ -117,7 +110,7 @@ def _run_task(run: RunDirectory, shared: RunDirectory, task: str, config: dict, 
     data, encoded = altun2003.load_and_encode(task, config)
     boosting, rows = config["boosting"], []
     for set_name in config["feature_sets"]:
-        weak_learners = num_weak_learners(encoded, set_name, len(data.labels))
+        weak_learners = altun2003.num_weak_learners(encoded, set_name, len(data.labels))
         prefix = f"{task}-{set_name}"
         common = (data, encoded, set_name)
         units = {

@@ -328,7 +328,7 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
             "stopped_by": result.stopped_by,
             "converged": result.converged,
             "nonzero_parameters": int(np.count_nonzero(np.asarray(result.best_theta))),
-            "num_weak_learners": sparse.num_weak_learners,
+            "num_weak_learners": num_weak_learners(encoded, set_name, len(data.labels)),
             "num_train_sentences": len(data.train),
             "num_dev_sentences": len(data.dev),
             "num_pieces": int(sparse.lengths.shape[0]),
@@ -339,7 +339,21 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
             "chosen_features": [int(v) for v in result.loop.inner.history.feature[:rounds]],
         }
 
-    return run.unit(name, compute, config | {"num_train": len(data.train), "num_dev": len(data.dev)})
+    result = run.unit(name, compute, config | {"num_train": len(data.train), "num_dev": len(data.dev)})
+    # Units saved before this field was per feature set recorded the size of
+    # the index all feature sets share.
+    return (
+        None
+        if result is None
+        else result | {"num_weak_learners": num_weak_learners(encoded, set_name, len(data.labels))}
+    )
+
+
+def num_weak_learners(encoded, set_name: str, num_labels: int) -> int:
+    """Weak learners of a feature set: its observation features x labels, plus
+    the transitions and starts (ids are indexed on training, so all occur)."""
+    observed = max(int(np.asarray(bucket.ids).max()) for bucket in encoded.train[set_name]) + 1
+    return observed * num_labels + num_labels * num_labels + num_labels
 
 
 def load_and_encode(task: str, config: dict) -> tuple:

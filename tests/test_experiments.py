@@ -84,6 +84,11 @@ def test_quick_run_writes_table_json_plots_and_command(quick_run):
         else:
             trace = row["objective_trace"]
             assert all(map(math.isfinite, trace)) and trace[-1] < trace[0]
+    # A boosting row counts the weak learners of its own feature set, all of
+    # which the L2-trained sequential log-loss model of that set makes non-zero.
+    for set_name in ("S1", "S2", "S3"):
+        by_loss = {row["loss"]: row for row in rows if row["features"] == set_name}
+        assert by_loss["boosting"]["num_weak_learners"] == by_loss["sequential log"]["nonzero_parameters"]
     # Richer features must help even on the quick slice (the paper's main finding).
     s1 = np.mean([r["score"] for r in rows if r["features"] == "S1" and r["loss"] in tagging.LOSSES])
     s3 = np.mean([r["score"] for r in rows if r["features"] == "S3" and r["loss"] in tagging.LOSSES])
