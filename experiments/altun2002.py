@@ -348,7 +348,8 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         + (
             f"the rows {', '.join(capped)} stopped at their round cap, so their fraction is bounded by the cap."
             if capped
-            else "the rows stop on their exp-loss rule, so the fraction is the algorithm's, not a cap's."
+            else "every row stopped on a convergence rule (development plateau or exp-loss) before its cap, so "
+            "the fraction is the algorithm's, not a cap's."
         ),
         "",
     ]
