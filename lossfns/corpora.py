@@ -495,6 +495,20 @@ def length_buckets(
     return [(np.flatnonzero((padded >= low) & (padded <= high)), int(high)) for low, high in reversed(bounds)]
 
 
+def doubling_buckets(lengths: Sequence[int] | np.ndarray, smallest: int = 8) -> list[tuple[np.ndarray, int]]:
+    """Group sequence indices by their length rounded up to a power of two (at
+    least `smallest`): a fixed set of padded lengths, so that other corpora
+    share compiled shapes (decoding; `length_buckets` pads less but its
+    lengths depend on the corpus). Returns `length_buckets`' format."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must have shape [N], got shape {lengths.shape}")
+    if lengths.size and lengths.min() < 0:
+        raise ValueError(f"lengths must be >= 0, got {int(lengths.min())}")
+    padded = np.maximum(2 ** np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64), smallest)
+    return [(np.flatnonzero(padded == size), int(size)) for size in np.unique(padded)]
+
+
 def shuffled(count: int, seed: int) -> np.ndarray:
     """A permutation of `range(count)` that depends only on `seed`
     (numpy's PCG64, stable across runs and platforms)."""

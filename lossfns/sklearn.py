@@ -430,7 +430,7 @@ class CRF(BaseEstimator):
 
     def _decode(self, X, decode):
         tagger = self._fitted()
-        corpus = flatten_corpus(X).pack(tagger.index, None, tagger.num_buckets)  # pyright: ignore[reportArgumentType]  # fitted
+        corpus = flatten_corpus(X).pack(tagger.index, None, None)  # pyright: ignore[reportArgumentType]  # fitted
         return in_corpus_order(corpus, tagger.decode_packed(corpus, decode))
 
     def predict(self, X) -> list:
@@ -519,8 +519,8 @@ class GradientNormBelow(NamedTuple):
         return bool(self.epsilon) and float(_gradient_norm_ratio(params, opt_state, self.l1, self.l2)) <= self.epsilon
 
 
-@functools.partial(jax.jit, static_argnames=("l1", "l2"))
-def _gradient_norm_ratio(params, opt_state, l1: float, l2: float) -> jax.Array:
+@jax.jit  # the penalties traced: a refit with other c1, c2 re-uses it
+def _gradient_norm_ratio(params, opt_state, l1, l2) -> jax.Array:
     theta = ravel_pytree(params)[0]
     if isinstance(opt_state, OwlqnState):  # its gradient is the loss's, the elastic net apart
         gradient = pseudo_gradient(theta, ravel_pytree(opt_state.grad)[0] + l2 * theta, l1, jnp.ones_like(theta))

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from jax.typing import DTypeLike
 
-from . import features, metrics, model_file
+from . import compilation_cache, features, metrics, model_file
 from .corpora import Sentence
 from .features.corpus import Extractor, check_sentences, extractor_spec
 from .features.index import FeatureIndex, PackedCorpus
@@ -61,7 +61,7 @@ class Tagger:
       min_count, hash_size: the feature index (`features.build_index`).
       observed_pairs_only, observed_transitions_only: weights only on the (feature, label) pairs
         and pair triples / the label transitions seen in training, as CRFsuite (`train_linear_chain`).
-      num_buckets: padded length buckets (compiled shapes) for decoding and custom losses.
+      num_buckets: padded length buckets (compiled shapes) for custom losses.
       dtype: float dtype of the weights (float64 needs `jax_enable_x64`).
       progress: a tqdm bar while training (default: above 20 iterations).
       iob_constraints: decode only sequences valid under the labels' chunk scheme (IOB2,
@@ -106,6 +106,7 @@ class Tagger:
                 check_int(name, getattr(self, name))
         self.extractor = features.extractor(self.features)
         self.l1, self.l2 = float(self.l1), float(self.l2)
+        compilation_cache.enable()  # a new process re-uses the programs of earlier ones
 
     def fit(self, sentences: Sequence[Sentence], *, mesh: jax.sharding.Mesh | None = None, **options) -> Tagger:
         """Index features, build a zero model and train it on `sentences`.
@@ -192,19 +193,18 @@ class Tagger:
         """`(packed corpus, per-bucket results)` of `decode_packed` for unlabelled `sentences`."""
         check_sentences(sentences, labelled=False)
         _, index = self._require_model()
-        corpus = features.pack(features.encode(index, self.extractor, sentences), None, self.num_buckets)
+        corpus = features.pack(features.encode(index, self.extractor, sentences), None, None)
         return corpus, self.decode_packed(corpus, decode, *arguments)
 
     def decode_packed(self, corpus: PackedCorpus, decode: Callable, *arguments) -> tuple:
-        """`decode(model, arrays, *arguments, moves)` (e.g. `models.packed.viterbi`)
-        per length bucket of a corpus packed with this tagger's index
-        (`features.pack`, `AttributeCorpus.pack`); `moves`: see `iob_constraints`."""
-        model, index = self._require_model()
-        arrays = jax.tree_util.tree_map(jnp.asarray, features.corpus_arrays(corpus, index.num_unigram))
+        """`decode(model, arrays, *arguments, moves)` (e.g. `models.packed.viterbi`) per length bucket of a
+        corpus packed with this tagger's index (`features.pack`, `AttributeCorpus.pack`) by
+        `models.packed.decode_by_bucket`; `moves`: see `iob_constraints`."""
+        model, _ = self._require_model()
         scheme = scheme_of(self.labels)
         constrained = scheme is not None if self.iob_constraints is None else self.iob_constraints
         moves = allowed_transitions(self.labels, scheme or "IOB2") if constrained else None
-        return decode(model, arrays, *arguments, moves)
+        return packed.decode_by_bucket(decode, model, corpus, *arguments, moves=moves)
 
     def predict(self, sentences: Sequence[Sentence]) -> list[tuple[str, ...]]:
         """Viterbi label sequences, one tuple of label strings per sentence."""

@@ -14,6 +14,7 @@ from ..deprecation import moved_names
 from . import corpus, design, dicts, presets, templates
 from .corpus import (
     CorpusArrays,
+    bucket_corpora,
     build_index,
     corpus_arrays,
     encode,
@@ -21,6 +22,9 @@ from .corpus import (
     in_corpus_order,
     index_corpus,
     label_ids,
+    ladder,
+    ladder_arrays,
+    ladder_corpus,
     pack_shards,
     padded_buckets,
 )
@@ -50,6 +54,7 @@ __all__ = [
     "presets",
     "templates",
     "CorpusArrays",
+    "bucket_corpora",
     "build_index",
     "corpus_arrays",
     "encode",
@@ -57,6 +62,9 @@ __all__ = [
     "in_corpus_order",
     "index_corpus",
     "label_ids",
+    "ladder",
+    "ladder_arrays",
+    "ladder_corpus",
     "pack_shards",
     "padded_buckets",
     "SparseDesign",

@@ -205,13 +205,6 @@ def _balanced_groups(sizes: Sequence[int], count: int) -> list[list[int]]:
     return [sorted(group) for group in groups]
 
 
-def _pad_rows(array: np.ndarray, rows: int, fill) -> np.ndarray:
-    """`array` `[n, ...]` padded with `fill` to `[rows, ...]` (and to the widths of `fill`'s shape)."""
-    out = np.full((rows,) + array.shape[1:], fill, array.dtype)
-    out[: array.shape[0]] = array
-    return out
-
-
 def pack_shards(encoded: Sequence, labels: Sequence[Sequence[int]], num_features: int, num_shards: int) -> CorpusArrays:
     """Labelled encoded sentences as `num_shards` equally shaped blocks of
     rows (`index.pack_rows`), each block's `CorpusArrays` stacked along a
@@ -232,33 +225,136 @@ def pack_shards(encoded: Sequence, labels: Sequence[Sequence[int]], num_features
     tokens = max(p.unigram_ids.shape[0] for p in packs)
     unigram_width = max(p.unigram_ids.shape[1] for p in packs)
     pair_width = max(p.pair_ids.shape[1] for p in packs)
-    blocks = []
-    for p in packs:
-        unigram = np.full((tokens, unigram_width), PADDING_ID, np.int32)
-        unigram[: p.unigram_ids.shape[0], : p.unigram_ids.shape[1]] = p.unigram_ids
-        pair = np.full((tokens, pair_width), PADDING_ID, np.int32)
-        pair[: p.pair_ids.shape[0], : p.pair_ids.shape[1]] = p.pair_ids
-        padded = p._replace(
-            unigram_ids=unigram,
-            pair_ids=pair,
-            positions=(_pad_rows(p.positions[0], rows, PADDING_ID),),
-            lengths=(_pad_rows(p.lengths[0], rows, 0),),
-            labels=(_pad_rows(p.labels[0], rows, -1),),
-            starts=(_pad_rows(p.starts[0], rows, False),),
-        )
-        blocks.append(corpus_arrays(padded, num_features))
-    nonzeros = max(block.design.indices.shape[0] for block in blocks)
     blocks = [
-        block._replace(
-            design=block.design._replace(
-                indices=_pad_rows(block.design.indices, nonzeros, 0),
-                values=_pad_rows(block.design.values, nonzeros, 0.0),
-            )
+        corpus_arrays(
+            pad_corpus(p, tokens, unigram_width, pair_width, ((rows, p.positions[0].shape[1]),)), num_features
         )
-        for block in blocks
+        for p in packs
     ]
-    # Entries past indptr[-1] are outside every row: the padding of indices and values is never read.
+    nonzeros = max(block.design.indices.shape[0] for block in blocks)
+    blocks = [block._replace(design=pad_design(block.design, nonzeros)) for block in blocks]
     return jax.tree_util.tree_map(lambda *leaves: np.stack(leaves), *blocks)
+
+
+def pad_corpus(packed: PackedCorpus, tokens: int, unigram_width: int, pair_width: int, bucket_shapes) -> PackedCorpus:
+    """`packed` with its token stack padded to `[tokens, unigram_width]` and
+    `[tokens, pair_width]` (ids -1, values 0) and bucket b to `bucket_shapes[b]
+    = (B_b, T_b)` (empty rows of length 0, positions and labels -1, no
+    starts): the padding adds nothing to a loss and decodes to nothing.
+    Every size must be at least the corpus's own."""
+
+    def grown(array: np.ndarray, shape: tuple, fill) -> np.ndarray:
+        out = np.full(shape, fill, array.dtype)
+        out[tuple(slice(0, n) for n in array.shape)] = array
+        return out
+
+    def buckets(arrays: tuple | None, fill) -> tuple | None:
+        if arrays is None:
+            return None
+        return tuple(grown(a, shape[: a.ndim], fill) for a, shape in zip(arrays, bucket_shapes))
+
+    values = packed.unigram_values
+    return packed._replace(
+        unigram_ids=grown(packed.unigram_ids, (tokens, unigram_width), PADDING_ID),
+        pair_ids=grown(packed.pair_ids, (tokens, pair_width), PADDING_ID),
+        unigram_values=None if values is None else grown(values, (tokens, unigram_width), 0.0),
+        positions=buckets(packed.positions, PADDING_ID),
+        lengths=buckets(packed.lengths, 0),
+        labels=buckets(packed.labels, -1),
+        starts=buckets(packed.starts, False),
+    )
+
+
+def pad_design(design: SparseDesign, nonzeros: int) -> SparseDesign:
+    """`design` with room for `nonzeros` entries: entries past `indptr[-1]` are
+    outside every row, so their padding (column 0, value 0) is never read."""
+    grow = lambda a: np.concatenate([a, np.zeros((nonzeros - a.shape[0],), a.dtype)])
+    return design._replace(indices=grow(design.indices), values=grow(design.values))
+
+
+def ladder(size: int) -> int:
+    """The smallest size `>= size` on the ladder 1, 2, ..., 16, 18, 20, ...,
+    32, 36, 40, ... (`m 2^e`, `m` in 8..15): each rung at most 1.125 times the
+    one below, so padding to it costs at most an eighth more work, while
+    corpora of similar sizes (cross-validation folds, other test sets) share
+    compiled shapes."""
+    if size <= 16:
+        return max(int(size), 0)
+    exponent = (int(size) - 1).bit_length() - 4  # size in (8 2^e, 16 2^e]
+    return -(-int(size) // 2**exponent) * 2**exponent
+
+
+def ladder_corpus(packed: PackedCorpus) -> PackedCorpus:
+    """`pad_corpus` of `packed` to the `ladder` sizes of its feature widths and
+    bucket shapes `[B_b, T_b]`, with room for a token in every cell (`sum_b
+    B_b T_b` tokens): the shapes then depend on those ladder sizes alone."""
+    shapes = tuple((ladder(p.shape[0]), ladder(p.shape[1])) for p in packed.positions)
+    tokens = max(sum(rows * steps for rows, steps in shapes), packed.unigram_ids.shape[0])
+    widths = ladder(packed.unigram_ids.shape[1]), ladder(packed.pair_ids.shape[1])
+    return pad_corpus(packed, tokens, *widths, shapes)
+
+
+def ladder_arrays(packed: PackedCorpus, num_features: int) -> CorpusArrays:
+    """The `CorpusArrays` of `ladder_corpus(packed)` over `num_features`
+    features, with room for every cell's every feature in its design: corpora
+    whose sizes fall on the same ladder rungs give arrays of the same shapes."""
+    padded = ladder_corpus(packed)
+    arrays = corpus_arrays(padded, num_features)
+    cells = sum(positions.size for positions in padded.positions)
+    return arrays._replace(design=pad_design(arrays.design, cells * padded.unigram_ids.shape[1]))
+
+
+def bucket_corpora(packed: PackedCorpus, num_features: int) -> list[CorpusArrays]:
+    """Each bucket of `packed` as `CorpusArrays` of its own, for decoding
+    bucket by bucket: `[B, T]` padded to a power of two rows and a `ladder` length,
+    the bucket's cells as its token stack (`[B T, F]`, -1 outside the
+    lengths) and room for `B T F` design entries, so its shapes depend only
+    on the ladder sizes of `B`, `T` and the feature widths `F`, `F2`: other
+    sentence sets of similar sizes re-use the compiled decoders."""
+    unigram_width, pair_width = ladder(packed.unigram_ids.shape[1]), ladder(packed.pair_ids.shape[1])
+    out = []
+    for b, positions in enumerate(packed.positions):
+        rows, steps = 1 << max(positions.shape[0] - 1, 0).bit_length(), ladder(positions.shape[1])
+        cells = pad_corpus(_single_bucket(packed, b), 0, unigram_width, pair_width, ((rows, steps),))
+        flat = cells.positions[0].reshape(-1)
+        inside = flat >= 0
+        take = lambda stack, fill: np.where(inside[:, None], stack[np.maximum(flat, 0)], fill)
+        values = (
+            None if cells.unigram_values is None else take(_rows_or_empty(packed.unigram_values, unigram_width), 0.0)
+        )
+        cells = cells._replace(
+            unigram_ids=take(_rows_or_empty(packed.unigram_ids, unigram_width), PADDING_ID).astype(np.int32),
+            pair_ids=take(_rows_or_empty(packed.pair_ids, pair_width), PADDING_ID).astype(np.int32),
+            unigram_values=values,
+            positions=(np.where(inside, np.arange(flat.size), PADDING_ID).reshape(rows, steps).astype(np.int32),),
+        )
+        arrays = corpus_arrays(cells, num_features)
+        out.append(arrays._replace(design=pad_design(arrays.design, rows * steps * unigram_width)))
+    return out
+
+
+def _single_bucket(packed: PackedCorpus, b: int) -> PackedCorpus:
+    """Bucket `b` of `packed` alone (the token stack emptied: `bucket_corpora` lays out its own)."""
+    pick = lambda arrays: None if arrays is None else (arrays[b],)
+    empty = lambda stack: None if stack is None else stack[:0]
+    return packed._replace(
+        unigram_ids=packed.unigram_ids[:0],
+        pair_ids=packed.pair_ids[:0],
+        unigram_values=empty(packed.unigram_values),
+        positions=(packed.positions[b],),
+        lengths=(packed.lengths[b],),
+        labels=pick(packed.labels),
+        members=(packed.members[b],),
+        starts=pick(packed.starts),
+    )
+
+
+def _rows_or_empty(stack: np.ndarray, width: int) -> np.ndarray:
+    """`stack [N, F]` widened to `[max(N, 1), width]` (-1 / 0 fill): gathers stay in range on an empty corpus."""
+    fill = 0.0 if np.issubdtype(stack.dtype, np.floating) else PADDING_ID
+    out = np.full((max(stack.shape[0], 1), width), fill, stack.dtype)
+    out[: stack.shape[0], : stack.shape[1]] = stack
+    return out
 
 
 def padded_buckets(packed: PackedCorpus) -> tuple:

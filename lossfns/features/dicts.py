@@ -169,9 +169,9 @@ class AttributeCorpus(NamedTuple):
         return unigram_ids, (None if np.all(values == 1.0) else ragged_rows(values, counts, 0.0))
 
     def pack(
-        self, index: FeatureIndex, labels: Sequence[Sequence[int]] | None = None, num_buckets: int = 6
+        self, index: FeatureIndex, labels: Sequence[Sequence[int]] | None = None, num_buckets: int | None = 6
     ) -> PackedCorpus:
-        """The corpus packed in length buckets (`features.pack_tokens`)."""
+        """The corpus packed in length buckets (`features.pack_tokens`; None: the decoding layout)."""
         unigram_ids, values = self.token_arrays(index)
         return pack_tokens(unigram_ids, self.sentence_lengths, labels, num_buckets, unigram_values=values)
 

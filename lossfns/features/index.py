@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..corpora import length_buckets
+from ..corpora import doubling_buckets, length_buckets
 from .extraction import TokenFeatures
 
 PADDING_ID = -1
@@ -329,10 +329,14 @@ def _check_stack(unigram_ids, sentence_lengths, pair_ids, unigram_values):
     return unigram_ids, sentence_lengths, offsets, pair_ids, unigram_values
 
 
-def pack(encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None, num_buckets: int = 6) -> PackedCorpus:
+def pack(
+    encoded: Sequence[tuple], labels: Sequence[Sequence[int]] | None = None, num_buckets: int | None = 6
+) -> PackedCorpus:
     """Pack encoded sentences (from `FeatureIndex.encode`, with or without
     values) and optional label ids into a `PackedCorpus` with at most
-    `num_buckets` length buckets."""
+    `num_buckets` length buckets (`corpora.length_buckets`), or with None one
+    bucket per power-of-two length (`corpora.doubling_buckets`: the decoding
+    layout, whose shapes other corpora share)."""
     sentence_lengths, stack = _token_stack(encoded)
     return pack_tokens(stack.unigram_ids[0], sentence_lengths, labels, num_buckets, **_stacked(stack))
 
@@ -341,7 +345,7 @@ def pack_tokens(
     unigram_ids,
     sentence_lengths: Sequence[int] | np.ndarray,
     labels: Sequence[Sequence[int]] | None = None,
-    num_buckets: int = 6,
+    num_buckets: int | None = 6,
     *,
     pair_ids=None,
     unigram_values=None,
@@ -355,7 +359,10 @@ def pack_tokens(
     if labels is not None:
         _check_label_lengths(labels, sentence_lengths)
     positions, lengths, label_arrays, members = [], [], [], []
-    for indices, padded_length in length_buckets(sentence_lengths, num_buckets):
+    buckets = (
+        doubling_buckets(sentence_lengths) if num_buckets is None else length_buckets(sentence_lengths, num_buckets)
+    )
+    for indices, padded_length in buckets:
         bucket_lengths = np.array([sentence_lengths[i] for i in indices], dtype=np.int32)
         steps = np.arange(padded_length)
         inside = steps < bucket_lengths[:, None]

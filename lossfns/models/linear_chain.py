@@ -203,6 +203,18 @@ class LinearChainModel(eqx.Module):
             raise ValueError(f"transition_mask must have shape [L, L] = {(L, L)}, got shape {mask.shape}")
         return dataclasses.replace(self, transitions=jnp.where(mask, self.transitions, 0.0), transition_mask=mask)
 
+    def with_num_features(self, count: int) -> LinearChainModel:
+        """The model over `count` unigram features (`emission [count, L]`): its
+        first `count` rows, or its rows then zero ones (masked off when it has a
+        mask): the rows a training run or a decoder pads on (`features.ladder`)."""
+        extra = max(count - self.emission.shape[0], 0)
+        # On the host: a device op would compile once per table size (every fit's vocabulary differs).
+        grow = lambda table, fill: jnp.asarray(
+            np.pad(np.asarray(table)[:count], ((0, extra), (0, 0)), constant_values=fill)
+        )
+        mask = None if self.emission_mask is None else grow(self.emission_mask, False)
+        return dataclasses.replace(self, emission=grow(self.emission, 0), emission_mask=mask)
+
     @staticmethod
     def zeros(
         num_features: int, num_labels: int, num_pair_features: int = 0, *, emission_mask=None, dtype=jnp.float32

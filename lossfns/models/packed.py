@@ -20,8 +20,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import semirings
-from ..features.corpus import CorpusArrays
+from .. import compilation_cache, semirings
+from ..features.corpus import CorpusArrays, bucket_corpora, ladder
+from ..features.index import PackedCorpus
 from ..lattices import chain
 from ..lattices.constraints import AllowedTransitions
 from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
@@ -122,6 +123,24 @@ def _constrained(model, arrays, moves: AllowedTransitions | None) -> tuple:
     if moves is None:
         return buckets
     return tuple(constrain(p, moves, lengths) for p, lengths in zip(buckets, arrays.lengths))
+
+
+def decode_by_bucket(decode: Callable, model: LinearChainModel, corpus: PackedCorpus, *arguments, moves=None) -> tuple:
+    """`decode(model, arrays, *arguments, moves)` (`viterbi`, `kbest`,
+    `marginals`) per bucket of `corpus` (packed with the model's feature ids),
+    each bucket's arrays on the shape ladder (`features.bucket_corpora`, the
+    model's feature rows padded likewise) and its program compiled once per
+    shape and kept (`compilation_cache.compiled`): other sentence sets, and
+    later processes, re-use the compiled decoders. Per bucket, `decode`'s result."""
+    num_features = ladder(model.emission.shape[0])
+    model = model.with_num_features(num_features)
+    out = []
+    for arrays in bucket_corpora(corpus, num_features):
+        inputs = (model, jax.tree_util.tree_map(jnp.asarray, arrays), moves)
+        program = lambda model, arrays, moves: decode(model, arrays, *arguments, moves)
+        executable, _ = compilation_cache.compiled((decode, arguments), inputs, program)
+        out.append(executable(*inputs)[0])
+    return tuple(out)
 
 
 @jax.jit

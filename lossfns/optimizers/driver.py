@@ -30,7 +30,6 @@ shapes (an experiment's feature sets and losses) compile once.
 
 from __future__ import annotations
 
-import collections
 import functools
 import hashlib
 import json
@@ -45,7 +44,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .. import checkpoint, parallel
+from .. import checkpoint, compilation_cache, parallel
 from ..validation import check_int
 from .minimize import (
     GradientSteps,
@@ -141,37 +140,19 @@ def _strong(tree):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, tree)
 
 
-def _signature(tree) -> str:
-    def leaf(x):
-        sharding = getattr(x, "sharding", None)
-        return (jnp.shape(x), str(jnp.result_type(x)), str(sharding) if sharding is not None else None)
-
-    return str(jax.tree_util.tree_structure(tree)) + str(jax.tree_util.tree_map(leaf, tree))
-
-
-_COMPILED: collections.OrderedDict = collections.OrderedDict()
-_COMPILED_KEEP = 16  # executables of recent runs; an experiment cycles through a handful of shapes
-
-
 def _compiled_chunk(make_step, stop, loop, data, mesh):
     """`advance(make_step, stop, loop, until, data)` compiled for these
-    shapes (and shardings): `(executable, seconds spent compiling)`."""
-    key = (make_step, stop, _signature((loop, data)))
-    if key in _COMPILED:
-        _COMPILED.move_to_end(key)
-        return _COMPILED[key], 0.0
-    start = time.perf_counter()
+    shapes (and shardings): `(executable, seconds spent compiling or loading it)`."""
+
     options: dict[str, Any] = {}
     if mesh is not None:
         copy = NamedSharding(mesh, PartitionSpec())
         split = NamedSharding(mesh, PartitionSpec(parallel.data_axis(mesh)))
         options = dict(in_shardings=(copy, copy, jax.tree_util.tree_map(lambda _: split, data)), out_shardings=copy)
-    chunk = jax.jit(functools.partial(advance, make_step, stop), **options)
-    executable = chunk.lower(loop, jnp.zeros((), jnp.int32), data).compile()
-    _COMPILED[key] = executable
-    while len(_COMPILED) > _COMPILED_KEEP:
-        _COMPILED.popitem(last=False)
-    return executable, time.perf_counter() - start
+    arguments = (loop, jnp.zeros((), jnp.int32), data)
+    return compilation_cache.compiled(
+        (make_step, stop, mesh), arguments, functools.partial(advance, make_step, stop), **options
+    )
 
 
 def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> tuple[LoopState, float]:
@@ -330,16 +311,34 @@ def train(
     """
     check_callable("objective", objective)
     check_optimizer(optimizer)
-    check_int("max_steps", max_steps)
     check_float_params(params)
     if regularizer is not None:
         check_callable("regularizer", regularizer)
     if mesh is not None:
         objective = parallel.sum_over_shards(objective, mesh)
-    loop = init_loop((params, optimizer.init(params)), max_steps, float_dtype(params))
-    stop = relative_change_below(1e-9) if stop is None else stop
-    run = drive(
-        GradientSteps(objective, optimizer, regularizer, penalty), loop, data, stop=stop, mesh=mesh, **drive_options
+    make_step = GradientSteps(objective, optimizer, regularizer, penalty)
+    return train_steps(
+        make_step, (params, optimizer.init(params)), data, max_steps=max_steps, stop=stop, mesh=mesh, **drive_options
     )
+
+
+def train_steps(
+    make_step: Callable,
+    inner: tuple,
+    data=None,
+    *,
+    max_steps: int,
+    stop: StopRule | None = None,
+    mesh=None,
+    **drive_options,
+) -> TrainResult:
+    """`drive` a gradient loop from `inner = (params, opt_state)`: `train`
+    with a `make_step` of the caller's (`data -> step_fn`, e.g. one that reads
+    hyper-parameters from `data`, so that runs differing only in them share a
+    compiled program). Arguments and result as `train`'s."""
+    check_int("max_steps", max_steps)
+    loop = init_loop(inner, max_steps, float_dtype(inner[0]))
+    stop = relative_change_below(1e-9) if stop is None else stop
+    run = drive(make_step, loop, data, stop=stop, mesh=mesh, **drive_options)
     result: MinimizeResult = minimize_result(run.loop)
     return TrainResult(*result, run.compile_seconds, run.run_seconds)

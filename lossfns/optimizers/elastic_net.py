@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .minimize import check_callable, check_int, check_optimizer, check_scalar
+from .minimize import check_callable, check_int, check_optimizer, check_scalar, gradient_step_fn
 from .owlqn import elastic_net_penalty, owlqn
 
 
@@ -105,3 +105,35 @@ class L2Regularizer(NamedTuple):
     def __call__(self, params) -> jax.Array:
         total = jnp.asarray(0.5 * self.l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(params)))
         return total if self.regularizer is None else total + self.regularizer(params)
+
+
+class ElasticNetSteps(NamedTuple):
+    """`drive`'s `make_step` for `f + l1 ||w||_1 + l2 / 2 ||w||^2 (+
+    regularizer)` with the penalty weights read from the data, `data =
+    (objective's data, penalties [2] or [shards, 2])`, so fits that differ
+    only in `l1` and `l2` (a grid search) share one compiled program: OWL-QN
+    when `owlqn` (chosen when `l1 > 0`), else `optax.lbfgs`, both with
+    `memory_size` pairs."""
+
+    objective: Callable
+    memory_size: int
+    owlqn: bool
+    regularizer: Callable | None = None
+
+    def optimizer(self, l1, l2) -> optax.GradientTransformation:
+        """The transformation for these penalty weights (traced or not)."""
+        return owlqn(l1, l2, memory_size=self.memory_size) if self.owlqn else lbfgs(self.memory_size)
+
+    def __call__(self, data):
+        inner, penalties = data
+        l1, l2 = jnp.reshape(penalties, (-1, 2))[0]  # one copy per shard on a mesh: all equal
+        objective = self.objective
+        # OWL-QN applies the whole elastic net itself; L-BFGS sees the L2 term as part of the objective.
+        smooth = self.regularizer if self.owlqn else L2Regularizer(l2, self.regularizer)
+
+        def fun(params):
+            value = objective(params, inner)
+            return value if smooth is None else value + smooth(params)
+
+        penalty = elastic_net_penalty(l1, l2) if self.owlqn else None
+        return gradient_step_fn(fun, self.optimizer(l1, l2), penalty)

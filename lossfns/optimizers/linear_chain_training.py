@@ -23,9 +23,9 @@ from ..features.index import PackedCorpus
 from ..models.linear_chain import LinearChainModel
 from ..models.packed import TrainingData, weights_objective
 from ..validation import check_float_dtype, check_int
-from .driver import TrainResult, train
-from .elastic_net import check_elastic_net, elastic_net_training
-from .minimize import check_callable
+from .driver import TrainResult, train, train_steps
+from .elastic_net import ElasticNetSteps, check_elastic_net, elastic_net_training
+from .minimize import check_callable, float_dtype
 
 
 def check_training(
@@ -160,26 +160,45 @@ def train_linear_chain(
         )
     else:
         _check_model(model, num_labels, num_features, num_pair_features)
+    if shards is None:
+        # The corpus and the feature rows padded to the shape ladder (rows no corpus feature reads
+        # stay 0): fits on corpora of similar sizes (cross-validation folds) share compiled programs.
+        model = model.with_num_features(features.ladder(num_features))
     structure = model.structure()
     if shards is None:
-        data = TrainingData(features.corpus_arrays(packed_corpus, num_features), structure)
+        data = TrainingData(features.ladder_arrays(packed_corpus, features.ladder(num_features)), structure)
     elif mesh is None:  # blocks one after another: one copy of the masks
         data = TrainingData(shards, structure)
     else:  # one copy of the masks per block
         count = jax.tree_util.tree_leaves(shards)[0].shape[0]
         copies = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)), structure)
         data = TrainingData(shards, copies)
-    training = elastic_net_training(l1, l2, optimizer, memory_size=memory_size, regularizer=regularizer)
     objective = weights_objective(model, loss, blockwise=shards is not None and mesh is None)
-    result = train(
-        objective if mesh is None else parallel.single_block(objective),
-        model.weights(),
-        data=data,
-        **training._asdict(),
-        max_steps=max_iterations,
-        stop=stop,
-        mesh=mesh,
-        **drive_options,
-    )
+    if mesh is not None:
+        objective = parallel.single_block(objective)
+    weights = model.weights()
+    if optimizer is None:  # the penalty weights are data: fits differing only in them share one program
+        check_elastic_net(l1, l2, optimizer, regularizer)
+        summed = objective if mesh is None else parallel.sum_over_shards(objective, mesh)
+        make_step = ElasticNetSteps(summed, memory_size, l1 > 0, regularizer)
+        penalties = np.asarray([l1, l2], float_dtype(weights))
+        if mesh is not None:
+            penalties = np.broadcast_to(penalties, (jax.tree_util.tree_leaves(shards)[0].shape[0], 2))
+        inner = (weights, make_step.optimizer(l1, l2).init(weights))
+        result = train_steps(
+            make_step, inner, (data, penalties), max_steps=max_iterations, stop=stop, mesh=mesh, **drive_options
+        )
+    else:
+        training = elastic_net_training(l1, l2, optimizer, memory_size=memory_size, regularizer=regularizer)
+        result = train(
+            objective,
+            weights,
+            data=data,
+            **training._asdict(),
+            max_steps=max_iterations,
+            stop=stop,
+            mesh=mesh,
+            **drive_options,
+        )
     weights = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)), result.params)  # off the mesh
-    return model.with_weights(weights, structure), result
+    return model.with_weights(weights, structure).with_num_features(num_features), result
