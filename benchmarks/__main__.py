@@ -8,6 +8,7 @@ and a markdown summary to `benchmarks/results/`.
     python -m benchmarks --only nn           # the nn.CRF layer vs pytorch-crf (masked, end transitions)
     python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
     python -m benchmarks --only sklearn --tag cpu-sklearn         # sklearn-crfsuite's tutorial, both estimators
+    python -m benchmarks --only everyday --tag cpu-2core          # fit, predict, search: fresh processes
 
 Peers (torch==2.13.0 with torch-struct 0.5 and pytorch-crf 0.7.2, python-crfsuite) are installed
 with pip into the running interpreter when missing (`--no-install` to skip
@@ -182,6 +183,10 @@ def markdown(report) -> str:
                 + " |"
             )
         lines += ["", "First calls (compilation included) are in the JSON (`first_call_s`).", ""]
+    if "everyday" in report:
+        from benchmarks import everyday_benchmark
+
+        lines += everyday_benchmark.markdown(report["everyday"])
     if "nn" in report:
         from benchmarks import nn_crf_benchmark
 
@@ -246,7 +251,9 @@ def write(report, stem):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--only", choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn"), action="append"
+        "--only",
+        choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn", "everyday"),
+        action="append",
     )
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=7)
@@ -329,6 +336,10 @@ def main(argv=None):
         from benchmarks import sklearn_benchmark
 
         report["sklearn"] = sklearn_benchmark.run(quick=args.quick)
+    if "everyday" in parts:
+        from benchmarks import everyday_benchmark
+
+        report["everyday"] = everyday_benchmark.run(quick=args.quick)
     write(report, stem)
     print(f"wrote {stem}.json and {stem}.md")
 

@@ -27,6 +27,7 @@ TRAIN_SENTENCES = 500
 SETTINGS = dict(algorithm="lbfgs", c1=0.1, c2=0.1, max_iterations=100, all_possible_transitions=True)
 SEARCH = dict(n_iter=4, cv=3, random_state=0)
 STEPS = ("fit", "predict", "search")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _data(part: str, count: int | None = None):
@@ -87,6 +88,7 @@ def _timed_process(step: str, peer: str, directory: str, environment: dict) -> t
         text=True,
         env=environment,
         check=False,
+        cwd=ROOT,  # the checkout whose lossfns and benchmarks are measured
     )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
