@@ -57,7 +57,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 from sklearn.base import BaseEstimator
 
-from . import losses, metrics, model_file
+from . import crfsuite_model, losses, metrics, model_file
+from .crfsuite_tagger import CrfsuiteTagger
 from .features import FeatureBatch, PackedCorpus, observed_label_pairs, observed_transitions
 from .features.corpus import in_corpus_order
 from .features.dicts import flatten_corpus
@@ -73,6 +74,7 @@ from .optimizers import (
     elastic_net_penalty,
     epoch_step_fn,
     init_loop,
+    initial_chain_model,
     perceptron_epoch_fn,
     perceptron_init,
     relative_improvement_below,
@@ -218,7 +220,9 @@ class CRF(BaseEstimator):
     `state_features_` {(attribute, label): weight} and
     `transition_features_` {(label_from, label_to): weight} (non-zero
     weights), `size_` (bytes of the model file), `training_log_`
-    (`TrainingLog`), `tagger_` (the `Tagger`).
+    (`TrainingLog`), `tagger_` (a `crfsuite_tagger.CrfsuiteTagger`: pycrfsuite's `Tagger`
+    interface; its `.tagger` is the lossfns `Tagger`), `attributes_`, `num_attributes_`;
+    all None before `fit`.
     """
 
     def __init__(
@@ -360,7 +364,17 @@ class CRF(BaseEstimator):
         if algorithm == "lbfgs":
             stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
             callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose else None
-            tagger.fit_packed(corpus.pack_rows(index, ids, width=ROW_WIDTH), labels, index, callback=callback)
+            rows = corpus.pack_rows(index, ids, width=ROW_WIDTH)
+            model = initial_chain_model(
+                rows,
+                len(labels),
+                index.num_unigram,
+                observed_pairs_only=tagger.observed_pairs_only,
+                observed_transitions_only=tagger.observed_transitions_only,
+                dtype=tagger.dtype,
+            )
+            # CRFsuite's model: no start weights (so that its model files hold the whole model).
+            tagger.fit_packed(rows, labels, index, callback=callback, model=model.with_start_mask(False))
         else:
             _fit_sentences(
                 tagger,
@@ -372,9 +386,9 @@ class CRF(BaseEstimator):
                 self._calibration(algorithm),
                 self._report if self.verbose else None,
             )
-        self.tagger_ = tagger
-        if self.model_filename is not None:
-            tagger.save(self.model_filename)
+        self._tagger = CrfsuiteTagger(tagger)
+        if self.model_filename is not None:  # CRFsuite's format, as sklearn-crfsuite writes it
+            crfsuite_model.write(self.model_filename, crfsuite_model.from_saved_model(tagger.saved()))
         dev = None if X_dev is None else self.score(X_dev, y_dev)
         self.training_log_ = TrainingLog(
             [{"num": i + 1, "loss": loss} for i, loss in enumerate(tagger.history)],
@@ -408,25 +422,48 @@ class CRF(BaseEstimator):
 
     # -- prediction ---------------------------------------------------------
 
-    def _fitted(self) -> Tagger:
-        """The trained tagger; unfitted, the model file `model_filename`
-        names (as sklearn-crfsuite opens it), else a ValueError."""
-        tagger = getattr(self, "tagger_", None)
+    @property
+    def tagger_(self) -> CrfsuiteTagger | None:
+        """The model as a `pycrfsuite.Tagger`-like `CrfsuiteTagger` (`.tagger`:
+        the lossfns `Tagger`); before `fit`, None, unless `model_filename` names
+        a model file (CRFsuite's or lossfns'), which it then opens, as sklearn-crfsuite does."""
+        tagger = self.__dict__.get("_tagger")
         if tagger is None and self.model_filename is not None and os.path.exists(self.model_filename):
-            tagger = self.tagger_ = Tagger.from_saved(model_file.load(self.model_filename), iob_constraints=False)
-        if tagger is None:
-            raise ValueError("this CRF is not fitted yet: call fit() first (or give model_filename, a model file)")
+            tagger = CrfsuiteTagger()
+            tagger.open(self.model_filename)
+            self._tagger = tagger
         return tagger
 
-    @property
-    def size_(self) -> int:
-        """Bytes of the model file (`model_file.to_bytes`)."""
-        return len(model_file.to_bytes(self._fitted().saved()))
+    def _fitted(self) -> Tagger:
+        """The trained lossfns tagger, else a ValueError."""
+        tagger = self.tagger_
+        if tagger is None or tagger.tagger is None:
+            raise ValueError("this CRF is not fitted yet: call fit() first (or give model_filename, a model file)")
+        return tagger.tagger
 
     @property
-    def classes_(self) -> list:
-        """The labels, in order of first appearance in the training `y`."""
-        return list(self._fitted().labels)
+    def size_(self) -> int | None:
+        """Bytes of the model in CRFsuite's format (`crfsuite_model`); None before `fit`."""
+        if self.tagger_ is None:
+            return None
+        return len(crfsuite_model.to_bytes(crfsuite_model.from_saved_model(self._fitted().saved())))
+
+    @property
+    def classes_(self) -> list | None:
+        """The labels, in order of first appearance in the training `y`; None before `fit`."""
+        return None if self.tagger_ is None else list(self._fitted().labels)
+
+    @property
+    def attributes_(self) -> list | None:
+        """The attributes the model knows (CRFsuite's attribute dictionary), by id; None before `fit`."""
+        tagger = self.tagger_
+        return None if tagger is None else list(tagger.info().attributes)
+
+    @property
+    def num_attributes_(self) -> int | None:
+        """`len(attributes_)`; None before `fit`."""
+        attributes = self.attributes_
+        return None if attributes is None else len(attributes)
 
     def _decode(self, X, decode):
         tagger = self._fitted()
@@ -463,26 +500,16 @@ class CRF(BaseEstimator):
     # -- the model's weights ------------------------------------------------
 
     @property
-    def state_features_(self) -> dict:
-        """`{(attribute, label): weight}` of the non-zero emission weights."""
-        tagger = self._fitted()
-        emission = np.asarray(tagger.model.emission)
-        unigram = tagger.index.unigram
-        assert unigram is not None  # string tables: sklearn's CRF does not hash
-        names = sorted(unigram, key=unigram.__getitem__)
-        rows, columns = np.nonzero(emission)
-        return {(names[i], tagger.labels[j]): float(emission[i, j]) for i, j in zip(rows.tolist(), columns.tolist())}
+    def state_features_(self) -> dict | None:
+        """`{(attribute, label): weight}` of the non-zero emission weights; None before `fit`."""
+        tagger = self.tagger_
+        return None if tagger is None else tagger.info().state_features
 
     @property
-    def transition_features_(self) -> dict:
-        """`{(label_from, label_to): weight}` of the non-zero transition weights."""
-        tagger = self._fitted()
-        transitions = np.asarray(tagger.model.transitions)
-        rows, columns = np.nonzero(transitions)
-        return {
-            (tagger.labels[i], tagger.labels[j]): float(transitions[i, j])
-            for i, j in zip(rows.tolist(), columns.tolist())
-        }
+    def transition_features_(self) -> dict | None:
+        """`{(label_from, label_to): weight}` of the non-zero transition weights; None before `fit`."""
+        tagger = self.tagger_
+        return None if tagger is None else tagger.info().transitions
 
     # -- pickling -----------------------------------------------------------
 
@@ -490,15 +517,15 @@ class CRF(BaseEstimator):
         # The model travels as its model file's bytes (jax arrays and the
         # Tagger's optimizer closures do not pickle).
         state = dict(super().__getstate__())  # a copy: the base may return __dict__ itself
-        if state.get("tagger_") is not None:
-            state["tagger_"] = model_file.to_bytes(state["tagger_"].saved())
+        if state.get("_tagger") is not None:
+            state["_tagger"] = model_file.to_bytes(state["_tagger"].tagger.saved())
         return state
 
     def __setstate__(self, state):
-        if isinstance(state.get("tagger_"), bytes):
-            state = dict(
-                state, tagger_=Tagger.from_saved(model_file.from_bytes(state["tagger_"]), iob_constraints=False)
-            )
+        if isinstance(state.get("_tagger"), bytes):
+            tagger = CrfsuiteTagger()
+            tagger.open_inmemory(state["_tagger"])
+            state = dict(state, _tagger=tagger)
         super().__setstate__(state)
 
 
@@ -620,7 +647,7 @@ def _initial_model(tagger: Tagger, sentences: SequenceData, num_features: int, n
         rows = np.where(labels >= 0, 0, -1)
         packed_labels = PackedCorpus(ids, ids[..., :0], (rows,), (lengths,), (labels,), ())
         model = model.with_transition_mask(observed_transitions(packed_labels, num_labels))
-    return model
+    return model.with_start_mask(False)  # CRFsuite's model has no start weights
 
 
 def _fit_sentences(

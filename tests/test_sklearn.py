@@ -21,15 +21,17 @@ slice within 0.02.
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 
 import numpy as np
+import pycrfsuite
 import pytest
 from conftest import corpus_or_fail
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV, cross_val_score
 
-from lossfns import corpora, metrics
+from lossfns import corpora, crfsuite_model, metrics
 from lossfns.sklearn import CRF
 
 from benchmarks.feature_dicts_benchmark import word2features
@@ -116,8 +118,28 @@ def test_clone_and_pickle_round_trip(data, fitted):
     assert copy.state_features_ == ours.state_features_
     assert copy.get_params() == ours.get_params()
     unfitted = clone(ours)
-    assert unfitted.get_params() == ours.get_params() and not hasattr(unfitted, "tagger_")
+    assert unfitted.get_params() == ours.get_params() and unfitted.tagger_ is None
     assert pickle.loads(pickle.dumps(unfitted)).get_params() == ours.get_params()
+
+
+def test_model_files_open_both_ways_with_crfsuite(data, fitted, tmp_path):
+    """CRFsuite's model files: a file sklearn-crfsuite wrote, opened by
+    `CRF(model_filename=...)`, labels every token as sklearn-crfsuite does,
+    marginals to 1e-5; the file lossfns writes opens in pycrfsuite and labels
+    as lossfns does."""
+    _, _, X_test, _ = data
+    ours, theirs = fitted
+    loaded = CRF(model_filename=theirs.modelfile.name)
+    assert loaded.predict(X_test) == [list(labels) for labels in theirs.predict(X_test)]
+    labels = theirs.classes_
+    marginals = lambda crf: np.array([[t[k] for k in labels] for s in crf.predict_marginals(X_test) for t in s])
+    np.testing.assert_allclose(marginals(loaded), marginals(theirs), atol=1e-5)
+    path = str(tmp_path / "ours.crfsuite")
+    crfsuite_model.write(path, crfsuite_model.from_saved_model(ours.tagger_.tagger.saved()))
+    tagger = pycrfsuite.Tagger()
+    tagger.open(path)
+    assert [tagger.tag(x) for x in X_test] == ours.predict(X_test)
+    assert ours.size_ == os.path.getsize(path)
 
 
 def test_model_selection_runs_and_verbose_prints_the_objective(data, capsys):

@@ -126,14 +126,15 @@ class ChainStructure(NamedTuple):
     """What `LinearChainModel.with_weights` needs besides the weights:
     emission_pairs: `(rows [P], columns [P])` int32 of the emission
     weights that exist, or None (all); emission_mask `[K, L]`, pair_mask
-    `[K2, L, L]` and transition_mask `[L, L]` bool, or None; pair_slots
-    `[K2, S]` int32 or None (`LinearChainModel.pair_slots`)."""
+    `[K2, L, L]`, transition_mask `[L, L]` and start_mask `[L]` bool, or
+    None; pair_slots `[K2, S]` int32 or None (`LinearChainModel.pair_slots`)."""
 
     emission_pairs: tuple | None
     emission_mask: jax.Array | None
     pair_mask: jax.Array | None
     transition_mask: jax.Array | None = None
     pair_slots: jax.Array | None = None
+    start_mask: jax.Array | None = None
 
 
 class LinearChainModel(eqx.Module):
@@ -151,7 +152,9 @@ class LinearChainModel(eqx.Module):
     pair_slots: `[K2, S]` int32 or None, each pair test's label pairs on its
     mask as flat indices `previous * L + next`, padded with -1, when no test
     has more than the sparse fraction of the `L^2` (the support per position
-    of the sparse form; derived from `pair_mask` by `with_pair_mask`).
+    of the sparse form; derived from `pair_mask` by `with_pair_mask`);
+    start_mask: `[L]` bool or None (True: the start weight exists; CRFsuite
+    has none).
     """
 
     emission: jax.Array
@@ -163,6 +166,7 @@ class LinearChainModel(eqx.Module):
     pair_support: tuple | None = eqx.field(default=None, static=True)
     transition_mask: jax.Array | None = None
     pair_slots: jax.Array | None = None
+    start_mask: jax.Array | None = None
 
     def with_pair_mask(self, pair_mask, *, max_sparse_fraction: float | None = None) -> LinearChainModel:
         """The model with the pair weights outside `pair_mask [K2, L, L]` fixed
@@ -202,6 +206,13 @@ class LinearChainModel(eqx.Module):
         if mask.shape != (L, L):
             raise ValueError(f"transition_mask must have shape [L, L] = {(L, L)}, got shape {mask.shape}")
         return dataclasses.replace(self, transitions=jnp.where(mask, self.transitions, 0.0), transition_mask=mask)
+
+    def with_start_mask(self, start_mask) -> LinearChainModel:
+        """The model with the start weights outside `start_mask [L]` (bool) fixed
+        at 0 (all False: CRFsuite's model, which has no start weights)."""
+        L = self.num_labels
+        mask = jnp.asarray(np.broadcast_to(np.asarray(start_mask, dtype=bool), (L,)))
+        return dataclasses.replace(self, start=jnp.where(mask, self.start, 0.0), start_mask=mask)
 
     def with_num_features(self, count: int) -> LinearChainModel:
         """The model over `count` unigram features (`emission [count, L]`): its
@@ -440,14 +451,16 @@ class LinearChainModel(eqx.Module):
         if self.pair_mask is not None:
             used = jnp.any(self.pair_mask, axis=0)
             transitions = used if transitions is None else transitions & used
-        return ChainWeights(self.emission_mask, transitions, None, self.pair_mask)  # pyright: ignore[reportArgumentType]
+        return ChainWeights(self.emission_mask, transitions, self.start_mask, self.pair_mask)  # pyright: ignore[reportArgumentType]
 
     def structure(self) -> ChainStructure:
         """The masks and the emission pairs of `weights()` (`ChainStructure`)."""
         pairs = None
         if self.emission_mask is not None:
             pairs = tuple(np.asarray(i, np.int32) for i in np.nonzero(np.asarray(self.emission_mask)))
-        return ChainStructure(pairs, self.emission_mask, self.pair_mask, self.transition_mask, self.pair_slots)
+        return ChainStructure(
+            pairs, self.emission_mask, self.pair_mask, self.transition_mask, self.pair_slots, self.start_mask
+        )
 
     def with_weights(self, weights: ChainWeights, structure: ChainStructure) -> LinearChainModel:
         """This model with `weights` (from `weights()`, or an optimizer) and
@@ -471,16 +484,18 @@ class LinearChainModel(eqx.Module):
         if structure.transition_mask is not None:
             # A transition that does not exist reads 0, so its gradient is 0.
             transitions = jnp.where(structure.transition_mask, transitions, 0.0)
+        start = weights.start if structure.start_mask is None else jnp.where(structure.start_mask, weights.start, 0.0)
         return LinearChainModel(
             emission,
             transitions,
-            weights.start,
+            start,
             weights.pair_emission,
             structure.emission_mask,
             structure.pair_mask,
             pair_support,
             structure.transition_mask,
             structure.pair_slots,
+            structure.start_mask,
         )
 
     def trainable(self):

@@ -307,6 +307,7 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
         pair_mask=None if model.pair_mask is None else pair_rows,
         transition_mask=None if model.transition_mask is None else every,
         pair_slots=None if model.pair_slots is None else pair_rows,
+        start_mask=None if model.start_mask is None else every,
     )
     return rows, batch._replace(unigram_ids=unigram_ids, pair_ids=pair_ids)
 
@@ -314,7 +315,7 @@ def chain_batch_rows(model: LinearChainModel, batch: FeatureBatch, max_rows: tup
 def _split_rows(rows: LinearChainModel) -> tuple:
     """`chain_batch_rows`' rows as `(rows of the weights, rows of the
     masks)`, shaped like `eqx.partition(model, eqx.is_inexact_array)`."""
-    masks = dict(emission_mask=None, pair_mask=None, transition_mask=None, pair_slots=None)
+    masks = dict(emission_mask=None, pair_mask=None, transition_mask=None, pair_slots=None, start_mask=None)
     weights = dict(emission=None, transitions=None, start=None, pair_emission=None)
     return dataclasses.replace(rows, **masks), dataclasses.replace(rows, **weights)
 
