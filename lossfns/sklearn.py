@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
-from collections.abc import Callable
-from typing import NamedTuple, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +58,6 @@ from sklearn.base import BaseEstimator
 
 from . import crfsuite_model, losses, metrics, model_file
 from .crfsuite_tagger import CrfsuiteTagger
-from .features import FeatureBatch, PackedCorpus, observed_label_pairs, observed_transitions
 from .features.corpus import in_corpus_order
 from .features.dicts import flatten_corpus
 from .features.index import ragged_rows
@@ -74,7 +72,6 @@ from .optimizers import (
     elastic_net_penalty,
     epoch_step_fn,
     init_loop,
-    initial_chain_model,
     perceptron_epoch_fn,
     perceptron_init,
     relative_improvement_below,
@@ -111,6 +108,24 @@ DEFAULTS = {
     },
     "ap": {"max_iterations": 100, "epsilon": 0.0},
 }
+#: Numeric settings `(name, lower bound, open bound)`, checked in these names before any work.
+_NUMBER_SETTINGS = (
+    ("c1", 0, False),
+    ("c2", 0, False),
+    ("delta", 0, False),
+    ("epsilon", 0, False),
+    ("calibration_eta", 0, True),
+    ("calibration_rate", 1, True),
+)
+#: Integer settings (>= 1), likewise.
+_INTEGER_SETTINGS = (
+    "max_iterations",
+    "num_memories",
+    "period",
+    "calibration_samples",
+    "calibration_candidates",
+    "calibration_max_trials",
+)
 #: CRFsuite's other training algorithms, refused by name.
 UNSUPPORTED_ALGORITHMS = ("pa", "arow")
 #: Every setting of CRFsuite's trainers; each algorithm takes those of `DEFAULTS` and refuses the others unless None.
@@ -158,6 +173,12 @@ class TrainingLog(NamedTuple):
     @property
     def last_iteration(self) -> dict:
         return self.iterations[-1] if self.iterations else {}
+
+
+def _listed(value):
+    """An iterator (a generator of sentences) as a list; anything else as it is."""
+    iterable = isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict))
+    return list(value) if iterable and not isinstance(value, Sequence) else value
 
 
 def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
@@ -310,12 +331,27 @@ class CRF(BaseEstimator):
         value = getattr(self, name)
         return DEFAULTS[self._algorithm()][name] if value is None else value
 
+    def _min_freq(self) -> float:
+        """`min_freq` (default 0), else a ValueError naming it."""
+        min_freq = 0 if self.min_freq is None else self.min_freq
+        check_scalar("min_freq", min_freq, 0)
+        return float(min_freq)
+
+    def _check_settings(self, algorithm: str) -> None:
+        """Each numeric setting of `algorithm` in the estimator's own names
+        (CRFsuite's), before the Tagger renames them (`c2` -> `l2`, ...)."""
+        for name, low, low_open in _NUMBER_SETTINGS:
+            if name in DEFAULTS[algorithm] and getattr(self, name) is not None:
+                check_scalar(name, getattr(self, name), low, low_open=low_open)
+        for name in _INTEGER_SETTINGS:
+            if name in DEFAULTS[algorithm] and getattr(self, name) is not None:
+                check_int(name, getattr(self, name))
+        self._min_freq()
+
     def _tagger(self) -> Tagger:
         """A Tagger with these settings, or a ValueError naming the bad one."""
         algorithm = self._algorithm()
-        min_freq = 0 if self.min_freq is None else self.min_freq
-        if isinstance(min_freq, bool) or not isinstance(min_freq, (int, float)) or not min_freq >= 0:
-            raise ValueError(f"min_freq must be a number >= 0, got {min_freq!r}")
+        self._check_settings(algorithm)
         if algorithm == "lbfgs":
             penalty = crfsuite_elastic_net(self._setting("c1"), self._setting("c2"))
             check_scalar("epsilon", self._setting("epsilon"), 0)
@@ -338,7 +374,7 @@ class CRF(BaseEstimator):
             "feature_dicts",
             **training,
             max_iterations=self._setting("max_iterations"),
-            min_count=max(1, math.ceil(min_freq)),
+            min_count=1,  # min_freq filters (attribute, label) features, as CRFsuite: `_crfsuite_model`
             observed_pairs_only=not self.all_possible_states,
             observed_transitions_only=not self.all_possible_transitions,
             progress=False,
@@ -350,10 +386,13 @@ class CRF(BaseEstimator):
         sequences); `X_dev`, `y_dev`: a held-out set, scored (token
         accuracy) into `training_log_.dev` after training."""
         tagger = self._tagger()
+        X, y, X_dev, y_dev = (_listed(value) for value in (X, y, X_dev, y_dev))  # generators are read once
         corpus = flatten_corpus(X)
         y = _label_sequences(y, corpus.sentence_lengths, "y")
         if (X_dev is None) != (y_dev is None):
             raise ValueError("X_dev and y_dev must be given together")
+        if X_dev is not None:  # checked before training, not after it
+            _label_sequences(y_dev, flatten_corpus(X_dev).sentence_lengths, "y_dev")
         if not y:
             raise ValueError("X must hold at least one sentence, got 0")
         labels = tuple(dict.fromkeys(itertools.chain.from_iterable(y)))
@@ -364,17 +403,10 @@ class CRF(BaseEstimator):
         if algorithm == "lbfgs":
             stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
             callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose else None
-            rows = corpus.pack_rows(index, ids, width=ROW_WIDTH)
-            model = initial_chain_model(
-                rows,
-                len(labels),
-                index.num_unigram,
-                observed_pairs_only=tagger.observed_pairs_only,
-                observed_transitions_only=tagger.observed_transitions_only,
-                dtype=tagger.dtype,
+            model = _crfsuite_model(tagger, corpus, index, ids, len(labels), self._min_freq())
+            tagger.fit_packed(
+                corpus.pack_rows(index, ids, width=ROW_WIDTH), labels, index, callback=callback, model=model
             )
-            # CRFsuite's model: no start weights (so that its model files hold the whole model).
-            tagger.fit_packed(rows, labels, index, callback=callback, model=model.with_start_mask(False))
         else:
             _fit_sentences(
                 tagger,
@@ -385,7 +417,9 @@ class CRF(BaseEstimator):
                 ids,
                 self._calibration(algorithm),
                 self._report if self.verbose else None,
+                _crfsuite_model(tagger, corpus, index, ids, len(labels), self._min_freq()),
             )
+        _check_trained(tagger, corpus, algorithm)
         self._tagger = CrfsuiteTagger(tagger)
         if self.model_filename is not None:  # CRFsuite's format, as sklearn-crfsuite writes it
             crfsuite_model.write(self.model_filename, crfsuite_model.from_saved_model(tagger.saved()))
@@ -636,28 +670,61 @@ def _sentence_data(corpus, index, ids: list) -> SequenceData:
     return SequenceData(inputs, jnp.asarray(labels), jnp.asarray(lengths.astype(np.int32)))
 
 
-def _initial_model(tagger: Tagger, sentences: SequenceData, num_features: int, num_labels: int) -> LinearChainModel:
-    """A zero model with the tagger's masks (CRFsuite's features seen in training)."""
-    inputs = cast(tuple, sentences.inputs)  # (ids, values), as `_sentence_data` builds it
-    ids, lengths, labels = (np.asarray(x) for x in (inputs[0], sentences.lengths, sentences.labels))
-    batch = FeatureBatch(ids, np.zeros(ids.shape[:2] + (0,), np.int32), lengths, labels)
-    mask = observed_label_pairs([batch], num_features, num_labels) if tagger.observed_pairs_only else None
+def _crfsuite_model(tagger: Tagger, corpus, index, ids: list, num_labels: int, min_freq: float) -> LinearChainModel:
+    """The zero model CRFsuite trains: weights on the (attribute, label) pairs
+    whose summed attribute value over the training tokens of that label is at
+    least `min_freq` (CRFsuite's feature frequency; every pair when
+    `all_possible_states`), on the label transitions seen (unless
+    `all_possible_transitions`), and no start weights (CRFsuite has none)."""
+    num_features = index.num_unigram
+    mask = None
+    if tagger.observed_pairs_only:
+        token_ids, values = corpus.token_arrays(index)
+        labels = np.repeat(np.fromiter(itertools.chain.from_iterable(ids), np.int64), token_ids.shape[1])
+        present = token_ids.reshape(-1) >= 0
+        cells = token_ids.reshape(-1)[present].astype(np.int64) * num_labels + labels[present]
+        weights = None if values is None else values.reshape(-1)[present]
+        frequency = np.bincount(cells, weights, minlength=num_features * num_labels)
+        seen = np.bincount(cells, minlength=num_features * num_labels) > 0
+        mask = (seen & (frequency >= min_freq)).reshape(num_features, num_labels)
     model = LinearChainModel.zeros(num_features, num_labels, emission_mask=mask, dtype=tagger.dtype)
     if tagger.observed_transitions_only:
-        rows = np.where(labels >= 0, 0, -1)
-        packed_labels = PackedCorpus(ids, ids[..., :0], (rows,), (lengths,), (labels,), ())
-        model = model.with_transition_mask(observed_transitions(packed_labels, num_labels))
-    return model.with_start_mask(False)  # CRFsuite's model has no start weights
+        moves = np.zeros((num_labels, num_labels), bool)
+        for sequence in ids:
+            moves[sequence[:-1], sequence[1:]] = True
+        model = model.with_transition_mask(moves)
+    return model.with_start_mask(False)
+
+
+def _check_trained(tagger: Tagger, corpus, algorithm: str) -> None:
+    """A ValueError (not a model returned as fitted) when training stopped on
+    a non-finite objective or a failed line search, or did not move from its
+    zero start with feature values of a range that float32 cannot resolve;
+    it names the largest feature value, the likely cause."""
+    failed = tagger.status in (Status.NON_FINITE_OBJECTIVE, Status.LINE_SEARCH_FAILED)
+    largest = int(np.argmax(np.abs(corpus.values))) if corpus.values.size else None
+    value = 0.0 if largest is None else float(corpus.values[largest])
+    model = tagger.model
+    assert model is not None  # trained
+    stuck = algorithm != "ap" and model.num_nonzero() == 0 and abs(value) > 1e6
+    if not (failed or stuck) or largest is None:
+        return
+    name = corpus.names[int(corpus.attributes[largest])]
+    reason = f"stopped with status {tagger.status.name}" if failed else "did not move from its zero start"
+    raise ValueError(
+        f"training {reason} after {len(tagger.history)} iterations: the model is untrained. The likely cause "
+        f"is a feature value out of float32's reach: attribute {name!r} has value {value:g}, the largest; "
+        "scale such values (or drop the attribute) and fit again"
+    )
 
 
 def _fit_sentences(
-    tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict, callback
+    tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict, callback, model
 ) -> None:
     """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"l2sgd"`)
     on the library's loops (`optimizers.perceptron_epoch_fn`,
     `optimizers.epoch_step_fn` with `optimizers.sgd_l1`, run by `optimizers.drive`)."""
     sentences = _sentence_data(corpus, index, ids)
-    model = _initial_model(tagger, sentences, index.num_unigram, len(labels))
     data, weights = (sentences, model.structure()), model.weights()
     total = len(ids)
     if algorithm == "ap":

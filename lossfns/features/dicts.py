@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -49,6 +49,7 @@ from .extraction import TokenFeatures
 from .index import FeatureIndex, PackedCorpus, _stable_hash, _vocabulary, pack_token_rows, pack_tokens, ragged_rows
 
 _SEQUENCES = (list, tuple, set, frozenset)
+_NUMBERS = (bool, np.bool_, numbers.Real)  # numpy's bool is no `numbers.Real`; python-crfsuite takes it
 
 
 def _text(value, where: str, what: str) -> str:
@@ -63,7 +64,10 @@ def _text(value, where: str, what: str) -> str:
 
 
 def _number(value, where: str) -> float:
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range (10**400)
+        number = math.inf
     if not math.isfinite(number):
         raise ValueError(f"{where} = {value!r}: feature values must be finite")
     return number
@@ -84,7 +88,7 @@ def flatten(item, where: str = "item") -> list[tuple[str, float]]:
             place = f"{where}[{key!r}]"
             if isinstance(value, (str, bytes)):
                 out.append((f"{name}:{_text(value, place, 'a value')}", 1.0))
-            elif isinstance(value, (bool, numbers.Real)):
+            elif isinstance(value, _NUMBERS):
                 out.append((name, _number(value, place)))
             elif isinstance(value, (dict,) + _SEQUENCES):
                 out.extend((f"{name}:{inner}", weight) for inner, weight in flatten(value, place))
@@ -115,9 +119,11 @@ def item_features(items: Sequence) -> TokenFeatures:
 
 
 def _sequence(value, name: str):
-    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Sequence):
+    """`value` as a sequence (a generator read into a list, as sklearn-crfsuite
+    iterates), else a TypeError naming it."""
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
         raise TypeError(f"{name} must be a list of token feature dicts, got {type(value).__name__} {value!r:.40}")
-    return value
+    return value if isinstance(value, Sequence) else list(value)
 
 
 class AttributeCorpus(NamedTuple):
@@ -239,9 +245,12 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpu
                 distinct_values[v] = _text(
                     value, _where(int(np.flatnonzero(value_ids == v)[0]), offsets, sentence_offsets), "a value"
                 )
-        elif isinstance(value, (bool, numbers.Real)):
-            occurrence = int(np.flatnonzero(value_ids == v)[0]) if not math.isfinite(float(value)) else 0
-            weight[v] = _number(value, f"{_where(occurrence, offsets, sentence_offsets)}[{keys[occurrence]!r}]")
+        elif isinstance(value, _NUMBERS):
+            try:
+                weight[v] = _number(value, "")
+            except ValueError:  # not finite: find its first place (only then: a scan of every occurrence)
+                occurrence = int(np.flatnonzero(value_ids == v)[0])
+                _number(value, f"{_where(occurrence, offsets, sentence_offsets)}[{keys[occurrence]!r}]")
         else:
             return None
     # An attribute is (key, string value) or (key) for a number: one integer code each.
