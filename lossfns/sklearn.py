@@ -182,12 +182,14 @@ def _listed(value):
 
 
 def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
-    """`y` as lists of strings, one per token of `lengths`, else a clear error."""
+    """`y` as lists of strings, one per token of `lengths` (of `X`, or of
+    `X_dev` for `y_dev`), else a clear error."""
+    x_name = "X_dev" if name == "y_dev" else "X"
     if isinstance(y, (str, bytes)) or not hasattr(y, "__len__"):
         raise TypeError(f"{name} must be a list of label sequences, got {type(y).__name__}")
     if len(y) != len(lengths):
         raise ValueError(
-            f"{name} must hold one label sequence per sentence of X: {len(lengths)} sentences, "
+            f"{name} must hold one label sequence per sentence of {x_name}: {len(lengths)} sentences, "
             f"got {len(y)} label sequences"
         )
     out = []
@@ -196,7 +198,7 @@ def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
             raise TypeError(f"{name}[{s}] must be a sequence of label strings, got {type(labels).__name__}")
         if len(labels) != length:
             raise ValueError(
-                f"{name}[{s}] must have one label per token: X[{s}] has {length} tokens, "
+                f"{name}[{s}] must have one label per token: {x_name}[{s}] has {length} tokens, "
                 f"{name}[{s}] has {len(labels)} labels"
             )
         if not all(isinstance(label, str) for label in labels):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import re
 
 import numpy as np
 import pycrfsuite
@@ -225,3 +226,66 @@ def test_per_sentence_algorithms_match_sklearn_crfsuite(data, settings):
     print(settings["algorithm"], f1, peer_f1, ours.training_log_.iterations, theirs.training_log_.iterations)
     assert abs(f1 - peer_f1) < 0.05, (f1, peer_f1)
     assert len(ours.training_log_.iterations) == 5 and ours.training_log_.dev is None
+
+
+def _toy(count: int = 30):
+    rng = np.random.default_rng(0)
+    X, y = [], []
+    for _ in range(count):
+        words = rng.integers(0, 12, size=rng.integers(3, 9))
+        X.append([{"word": f"w{w}", "bias": 1.0} for w in words])
+        y.append(["A" if w % 2 else "B" for w in words])
+    return X, y
+
+
+@pytest.mark.parametrize(
+    "settings, error, message",
+    [
+        (dict(c1="0.1"), TypeError, "c1 must be a number >= 0, got str '0.1'"),
+        (dict(c2=-1), ValueError, "c2 must be a number >= 0, got -1"),
+        (dict(delta=-1.0), ValueError, "delta must be a number >= 0"),
+        (dict(num_memories=0), ValueError, "num_memories must be an int >= 1"),
+        (dict(period=1.5), TypeError, "period must be an int"),
+        (dict(min_freq=-2), ValueError, "min_freq must be a number >= 0"),
+    ],
+)
+def test_settings_are_refused_in_the_estimators_own_names(settings, error, message):
+    """Issue 47: not `l2`, `tol` or `memory_size` (the Tagger's names), nor a bare comparison TypeError."""
+    X, y = _toy()
+    with pytest.raises(error, match=re.escape(message)):
+        CRF(**settings).fit(X, y)
+
+
+def test_bad_data_is_refused_before_training_or_read_as_python_crfsuite_reads_it():
+    X, y = _toy()
+    with pytest.raises(
+        ValueError, match="y_dev must hold one label sequence per sentence of X_dev: 3 sentences, got 2"
+    ):
+        CRF(max_iterations=3).fit(X, y, X[:3], y[:2])
+    with pytest.raises(ValueError, match=r"X\[0\]\[0\]\['big'\] = 1000000.*feature values must be finite"):
+        CRF(max_iterations=3).fit([[dict(t, big=10**400) for t in s] for s in X], y)
+    flags = [[{"flag": np.bool_(label == "A"), **t} for t, label in zip(s, labels)] for s, labels in zip(X, y)]
+    assert CRF(max_iterations=30).fit(flags, y).score(flags, y) == 1.0  # numpy's bools read as python's
+    generated = CRF(max_iterations=5).fit((x for x in X), (labels for labels in y))
+    assert generated.training_log_.iterations == CRF(max_iterations=5).fit(X, y).training_log_.iterations
+    assert CRF(min_freq=1e9, max_iterations=3).fit(X, y).state_features_ == {}  # every feature below min_freq
+
+
+def test_an_untrained_model_is_an_error_naming_the_feature():
+    """Issue 47: values beyond float32's reach gave a model at chance with a
+    warning; now the fit raises and names the attribute."""
+    X, y = _toy()
+    with pytest.raises(ValueError, match=r"status NON_FINITE_OBJECTIVE.*attribute 'big' has value 1e\+300"):
+        CRF(max_iterations=5).fit([[dict(t, big=1e300) for t in s] for s in X], y)
+
+
+def test_min_freq_counts_summed_feature_values_as_crfsuite_does():
+    """CRFsuite keeps an (attribute, label) feature when the attribute's values
+    summed over the tokens of that label reach `min_freq` (a negative sum is
+    below 0): the same state features as sklearn-crfsuite."""
+    X, y = _toy(40)
+    X = [[dict(t, half=0.5, negative=-1.0) for t in s] for s in X]
+    for min_freq in (0, 2, 7.5):
+        ours = CRF(min_freq=min_freq, c1=0.0, c2=0.01, max_iterations=50).fit(X, y)
+        theirs = sklearn_crfsuite.CRF(min_freq=min_freq, c1=0.0, c2=0.01, max_iterations=50).fit(X, y)
+        assert set(ours.state_features_) == set(theirs.state_features_), min_freq
