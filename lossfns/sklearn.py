@@ -668,8 +668,8 @@ def _sentence_data(corpus, index, ids: list) -> SequenceData:
     sentence_ids = np.where(real, unigram_ids[positions], -1).astype(np.int32)
     sentence_values = None if values is None else np.where(real, values[positions], 0.0)
     labels = ragged_rows(np.fromiter(itertools.chain.from_iterable(ids), np.int32), lengths, np.int32(-1))
-    inputs = (jnp.asarray(sentence_ids), None if sentence_values is None else jnp.asarray(sentence_values))
-    return SequenceData(inputs, jnp.asarray(labels), jnp.asarray(lengths.astype(np.int32)))
+    inputs = (sentence_ids, sentence_values)
+    return jax.device_put(SequenceData(inputs, labels, lengths.astype(np.int32)))  # no per-shape copy program
 
 
 def _crfsuite_model(tagger: Tagger, corpus, index, ids: list, num_labels: int, min_freq: float) -> LinearChainModel:

@@ -45,6 +45,7 @@ weights.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -274,26 +275,57 @@ def _column(tokens: Sequence[Sequence[str]], index: int, column: int, template: 
     return row[column]
 
 
-def _expand(template: Template, tokens: Sequence[Sequence[str]], position: int) -> str:
-    pieces = []
-    for part in template.parts:
-        if isinstance(part, str):
-            pieces.append(part)
-            continue
-        value = _cell(tokens, position, part, template)
-        kind = part.kind.lower()
+def _transformed(part: Macro, values: list[str]) -> list[str]:
+    """`%t` (does the regex match: "true"/"false"), `%m` (its first match) and
+    the upper-case commands' lower-casing, applied once per distinct value."""
+    kind = part.kind.lower()
+    if kind == "x" and not part.kind.isupper():
+        return values
+    cache = dict.fromkeys(values, "")
+    for value in cache:
         if kind == "t":
-            value = "true" if part.pattern.search(value) else "false"
+            out = "true" if part.pattern.search(value) else "false"  # pyright: ignore[reportOptionalMemberAccess]
         elif kind == "m":
-            found = part.pattern.search(value)
-            value = found.group(0) if found else ""
+            found = part.pattern.search(value)  # pyright: ignore[reportOptionalMemberAccess]
+            out = found.group(0) if found else ""
+        else:
+            out = value
         # Wapiti's upper-case commands lower-case what they produce.
-        pieces.append(value.lower() if part.kind.isupper() else value)
-    return "".join(pieces)
+        cache[value] = out.lower() if part.kind.isupper() else out
+    return list(map(cache.__getitem__, values))
+
+
+def _macro_values(part: Macro, template: Template, tokens: Sequence[Sequence[str]], columns: dict) -> list[str]:
+    """The cell `part` reads at every position of the sentence; `columns`
+    caches each column's values (None when a token is too short for it)."""
+    length, row = len(tokens), part.row
+    if part.column not in columns:
+        column = part.column
+        columns[column] = [token[column] for token in tokens] if all(len(t) > column for t in tokens) else None
+    cells = columns[part.column]
+    if part.mode or cells is None:  # absolute rows, offsets read from a column, short tokens: per position
+        return [_cell(tokens, position, part, template) for position in range(length)]
+    if row >= 0:  # then the boundary markers _B+1, _B+2, ... past the end
+        return cells[row:] + [f"_B+{index - length + 1}" for index in range(max(length, row), length + row)]
+    return [f"_B{index}" for index in range(row, min(0, length + row))] + cells[: max(length + row, 0)]
+
+
+def _expand_all(template: Template, tokens: Sequence[Sequence[str]], columns: dict) -> list[str]:
+    """`template`'s observation string at every position of the sentence, one
+    template at a time (a cell's transform runs once per distinct value)."""
+    pieces = [
+        itertools.repeat(part, len(tokens))
+        if isinstance(part, str)
+        else _transformed(part, _macro_values(part, template, tokens, columns))
+        for part in template.parts
+    ]
+    return list(map("".join, zip(*pieces)))
 
 
 def apply_templates(templates: Templates, tokens: Sequence[Sequence[str]]) -> TokenFeatures:
     """Observation strings per token: `TokenFeatures(unigram [T][...], pair [T][...])`."""
-    unigram = [[_expand(t, tokens, i) for t in templates.unigram] for i in range(len(tokens))]
-    pair = [[_expand(t, tokens, i) for t in templates.pair] for i in range(len(tokens))]
-    return TokenFeatures(unigram, pair)
+    columns: dict = {}
+    unigram = [_expand_all(t, tokens, columns) for t in templates.unigram]
+    pair = [_expand_all(t, tokens, columns) for t in templates.pair]
+    by_token = lambda strings: [list(token) for token in zip(*strings)] if strings else [[] for _ in tokens]
+    return TokenFeatures(by_token(unigram), by_token(pair))

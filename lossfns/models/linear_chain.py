@@ -202,7 +202,7 @@ class LinearChainModel(eqx.Module):
         [L, L]` (bool) fixed at 0 (CRFsuite without `possible_transitions`
         creates transition features only for the label pairs seen in training)."""
         L = self.num_labels
-        mask = jnp.asarray(np.asarray(transition_mask, dtype=bool))
+        mask = jax.device_put(np.asarray(transition_mask, dtype=bool))
         if mask.shape != (L, L):
             raise ValueError(f"transition_mask must have shape [L, L] = {(L, L)}, got shape {mask.shape}")
         return dataclasses.replace(self, transitions=jnp.where(mask, self.transitions, 0.0), transition_mask=mask)
@@ -211,7 +211,7 @@ class LinearChainModel(eqx.Module):
         """The model with the start weights outside `start_mask [L]` (bool) fixed
         at 0 (all False: CRFsuite's model, which has no start weights)."""
         L = self.num_labels
-        mask = jnp.asarray(np.broadcast_to(np.asarray(start_mask, dtype=bool), (L,)))
+        mask = jax.device_put(np.broadcast_to(np.asarray(start_mask, dtype=bool), (L,)))
         return dataclasses.replace(self, start=jnp.where(mask, self.start, 0.0), start_mask=mask)
 
     def with_num_features(self, count: int) -> LinearChainModel:
@@ -219,8 +219,9 @@ class LinearChainModel(eqx.Module):
         first `count` rows, or its rows then zero ones (masked off when it has a
         mask): the rows a training run or a decoder pads on (`features.ladder`)."""
         extra = max(count - self.emission.shape[0], 0)
-        # On the host: a device op would compile once per table size (every fit's vocabulary differs).
-        grow = lambda table, fill: jnp.asarray(
+        # On the host, then `device_put`: a device op (`jnp.pad`, even `jnp.asarray`) would compile
+        # a program per table size, and every fit's vocabulary differs.
+        grow = lambda table, fill: jax.device_put(
             np.pad(np.asarray(table)[:count], ((0, extra), (0, 0)), constant_values=fill)
         )
         mask = None if self.emission_mask is None else grow(self.emission_mask, False)

@@ -136,7 +136,7 @@ def decode_by_bucket(decode: Callable, model: LinearChainModel, corpus: PackedCo
     model = model.with_num_features(num_features)
     out = []
     for arrays in bucket_corpora(corpus, num_features):
-        inputs = (model, jax.tree_util.tree_map(jnp.asarray, arrays), moves)
+        inputs = (model, jax.device_put(arrays), moves)  # device_put: jnp.asarray compiles a copy per shape
         program = lambda model, arrays, moves: decode(model, arrays, *arguments, moves)
         executable, _ = compilation_cache.compiled((decode, arguments), inputs, program)
         out.append(executable(*inputs)[0])

@@ -200,5 +200,5 @@ def train_linear_chain(
             mesh=mesh,
             **drive_options,
         )
-    weights = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)), result.params)  # off the mesh
+    weights = jax.device_put(jax.tree_util.tree_map(np.asarray, result.params))  # off the mesh
     return model.with_weights(weights, structure).with_num_features(num_features), result
