@@ -63,8 +63,12 @@ from .features.dicts import flatten_corpus
 from .features.index import ragged_rows
 from .models import LinearChainModel, packed
 from .optimizers import (
+    MeanLossBelow,
     SequenceData,
     Status,
+    arow_epoch_fn,
+    arow_init,
+    arow_params,
     averaged_params,
     calibrate_learning_rate,
     crfsuite_elastic_net,
@@ -72,6 +76,9 @@ from .optimizers import (
     elastic_net_penalty,
     epoch_step_fn,
     init_loop,
+    pa_epoch_fn,
+    pa_init,
+    pa_params,
     perceptron_epoch_fn,
     perceptron_init,
     relative_improvement_below,
@@ -107,6 +114,8 @@ DEFAULTS = {
         "calibration_max_trials": 20,
     },
     "ap": {"max_iterations": 100, "epsilon": 0.0},
+    "pa": {"pa_type": 1, "c": 1.0, "error_sensitive": True, "averaging": True, "max_iterations": 100, "epsilon": 0.0},
+    "arow": {"variance": 1.0, "gamma": 1.0, "max_iterations": 100, "epsilon": 0.0},
 }
 #: Numeric settings `(name, lower bound, open bound)`, checked in these names before any work.
 _NUMBER_SETTINGS = (
@@ -116,6 +125,9 @@ _NUMBER_SETTINGS = (
     ("epsilon", 0, False),
     ("calibration_eta", 0, True),
     ("calibration_rate", 1, True),
+    ("c", 0, True),
+    ("variance", 0, True),
+    ("gamma", 0, True),
 )
 #: Integer settings (>= 1), likewise.
 _INTEGER_SETTINGS = (
@@ -126,8 +138,6 @@ _INTEGER_SETTINGS = (
     "calibration_candidates",
     "calibration_max_trials",
 )
-#: CRFsuite's other training algorithms, refused by name.
-UNSUPPORTED_ALGORITHMS = ("pa", "arow")
 #: Every setting of CRFsuite's trainers; each algorithm takes those of `DEFAULTS` and refuses the others unless None.
 TRAINER_SETTINGS = (
     "c1",
@@ -210,8 +220,7 @@ def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
 class CRF(BaseEstimator):
     """sklearn-crfsuite's `CRF` (same constructor, methods and attributes).
 
-    algorithm: "lbfgs" (None: the same), "l2sgd" or "ap"; CRFsuite's "pa"
-      and "arow" are refused.
+    algorithm: "lbfgs" (None: the same), "l2sgd", "ap", "pa" or "arow".
     c1, c2: L1 and L2 weights as CRFsuite defines them (objective
       `-sum log p + c1 ||w||_1 + c2 ||w||^2`); defaults 0 and 1 (l2sgd: c2 only).
     max_iterations: default 1000 (ap: 100); iterations, or epochs for
@@ -313,13 +322,8 @@ class CRF(BaseEstimator):
     def _algorithm(self) -> str:
         """The training algorithm, or a ValueError naming a refused one or a setting it does not take."""
         algorithm = "lbfgs" if self.algorithm is None else self.algorithm
-        if algorithm in UNSUPPORTED_ALGORITHMS:
-            raise ValueError(
-                f"algorithm={algorithm!r} is not supported by lossfns.sklearn.CRF; use 'lbfgs' "
-                "(OWL-QN when c1 > 0), 'l2sgd' or 'ap'"
-            )
         if algorithm not in DEFAULTS:
-            raise ValueError(f"algorithm must be 'lbfgs' (or None), 'l2sgd' or 'ap', got {algorithm!r}")
+            raise ValueError(f"algorithm must be 'lbfgs' (or None), 'l2sgd', 'ap', 'pa' or 'arow', got {algorithm!r}")
         taken = set(DEFAULTS[algorithm]) | (set(LBFGS_ACCEPTED) if algorithm == "lbfgs" else set())
         for name in TRAINER_SETTINGS:
             if name not in taken and getattr(self, name) is not None:
@@ -435,9 +439,10 @@ class CRF(BaseEstimator):
         return self
 
     def _calibration(self, algorithm: str) -> dict:
-        """The l2sgd learning-rate calibration settings, the ap stop rule's `epsilon`."""
-        if algorithm == "ap":
-            return {"epsilon": float(self._setting("epsilon"))}
+        """The l2sgd learning-rate calibration settings; the other per-sentence
+        algorithms' settings (`epsilon`, pa's and arow's own)."""
+        if algorithm in ("ap", "pa", "arow"):
+            return {name: self._setting(name) for name in DEFAULTS[algorithm]}
         names = (
             "calibration_eta",
             "calibration_rate",
@@ -635,6 +640,36 @@ class PerceptronEpochs(NamedTuple):
         return perceptron_epoch_fn(potentials, sentences)
 
 
+_MARGIN = ("pa_type", "c", "error_sensitive", "gamma")  # pa's and arow's settings of their epoch
+
+
+class OnlineMarginEpochs(NamedTuple):
+    """`drive`'s `make_step` for CRFsuite's passive-aggressive (`algorithm`
+    "pa": `pa_type`, `c`, `error_sensitive`) and AROW ("arow": `gamma`): one
+    shuffled epoch over `data = (SequenceData, ChainStructure)`
+    (`optimizers.pa_epoch_fn`, `optimizers.arow_epoch_fn`)."""
+
+    algorithm: str
+    pair_support: tuple | None = None
+    pa_type: int = 1
+    c: float = 1.0
+    error_sensitive: bool = True
+    gamma: float = 1.0
+
+    def __call__(self, data):
+        sentences, structure = data
+
+        def potentials(params, inputs):
+            ids, values = inputs
+            return LinearChainModel.from_weights(params, structure, self.pair_support)(ids, None, values)
+
+        if self.algorithm == "pa":
+            return pa_epoch_fn(
+                potentials, sentences, pa_type=self.pa_type, c=self.c, error_sensitive=bool(self.error_sensitive)
+            )
+        return arow_epoch_fn(potentials, sentences, gamma=self.gamma)
+
+
 class SgdEpochs(NamedTuple):
     """`drive`'s `make_step` for CRFsuite's l2sgd: one shuffled epoch of
     single-sentence `optimizer` steps over `data = (SequenceData,
@@ -723,15 +758,27 @@ def _check_trained(tagger: Tagger, corpus, algorithm: str) -> None:
 def _fit_sentences(
     tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict, callback, model
 ) -> None:
-    """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"l2sgd"`)
-    on the library's loops (`optimizers.perceptron_epoch_fn`,
-    `optimizers.epoch_step_fn` with `optimizers.sgd_l1`, run by `optimizers.drive`)."""
+    """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"pa"`,
+    `"arow"`, `"l2sgd"`) on the library's loops (`optimizers.perceptron_epoch_fn`,
+    `pa_epoch_fn`, `arow_epoch_fn`, `epoch_step_fn` with `sgd_l1`), run by `optimizers.drive`."""
     sentences = _sentence_data(corpus, index, ids)
     data, weights = (sentences, model.structure()), model.weights()
     total = len(ids)
     if algorithm == "ap":
         make_step, stop = PerceptronEpochs(model.pair_support), MistakesBelow(settings["epsilon"], total)
         inner = perceptron_init(weights)
+    elif algorithm in ("pa", "arow"):
+        if settings.get("pa_type", 1) not in (0, 1, 2):
+            raise ValueError(
+                f"pa_type must be 0, 1 or 2 (CRFsuite's passive-aggressive variants), got {settings['pa_type']!r}"
+            )
+        make_step = OnlineMarginEpochs(
+            algorithm, model.pair_support, **{k: v for k, v in settings.items() if k in _MARGIN}
+        )
+        # CRFsuite's stop rules: pa's mean loss below epsilon, arow's at most epsilon (an epoch without mistakes).
+        stop = MeanLossBelow(float(settings["epsilon"]), total, inclusive=algorithm == "arow")
+        key = jax.random.PRNGKey(0)  # CRFsuite shuffles every epoch
+        inner = pa_init(weights, key) if algorithm == "pa" else arow_init(weights, settings["variance"], key)
     else:
         if not tagger.l2 > 0:
             raise ValueError(
@@ -750,7 +797,14 @@ def _fit_sentences(
     loop = init_loop(inner, tagger.max_iterations, float_dtype(weights))
     result = drive(make_step, loop, data, stop=stop, callback=callback, progress=False)
     final = result.loop
-    params = averaged_params(final.inner) if algorithm == "ap" else final.inner[0]
+    if algorithm == "ap":
+        params = averaged_params(final.inner)
+    elif algorithm == "pa":
+        params = pa_params(final.inner, averaging=bool(settings["averaging"]))
+    elif algorithm == "arow":
+        params = arow_params(final.inner)
+    else:
+        params = final.inner[0]
     trace = np.asarray(final.trace)[: int(final.step)]
     tagger.labels, tagger.index = labels, index
     tagger.model = model.with_weights(params, model.structure())

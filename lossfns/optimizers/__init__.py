@@ -47,6 +47,17 @@ from .minimize import (
     run_loop,
     status_name,
 )
+from .online_margin import (
+    MeanLossBelow,
+    arow,
+    arow_epoch_fn,
+    arow_init,
+    arow_params,
+    pa_epoch_fn,
+    pa_init,
+    pa_params,
+    passive_aggressive,
+)
 from .owlqn import elastic_net_penalty, owlqn
 from .perceptron import SequenceData, averaged_params, no_mistakes, perceptron, perceptron_epoch_fn, perceptron_init
 from .reranking import (
@@ -141,6 +152,16 @@ __all__ = [
     "sparse_perceptron_init",
     "sparse_perceptron_epoch",
     "sparse_averaged_params",
+    # CRFsuite's passive-aggressive and AROW
+    "passive_aggressive",
+    "pa_init",
+    "pa_epoch_fn",
+    "pa_params",
+    "arow",
+    "arow_init",
+    "arow_epoch_fn",
+    "arow_params",
+    "MeanLossBelow",
     # reranking with L1 (Gao et al. 2006)
     "reranking_data",
     "RerankingData",
