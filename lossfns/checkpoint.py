@@ -16,7 +16,10 @@ The header holds the format version, the structure description (one entry
 per leaf: its key path, shape, dtype, and whether it is a PRNG key), the
 payload size and a SHA-256 of the rest of the header and the payload. A file cut short or altered
 anywhere fails one of these checks on load, with a `CheckpointError` that
-names the file; it is never loaded as garbage.
+names the file; it is never loaded as garbage. A file is read in that order
+(`read_file`): only a regular file is opened (a FIFO would block the read
+forever), and the sizes are checked against the file's before the payload
+is read, so a foreign file of any size is refused after its first bytes.
 
 Saving writes a temporary file in the same directory, fsyncs it, and
 renames it over the target with `os.replace` (atomic on POSIX), then fsyncs
@@ -37,13 +40,15 @@ left behind.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
+import stat
 import struct
 import tempfile
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -159,40 +164,74 @@ def unpack_file(path: Path, data: bytes, kind: FileKind = CHECKPOINT):
     """Check framing, format version, size and checksum of a file's bytes
     (written by `pack_file`); `(header, payload)`, else `kind.error` naming
     the file and what is wrong."""
-    noun, error = f"{kind.noun} {path}", kind.error
-    if not data.startswith(kind.magic):
-        if kind.magic.startswith(data):
-            raise error(f"{noun} is truncated ({len(data)} bytes, inside the magic)")
-        raise error(f"{path} is not {kind.foreign} (bad magic bytes)")
-    start = len(kind.magic) + _SIZE.size
-    if len(data) < start:
-        raise error(f"{noun} is truncated ({len(data)} bytes, inside the header size)")
-    (header_size,) = _SIZE.unpack_from(data, len(kind.magic))
-    if len(data) < start + header_size:
-        raise error(f"{noun} is truncated: header of {header_size} bytes, file has {len(data) - start} after the magic")
+    return _unpack(io.BytesIO(data).read, len(data), path, kind)
+
+
+def read_file(path: PathLike, kind: FileKind = CHECKPOINT):
+    """`(header, payload)` of the file at `path` (written by `pack_file`),
+    checked as `unpack_file` checks bytes, in the order it is read: a
+    regular file (`open_regular`), the magic, the sizes the header gives
+    against the file's size, and only then the payload and its checksum, so
+    a foreign or damaged file is refused after reading its first bytes."""
+    path = Path(path)
+    with open_regular(path, kind.noun, kind.error) as file:
+        return _unpack(file.read, os.fstat(file.fileno()).st_size, path, kind)
+
+
+@contextmanager
+def open_regular(path: PathLike, noun: str, error: type):
+    """`path` opened for binary reading, refused with `error` ("`noun` PATH
+    does not exist / is a FIFO, not a regular file") unless it is a regular
+    file. Opened without blocking: `open` of a FIFO waits for a writer
+    forever."""
     try:
-        header = json.loads(data[start : start + header_size].decode("utf-8"))
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise error(f"{noun} {path} does not exist") from None
+    mode = os.fstat(handle).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(handle)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+        raise error(f"{noun} {path} is {kind}, not a regular file")
+    with open(handle, "rb") as file:
+        yield file
+
+
+def _unpack(read, size: int, path, kind: FileKind):
+    """`unpack_file`'s checks on a file of `size` bytes read by `read(n)`
+    from its start: no part is read before the sizes that lead to it are
+    checked against `size`."""
+    noun, error = f"{kind.noun} {path}", kind.error
+    start = len(kind.magic) + _SIZE.size
+    head = read(start)
+    if not head.startswith(kind.magic):
+        if size < len(kind.magic) and kind.magic.startswith(head):
+            raise error(f"{noun} is truncated ({size} bytes, inside the magic)")
+        raise error(f"{path} is not {kind.foreign} (bad magic bytes)")
+    if size < start:
+        raise error(f"{noun} is truncated ({size} bytes, inside the header size)")
+    (header_size,) = _SIZE.unpack_from(head, len(kind.magic))
+    if size < start + header_size:
+        raise error(f"{noun} is truncated: header of {header_size} bytes, file has {size - start} after the magic")
+    try:
+        header = json.loads(read(header_size).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as problem:
         raise error(f"{noun} is corrupted: unreadable header ({problem})") from None
     if not isinstance(header, dict) or header.get(kind.version_key) != kind.version:
         version = header.get(kind.version_key) if isinstance(header, dict) else None
         raise error(f"{noun} has format version {version!r}; this lossfns reads version {kind.version}")
-    payload = data[start + header_size :]
-    expected = header.get("payload_bytes")
-    if not isinstance(expected, int):
+    expected, available = header.get("payload_bytes"), size - start - header_size
+    if isinstance(expected, bool) or not isinstance(expected, int):
         raise error(f"{noun} is corrupted: header has no payload size")
-    if len(payload) < expected:
-        raise error(f"{noun} is truncated: payload has {len(payload)} of {expected} bytes")
-    if len(payload) > expected:
-        raise error(f"{noun} is corrupted: {len(payload) - expected} unexpected bytes after the payload")
+    if available < expected:
+        raise error(f"{noun} is truncated: payload has {available} of {expected} bytes")
+    if available > expected:
+        raise error(f"{noun} is corrupted: {available - expected} unexpected bytes after the payload")
+    payload = read(expected)
     body = {key: value for key, value in header.items() if key != "sha256"}
     if _digest(body, payload) != header.get("sha256"):
         raise error(f"{noun} is corrupted: SHA-256 checksum does not match")
     return header, payload
-
-
-def _split(path: Path, data: bytes):
-    return unpack_file(path, data, CHECKPOINT)
 
 
 # ---------------------------------------------------------------------------
@@ -216,7 +255,10 @@ def write_atomically(path: PathLike, data: bytes) -> Path:
     fsync, `os.replace`, fsync of the directory. Returns the path."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except FileNotFoundError:  # else the message names the temporary file, not `path`
+        raise FileNotFoundError(f"cannot write {path}: its directory {directory} does not exist") from None
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)
@@ -239,15 +281,7 @@ def write_atomically(path: PathLike, data: bytes) -> Path:
 def read_header(path: PathLike) -> dict:
     """The verified header of a checkpoint (format version, structure
     description, checksum); raises `CheckpointError` for a bad file."""
-    path = Path(path)
-    return _split(path, _read_bytes(path))[0]
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    return read_file(path)[0]
 
 
 def load(path: PathLike, like):
@@ -261,7 +295,7 @@ def load(path: PathLike, like):
     dtypes differ from `like`'s.
     """
     path = Path(path)
-    header, payload = _split(path, _read_bytes(path))
+    header, payload = read_file(path)
     expected, _ = _describe(like)
     stored = header["leaves"]
     if len(stored) != len(expected):
@@ -382,7 +416,13 @@ class DirectoryLock:
     def acquire(self) -> DirectoryLock:
         if self._handle is not None:
             raise RuntimeError(f"the lock of {self.directory} is already held by this DirectoryLock")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise CheckpointError(
+                f"checkpoint_dir {self.directory} is not a directory: a file is at that path or above it; "
+                "give a directory (it is created when missing)"
+            ) from None
         if fcntl is None:
             return self
         handle = open(self.path, "a+")  # noqa: SIM115  (held open: the lock lives as long as the handle)

@@ -17,20 +17,26 @@ label and prints token accuracy and conlleval's per-type precision,
 recall and F1 (`metrics.conlleval_report`) on stderr.
 
 Everything is the library's public pieces (`corpora`, `features.templates`,
-`Tagger`, `labelled_output`, `metrics`); this module only parses options.
+`Tagger`, `labelled_output`, `metrics`); this module parses options and
+checks every path and argument before any work, in one place per mode
+(`_checked_train`, `_checked_label`): a refusal is `lossfns: error: ...`
+naming the argument, exit status 2, no traceback, and nothing written (an
+output that is one of the inputs, also through a link, is refused).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from . import corpora, labelled_output, losses, metrics
-from .features.templates import read_templates
+from . import corpora, crfsuite_model, labelled_output, losses, metrics, model_file
+from .features.templates import Templates, read_templates
 from .tagger import Tagger
 
 ALGORITHMS = ("owlqn", "lbfgs", "sgd-l1", "bcd", "perceptron")
@@ -55,8 +61,8 @@ def _positive_int(text: str) -> int:
 
 def _non_negative_float(text: str) -> float:
     value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -130,17 +136,30 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line on `argv` (default `sys.argv[1:]`); 0 on success."""
+    """Run the command line on `argv` (default `sys.argv[1:]`); 0 on success,
+    2 (with `lossfns: error: ...` on stderr) for a path or argument refused
+    before any work."""
     options = parser().parse_args(argv)
-    return _train(options) if options.mode == "train" else _label(options)
+    try:
+        return _train(options) if options.mode == "train" else _label(options)
+    except Refused as problem:
+        print(f"lossfns: error: {problem}", file=sys.stderr)
+        return 2
 
 
-def _error(message: str) -> int:
-    print(f"lossfns: error: {message}", file=sys.stderr)
-    return 2
+class Refused(Exception):
+    """A path, file or argument the command line refuses before training or
+    labelling (the message names it as the command line does)."""
 
 
-def _train(options) -> int:
+# ---------------------------------------------------------------------------
+# The checks: every path and argument, before any work
+# ---------------------------------------------------------------------------
+
+
+def _checked_train(options) -> tuple[list, Templates, list | None]:
+    """`(sentences, templates, devel sentences or None)` once every argument,
+    input and output of `train` is checked."""
     if options.algo not in TRAINED:
         options.parser.error(
             f"argument -a/--algo: {options.algo} is not trained from the command line yet; "
@@ -150,14 +169,99 @@ def _train(options) -> int:
         options.parser.error(
             f"argument -a/--algo: lbfgs trains without L1: give -1 0 (got -1 {options.rho1}), or use -a owlqn"
         )
-    try:
-        sentences = corpora.read_conll(options.input)
-        templates = read_templates(options.pattern, dialect=options.dialect)
-        devel = corpora.read_conll(options.devel) if options.devel else None
-    except (OSError, ValueError) as problem:
-        return _error(str(problem))
+    inputs = {"TRAIN": options.input, "-p/--pattern": options.pattern, "-d/--devel": options.devel}
+    _check_output("MODEL", options.model, inputs)
+    templates = _read("-p/--pattern", options.pattern, lambda path: read_templates(path, dialect=options.dialect))
+    if not (templates.unigram or templates.pair):
+        raise Refused(
+            f"-p/--pattern {options.pattern} holds no U or * template (only comments, blank lines or B): "
+            "the model would read nothing of the tokens"
+        )
+    columns = model_file.reads(templates)["columns"]
+    sentences = _read("TRAIN", options.input, corpora.read_conll)
     if not sentences:
-        return _error(f"{options.input} holds no sentence")
+        raise Refused(f"TRAIN {options.input} holds no sentence")
+    _check_columns(columns, f"-p/--pattern {options.pattern}", sentences, f"TRAIN {options.input}", True)
+    devel = None
+    if options.devel:
+        devel = _read("-d/--devel", options.devel, corpora.read_conll)
+        _check_columns(columns, f"-p/--pattern {options.pattern}", devel, f"-d/--devel {options.devel}", True)
+    return sentences, templates, devel
+
+
+def _checked_label(options) -> tuple[Tagger, corpora.ColumnFile]:
+    """`(tagger, input file)` once every argument, input and output of
+    `label` is checked."""
+    if options.post and (options.nbest > 1 or options.score):
+        options.parser.error(
+            "argument -p/--post: posterior decoding gives one labelling per sentence, with "
+            "token probabilities: it cannot be combined with --nbest > 1 or --score"
+        )
+    if options.output:
+        _check_output("OUTPUT", options.output, {"INPUT": options.input, "-m/--model": options.model})
+    saved = _read("-m/--model", options.model, _load_model)
+    file = _read("INPUT", options.input, lambda path: corpora.read_column_file(path, labelled=options.check))
+    columns = model_file.reads(saved.features)["columns"]
+    _check_columns(columns, f"-m/--model {options.model}", file.sentences, f"INPUT {options.input}", options.check)
+    return Tagger.from_saved(saved), file
+
+
+def _load_model(path: str) -> model_file.SavedModel:
+    """The model at `path`, refused unless it reads the columns of a column file."""
+    if crfsuite_model.is_crfsuite_file(path):
+        raise Refused(
+            f"-m/--model {path} is a CRFsuite model (as lossfns.sklearn.CRF and sklearn-crfsuite write "
+            "them): it reads a feature dict per token, not the columns of a column file"
+        )
+    return model_file.load(path, reading=model_file.COLUMNS)
+
+
+def _read(argument: str, path: str, read):
+    """`read(path)`, its errors (a missing file, bad bytes, a bad line) refused naming `argument`."""
+    try:
+        return read(path)
+    except OSError as problem:
+        raise Refused(f"{argument} {path}: {problem.strerror or problem}") from None
+    except ValueError as problem:  # messages name the file (and line) already
+        raise Refused(f"{argument}: {problem}") from None
+
+
+def _check_output(argument: str, path: str, inputs: dict) -> None:
+    """Refuse an output path that cannot be written, or that is one of the
+    `inputs` (`{argument: path or None}`), also through a link: writing
+    there would destroy the input."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise Refused(f"{argument} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise Refused(f"{argument} {path}: directory {directory} is not writable")
+    if os.path.isdir(path):
+        raise Refused(f"{argument} {path} is a directory; give a file name")
+    for name, source in inputs.items():
+        if source and os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source):
+            raise Refused(
+                f"{argument} {path} is the {name} file {source}: writing it would destroy the input; give another path"
+            )
+
+
+def _check_columns(needed: int, reader: str, sentences, argument: str, labelled: bool) -> None:
+    """Refuse a column file whose tokens have fewer observation columns than
+    `reader` (the pattern, or a model's) reads."""
+    have = min((len(row) for sentence in sentences for row in sentence.tokens), default=needed)
+    if have < needed:
+        raise Refused(
+            f"{reader} reads {needed} columns of each token (up to column {needed - 1}, counting from 0), "
+            f"but {argument} has {have}{' besides its label column' if labelled else ''}"
+        )
+
+
+# ---------------------------------------------------------------------------
+# The work
+# ---------------------------------------------------------------------------
+
+
+def _train(options) -> int:
+    sentences, templates, devel = _checked_train(options)
     tagger = Tagger(
         templates,
         loss=LOSSES[options.loss],
@@ -194,16 +298,7 @@ def _print_objective(report) -> None:
 
 
 def _label(options) -> int:
-    if options.post and (options.nbest > 1 or options.score):
-        options.parser.error(
-            "argument -p/--post: posterior decoding gives one labelling per sentence, with "
-            "token probabilities: it cannot be combined with --nbest > 1 or --score"
-        )
-    try:
-        tagger = Tagger.load(options.model)
-        file = corpora.read_column_file(options.input, labelled=options.check)
-    except (OSError, ValueError) as problem:
-        return _error(str(problem))
+    tagger, file = _checked_label(options)
     sentences = file.sentences
     start = time.perf_counter()
     sequence_scores = token_scores = None

@@ -54,17 +54,17 @@ class CrfsuiteTagger:
         if crfsuite_model.is_crfsuite_file(name):
             saved = crfsuite_model.to_saved_model(crfsuite_model.read(name))
         else:
-            saved = model_file.load(name)
+            saved = model_file.load(name, reading=model_file.FEATURE_DICTS)
         return self._opened(saved)
 
     def open_inmemory(self, value: bytes) -> contextlib.closing:
         """`open` from the file's bytes."""
         is_crfsuite = bytes(value[: len(crfsuite_model.MAGIC)]) == crfsuite_model.MAGIC
-        saved = (
-            crfsuite_model.to_saved_model(crfsuite_model.from_bytes(value))
-            if is_crfsuite
-            else model_file.from_bytes(value)
-        )
+        if is_crfsuite:
+            saved = crfsuite_model.to_saved_model(crfsuite_model.from_bytes(value))
+        else:
+            saved = model_file.from_bytes(value)
+            model_file.check_reads(saved, model_file.FEATURE_DICTS, "<bytes>")
         return self._opened(saved)
 
     def _opened(self, saved: model_file.SavedModel) -> contextlib.closing:

@@ -18,10 +18,18 @@ entries. A loaded model so has the same non-zero weights bit for bit and
 decodes identically; its emission mask (which weights training could move)
 is not kept: a model file is for decoding, a checkpoint for training.
 
+The header also records what the model reads of each token (`reads`:
+rows of at least N columns, or feature dicts), so that a caller that gives
+the other kind is refused (`load(path, reading=...)`) rather than served
+labels computed from garbage features.
+
 Reading refuses (`checkpoint.ModelFileError`, naming the file) a missing
-file, a file of another format version (1 and 2 wrote the dense tables),
-a truncated or altered one, and a header that does not describe its
-arrays: nothing is loaded as garbage.
+file, a FIFO or anything else that is not a regular file, a file of another
+format version (1 and 2 wrote the dense tables), a truncated or altered
+one, and a header that does not describe its arrays: nothing is loaded as
+garbage. The file is read in order (`checkpoint.read_file`): the magic
+bytes and the sizes the header gives are checked against the file before
+the rest is read, so a large foreign file is refused after its first bytes.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ import numpy as np
 from . import checkpoint
 from .features.corpus import Extractor, extractor_from_spec, extractor_spec
 from .features.index import FeatureIndex
+from .features.presets import Preset
+from .features.templates import Macro, Templates
 from .models.linear_chain import LinearChainModel
 
 MAGIC = b"LOSSFNS-TAGGER\n"
@@ -45,6 +55,34 @@ MODEL_FILE = checkpoint.FileKind(
     MAGIC, "model file", "a lossfns tagger file", "format", MODEL_FORMAT, checkpoint.ModelFileError
 )
 """How model files are framed, versioned and checked (`checkpoint.FileKind`)."""
+
+
+COLUMNS = "columns"
+"""`reads(...)["tokens"]` of a model that reads token rows of columns (column files: `lossfns label`)."""
+FEATURE_DICTS = "feature dicts"
+"""`reads(...)["tokens"]` of a model that reads a feature dict per token (`lossfns.sklearn.CRF`)."""
+# The columns each preset reads of a token row (the word first; the others read the word alone).
+_PRESET_COLUMNS = {"crfsuite_ner": 2}
+
+
+def reads(features: Extractor) -> dict:
+    """What a model with the extractor `features` reads of each token, as its
+    file records it: `{"tokens": "feature dicts"}` (sklearn-crfsuite's
+    items: preset `feature_dicts`, `lossfns.sklearn.CRF`) or `{"tokens":
+    "columns", "columns": n}` (rows of at least `n` columns, the word first)."""
+    if isinstance(features, Preset) and features.name == "feature_dicts":
+        return {"tokens": FEATURE_DICTS}
+    if isinstance(features, Templates):
+        return {"tokens": COLUMNS, "columns": _template_columns(features)}
+    return {"tokens": COLUMNS, "columns": _PRESET_COLUMNS.get(features.name, 1)}
+
+
+def _template_columns(templates: Templates) -> int:
+    """The columns a token row needs for `templates`: one past the highest a
+    macro reads (`%x[*c,col]` also reads its row offset from column `c`)."""
+    macros = [part for template in templates.unigram + templates.pair for part in template.parts]
+    read = [max(m.column, m.row if m.mode == "*" else 0) for m in macros if isinstance(m, Macro)]
+    return 1 + max(read, default=0)
 
 
 class SavedModel(NamedTuple):
@@ -105,6 +143,7 @@ def to_bytes(saved: SavedModel) -> bytes:
     header = {
         "labels": list(saved.labels),
         "features": extractor_spec(saved.features),
+        "reads": reads(saved.features),
         "num_unigram": index.num_unigram if index.hashed else int(rows.size),
         "num_pair": index.num_pair,
         "hashed": index.hashed,
@@ -120,23 +159,52 @@ def to_bytes(saved: SavedModel) -> bytes:
     return checkpoint.pack_file(MODEL_FILE, header, payload)
 
 
-def load(path) -> SavedModel:
+def load(path, *, reading: str | None = None) -> SavedModel:
     """Read a file written by `save` (non-zero weights bit-identical); see
-    the module docstring for what is refused."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise checkpoint.ModelFileError(f"model file {path} does not exist") from None
-    return from_bytes(data, path)
+    the module docstring for what is refused.
+
+    reading: what the caller gives each token, `COLUMNS` (rows of a column
+      file) or `FEATURE_DICTS`; a model that reads the other is refused
+      (`ModelFileError` naming the file), where it would label garbage.
+      None: either.
+    """
+    saved = _saved_model(*checkpoint.read_file(path, MODEL_FILE), path)
+    if reading is not None:
+        check_reads(saved, reading, path)
+    return saved
+
+
+def check_reads(saved: SavedModel, reading: str, path) -> None:
+    """Refuse (`ModelFileError` naming `path`) a model whose tokens are not
+    what the caller reads (`COLUMNS` or `FEATURE_DICTS`)."""
+    if reading not in (COLUMNS, FEATURE_DICTS):
+        raise ValueError(f"reading must be {COLUMNS!r} or {FEATURE_DICTS!r}, got {reading!r}")
+    model_reads = reads(saved.features)["tokens"]
+    if model_reads == reading:
+        return
+    if model_reads == FEATURE_DICTS:
+        raise checkpoint.ModelFileError(
+            f"model file {path} was trained on feature dicts (lossfns.sklearn.CRF): it reads a feature dict "
+            "per token, not the columns of a column file; label with lossfns.sklearn.CRF(model_filename=...)"
+        )
+    raise checkpoint.ModelFileError(
+        f"model file {path} reads the columns of a column file (a pattern or a column preset), not feature "
+        "dicts; label with `lossfns label -m MODEL` or lossfns.tagger.Tagger.load"
+    )
 
 
 def from_bytes(data: bytes, path="<bytes>") -> SavedModel:
     """The model of `to_bytes`' bytes, checked as `load` checks a file
     (errors name `path`)."""
-    header, payload = checkpoint.unpack_file(Path(path), data, MODEL_FILE)
+    return _saved_model(*checkpoint.unpack_file(Path(path), data, MODEL_FILE), path)
+
+
+def _saved_model(header: dict, payload: bytes, path) -> SavedModel:
+    """The model of a file's verified header and payload (errors name `path`)."""
     try:
         _check_header(header)
         features = extractor_from_spec(header["features"])
+        _check_recorded_reads(header, features)
     except (KeyError, TypeError, ValueError) as error:
         raise checkpoint.ModelFileError(
             f"model file {path} has an invalid header: {type(error).__name__}: {error}"
@@ -208,6 +276,14 @@ def _model(arrays: dict, header: dict, K: int, K2: int, L: int, dtype) -> Linear
         mask[check("pair_mask_index", kind="i", bound=K2 * L * L)] = True
         model = model.with_pair_mask(mask.reshape(K2, L, L))
     return model
+
+
+def _check_recorded_reads(header: dict, features: Extractor) -> None:
+    """What the header says the model reads must be what its features read
+    (files written before it was recorded have none: theirs is derived)."""
+    recorded = header.get("reads")
+    if recorded is not None and recorded != reads(features):
+        raise ValueError(f"reads is {recorded!r}, but its features read {reads(features)!r}")
 
 
 def _check_header(header: dict) -> None:

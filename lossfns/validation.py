@@ -29,6 +29,11 @@ def as_float_array(name: str, x, min_rank: int, shape_doc: str) -> jax.Array:
         x = jnp.asarray(x)
     except TypeError as error:
         raise TypeError(f"{name} must be a floating-point array {shape_doc}, got {type(x).__name__}: {error}") from None
+    except ValueError:  # numpy's "inhomogeneous shape" for nested lists of uneven lengths
+        raise ValueError(
+            f"{name} must be a floating-point array {shape_doc}, got a ragged nested {type(x).__name__} "
+            "(its rows differ in length); pad them to one shape"
+        ) from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point array {shape_doc}, got dtype {x.dtype}")
     if x.ndim < min_rank:
@@ -151,6 +156,81 @@ def as_labels(labels, shape: tuple[int, ...], num_labels: int, lengths, name: st
                 f"got {int(value[where])} at index {where}"
             )
     return as_int_array(name, labels, value)
+
+
+def nan_unless(mask, value) -> jax.Array:
+    """`value` where `mask` is True, else NaN, in the value and in its derivative.
+
+    For what the checks above cannot see under `jit` (traced labels outside
+    `[0, L)`, NaN scores): a gather clamps an out-of-range label and the
+    derivative of a gathered NaN is a finite one-hot, so without this a bad
+    input would train on silently. Multiplying by a constant 1 or NaN costs
+    one product per value (a sequence's score, a position's) and leaves
+    valid values (-inf included) and their derivatives unchanged."""
+    return value * jnp.where(mask, 1.0, jnp.nan)
+
+
+def labels_in_range(labels, num_labels: int, inside) -> jax.Array:
+    """Per position, True unless it is inside the lengths (`inside`) with a
+    label outside `[0, num_labels)`: the traced counterpart of `as_labels`."""
+    return ~inside | ((labels >= 0) & (labels < num_labels))
+
+
+def as_mask(mask, params, name: str = "mask"):
+    """`mask` (a pytree of bools with the structure of `params` or a prefix
+    of it, as `optax.masked` takes; or a callable `params -> such a pytree`)
+    resolved and checked: its structure is a prefix of `params`' and each
+    bool array broadcasts to the leaves it masks, else an error naming `name`."""
+    if callable(mask):
+        mask = mask(params)
+    structure = jax.tree_util.tree_structure(mask)
+    try:
+        subtrees = structure.flatten_up_to(params)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a pytree of bools with the structure of the parameters (or a prefix of it), "
+            f"got {structure} for parameters {jax.tree_util.tree_structure(params)}"
+        ) from None
+    for keep, subtree in zip(structure.flatten_up_to(mask), subtrees):
+        if jnp.result_type(keep) != jnp.bool_:
+            raise TypeError(f"{name} must hold bools (True: penalised), got {jnp.result_type(keep)} {keep!r:.40}")
+        for path, leaf in jax.tree_util.tree_leaves_with_path(subtree):
+            if not _broadcasts_to(np.shape(keep), np.shape(leaf)):
+                raise ValueError(
+                    f"{name} has a bool array of shape {np.shape(keep)} for parameters of shape "
+                    f"{np.shape(leaf)}{' at ' + jax.tree_util.keystr(path) if path else ''}; it must broadcast to them"
+                )
+    return mask
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
+def check_key(name: str, key) -> None:
+    """Refuse anything but one PRNG key: `jax.random.key(seed)`, or an
+    old-style `jax.random.PRNGKey(seed)` (raw `uint32` key data)."""
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        typed = key
+    else:
+        try:
+            typed = jax.random.wrap_key_data(key)
+        except (TypeError, ValueError):
+            given = (
+                f"an array of shape {np.shape(key)} dtype {key.dtype}"
+                if hasattr(key, "dtype")
+                else f"{type(key).__name__} {key!r:.40}"
+            )
+            raw = jax.eval_shape(jax.random.PRNGKey, 0)
+            raise TypeError(
+                f"{name} must be a PRNG key: jax.random.key(seed), or an old-style jax.random.PRNGKey(seed) "
+                f"(key data of shape {raw.shape} dtype {raw.dtype}), got {given}"
+            ) from None
+    if typed.shape != ():
+        raise ValueError(f"{name} must be one PRNG key, got an array of {typed.size} keys (shape {typed.shape})")
 
 
 def available_memory_bytes() -> int | None:

@@ -9,21 +9,41 @@ names the check to add (strict, so the suite flags it once it is added).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import os
+import signal
 import sys
+import tracemalloc
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from lossfns import checkpoint, corpora, debug, hmm, labelled_output, losses, optimizers, parallel, semirings
+from lossfns import (
+    checkpoint,
+    cli,
+    corpora,
+    crfsuite_model,
+    debug,
+    hmm,
+    labelled_output,
+    losses,
+    model_file,
+    optimizers,
+    parallel,
+    semirings,
+)
 from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.corpora import Sentence
+from lossfns.crfsuite_tagger import CrfsuiteTagger
 from lossfns.features import FeatureBatch, design, dicts, pack, pack_tokens, templates
+from lossfns.features.presets import preset
 from lossfns.lattices import chain, constraints, dag
 from lossfns.lattices.chain import FactoredPotentials
 from lossfns.lattices.sparse_chain import SparsePotentials
@@ -85,6 +105,10 @@ def _zip_file(tmp_path):
     with zipfile.ZipFile(tmp_path / "corpus.zip", "w") as archive:
         archive.writestr("conll2002/esp.train", "El DA O\n")
     return str(tmp_path / "corpus.zip")
+
+
+def _tree_squares(params):
+    return sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def _squares(params, batch=None):
@@ -176,6 +200,111 @@ def _conll_bytes(tmp_path, data: bytes):
     return corpora.read_conll(str(path))
 
 
+def _within(seconds: int, call):
+    """`call()`, or a TimeoutError once it has blocked for `seconds` (a read
+    of a FIFO would wait for a writer forever)."""
+
+    def alarm(*_):
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        return call()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _fifo(tmp_path, name):
+    path = tmp_path / name
+    os.mkfifo(path)
+    return path
+
+
+def _load_within_a_bounded_read(tmp_path):
+    """Load a 2 GiB junk file (sparse: no disk used) as a model file; an
+    AssertionError if loading it took more than a megabyte of memory (the
+    whole file read before its magic bytes were checked)."""
+    path = tmp_path / "junk.tagger"
+    with open(path, "wb") as junk:
+        junk.write(b"PK\x03\x04 not a model")
+        junk.truncate(2 << 30)
+    tracemalloc.start()
+    try:
+        Tagger.load(path)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 1 << 20, f"{peak} bytes allocated to refuse a junk file"
+
+
+def _fit_into_a_file(tmp_path):
+    (tmp_path / "run").write_text("not a directory")
+    return Tagger("crfsuite_ner", max_iterations=1, num_buckets=1, progress=False).fit(
+        _TINY_CORPUS, checkpoint_dir=tmp_path / "run"
+    )
+
+
+def _feature_dicts_model(tmp_path):
+    """The tiny tagger saved as `lossfns.sklearn.CRF` saves its models: preset
+    `feature_dicts` (a model that reads a feature dict per token)."""
+    path = tmp_path / "dicts.tagger"
+    model_file.save(path, _tiny_tagger().saved()._replace(features=preset("feature_dicts")))
+    return path
+
+
+def _crfsuite_file(tmp_path):
+    """The tiny tagger in CRFsuite's format (what `lossfns.sklearn.CRF(model_filename=)` writes)."""
+    path = tmp_path / "dicts.crfsuite"
+    saved = _tiny_tagger().saved()
+    no_start = eqx.tree_at(lambda model: model.start, saved.model, jnp.zeros_like(saved.model.start))  # as CRFsuite
+    crfsuite_model.write(
+        path, crfsuite_model.from_saved_model(saved._replace(features=preset("feature_dicts"), model=no_start))
+    )
+    return path
+
+
+_TRAIN_CONLL = "El DA O\nrey NC O\nJuan NP B-PER\n\nAna NP B-PER\nvive VM O\n"
+_PATTERN = "U00:%x[0,0]\nU01:%x[0,1]\nB\n"
+
+
+def _command_line(main, arguments):
+    """Run a command line's `main(arguments)`; a refusal (a non-zero exit
+    status) raises SystemExit with the status and the last line of stderr."""
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        try:
+            status = main(arguments)
+        except SystemExit as exit:
+            status = exit.code
+    if status:
+        raise SystemExit(f"exit status {status}: {errors.getvalue().strip().splitlines()[-1]}")
+    return status
+
+
+def _lossfns(tmp_path, *arguments, pattern=_PATTERN):
+    """`lossfns ARGUMENTS` in `tmp_path`, beside `train.conll`, `test.conll`
+    (one column), `ner.pattern` and `ner.tagger` (the tiny tagger: its
+    preset reads two columns)."""
+    (tmp_path / "train.conll").write_text(_TRAIN_CONLL)
+    (tmp_path / "test.conll").write_text("El\nrey\n")
+    (tmp_path / "ner.pattern").write_text(pattern)
+    _tiny_tagger().save(tmp_path / "ner.tagger")
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        return _command_line(cli.main, list(arguments))
+    finally:
+        os.chdir(here)
+
+
+def _experiments(tmp_path, *arguments):
+    from experiments.__main__ import main
+
+    return _command_line(main, [*arguments, "--no-progress", "--out", str(tmp_path / "out")])
+
+
 def _sparse(**changes):
     fields = dict(
         unary=jnp.zeros((2, T, L)),
@@ -258,6 +387,27 @@ CASES = [
         ["potentials", "L >= 1"],
     ),
     ("potentials-string", "a string as potentials", lambda _: chain.log_partition("scores"), TypeError, ["potentials"]),
+    (
+        "potentials-ragged",
+        "a ragged nested list as potentials",
+        lambda _: chain.log_partition([[[0.0, 1.0], [1.0]], [[0.0, 0.0], [0.0, 0.0]]]),
+        ValueError,
+        ["potentials", "ragged", "[..., T, L, L]"],
+    ),
+    (
+        "sample-key-shape",
+        "chain.sample with an old-style PRNG key of the wrong shape",
+        lambda _: chain.sample(jnp.arange(3, dtype=jnp.uint32), GOOD()),
+        TypeError,
+        ["key", "PRNG key", "jax.random.key(seed)", "shape (3,)"],
+    ),
+    (
+        "sample-keys",
+        "chain.sample with an array of keys for one",
+        lambda _: chain.sample(jax.random.split(jax.random.key(0), 2), GOOD()),
+        ValueError,
+        ["key", "one PRNG key", "shape (2,)"],
+    ),
     # --- lengths ---
     (
         "lengths-shape",
@@ -904,6 +1054,68 @@ CASES = [
         ["num_epochs", ">= 1", "0"],
     ),
     (
+        "minimize-vector-objective",
+        "an objective that returns a vector (per-example losses)",
+        lambda _: optimizers.minimize(lambda p: p**2, jnp.ones(2), optax.sgd(0.1), max_steps=3),
+        ValueError,
+        ["fun", "scalar", "shape (2,)", "jnp.sum"],
+    ),
+    (
+        "stochastic-vector-objective",
+        "a minibatch objective that returns a vector",
+        lambda _: optimizers.minimize_stochastic(
+            lambda p, batch: (p - batch) ** 2,
+            jnp.ones(2),
+            optax.sgd(0.1),
+            _EXAMPLES,
+            key=jax.random.key(0),
+            batch_size=2,
+            num_epochs=2,
+        ),
+        ValueError,
+        ["fun", "scalar", "shape (2, 2)"],
+    ),
+    (
+        "stochastic-key-shape",
+        "an old-style PRNG key of the wrong shape",
+        lambda _: optimizers.minimize_stochastic(
+            _squares,
+            jnp.ones(2),
+            optax.sgd(0.1),
+            _EXAMPLES,
+            key=jnp.arange(3, dtype=jnp.uint32),
+            batch_size=2,
+            num_epochs=2,
+        ),
+        TypeError,
+        ["key", "PRNG key", "shape (3,)"],
+    ),
+    (
+        "owlqn-mask-structure",
+        "an OWL-QN mask whose structure is not the parameters'",
+        lambda _: optimizers.minimize(
+            _tree_squares, {"a": jnp.ones(2), "b": jnp.ones(3)}, optimizers.owlqn(0.1, mask={"a": True}), max_steps=2
+        ),
+        ValueError,
+        ["mask", "structure", "{'a': *}", "{'a': *, 'b': *}"],
+    ),
+    (
+        "sgd-l1-mask-shape",
+        "an SGD-L1 mask array that does not fit its parameters",
+        lambda _: optimizers.minimize(
+            _squares, jnp.ones(3), optimizers.sgd_l1(0.1, 0.1, mask=jnp.array([True, False])), max_steps=2
+        ),
+        ValueError,
+        ["mask", "(2,)", "(3,)", "broadcast"],
+    ),
+    (
+        "l1-mask-not-bool",
+        "a penalty mask of numbers, not bools",
+        lambda _: losses.l1({"a": jnp.ones(2)}, 0.1, mask={"a": 0.5}),
+        TypeError,
+        ["mask", "bools", "0.5"],
+    ),
+    (
         "drive-keep",
         "keep = 0 checkpoints",
         lambda tmp: optimizers.drive(
@@ -1331,6 +1543,134 @@ CASES = [
         ["run", "in use"],
     ),
     (
+        "checkpoint-dir-a-file",
+        "a checkpoint_dir that is a regular file",
+        _fit_into_a_file,
+        CheckpointError,
+        ["checkpoint_dir", "run", "not a directory"],
+    ),
+    (
+        "model-file-fifo",
+        "Tagger.load of a FIFO (a read would wait for a writer forever)",
+        lambda tmp: _within(10, lambda: Tagger.load(_fifo(tmp, "pipe.tagger"))),
+        ModelFileError,
+        ["pipe.tagger", "FIFO", "not a regular file"],
+    ),
+    (
+        "checkpoint-fifo",
+        "checkpoint.load of a FIFO",
+        lambda tmp: _within(10, lambda: checkpoint.load(_fifo(tmp, "pipe.ckpt"), like={"w": jnp.zeros(4)})),
+        CheckpointError,
+        ["pipe.ckpt", "FIFO"],
+    ),
+    (
+        "model-file-huge-junk",
+        "a 2 GiB junk file as a model file (refused after its first bytes, not read whole)",
+        _load_within_a_bounded_read,
+        ModelFileError,
+        ["junk.tagger", "not a lossfns tagger file"],
+    ),
+    (
+        "model-file-reads-feature-dicts",
+        "a model of feature dicts (lossfns.sklearn.CRF's) loaded to read column files",
+        lambda tmp: model_file.load(_feature_dicts_model(tmp), reading=model_file.COLUMNS),
+        ModelFileError,
+        ["dicts.tagger", "feature dicts", "lossfns.sklearn.CRF"],
+    ),
+    (
+        "model-file-reads-columns",
+        "a model of column files opened by the pycrfsuite-style tagger (feature dicts)",
+        lambda tmp: _tiny_tagger().save(tmp / "ner.tagger") or CrfsuiteTagger().open(tmp / "ner.tagger"),
+        ModelFileError,
+        ["ner.tagger", "reads the columns", "not feature dicts"],
+    ),
+    # --- the command line (`lossfns`): refused before any work, exit status 2, no traceback ---
+    (
+        "cli-model-is-the-corpus",
+        "lossfns train -p P data.conll data.conll (the model written over the corpus)",
+        lambda tmp: _lossfns(tmp, "train", "-p", "ner.pattern", "train.conll", "train.conll"),
+        SystemExit,
+        ["exit status 2", "lossfns: error: MODEL", "is the TRAIN file", "destroy"],
+    ),
+    (
+        "cli-output-is-the-input",
+        "lossfns label -m M in.conll in.conll (the output written over the input)",
+        lambda tmp: _lossfns(tmp, "label", "-m", "ner.tagger", "test.conll", "test.conll"),
+        SystemExit,
+        ["exit status 2", "OUTPUT", "is the INPUT file"],
+    ),
+    (
+        "cli-model-directory-missing",
+        "lossfns train with MODEL in a missing directory (found before training)",
+        lambda tmp: _lossfns(tmp, "train", "-p", "ner.pattern", "train.conll", "none/model"),
+        SystemExit,
+        ["exit status 2", "MODEL none/model", "directory none does not exist"],
+    ),
+    (
+        "cli-output-directory-missing",
+        "lossfns label with OUTPUT in a missing directory (found before labelling)",
+        lambda tmp: _lossfns(tmp, "label", "-m", "ner.tagger", "test.conll", "none/out"),
+        SystemExit,
+        ["exit status 2", "OUTPUT none/out", "directory none does not exist"],
+    ),
+    (
+        "cli-pattern-missing-column",
+        "a pattern that reads a column the training file lacks",
+        lambda tmp: _lossfns(tmp, "train", "-p", "ner.pattern", "train.conll", "m", pattern="U:%x[0,4]\n"),
+        SystemExit,
+        ["exit status 2", "-p/--pattern", "reads 5 columns", "has 2 besides its label column"],
+    ),
+    (
+        "cli-pattern-only-comments",
+        "a pattern file with only comments",
+        lambda tmp: _lossfns(tmp, "train", "-p", "ner.pattern", "train.conll", "m", pattern="# U:%x[0,0]\n"),
+        SystemExit,
+        ["exit status 2", "holds no U or * template"],
+    ),
+    (
+        "cli-rho2-inf",
+        "lossfns train -2 inf",
+        lambda tmp: _lossfns(tmp, "train", "-2", "inf", "-p", "ner.pattern", "train.conll", "m"),
+        SystemExit,
+        ["exit status 2", "-2/--rho2", "finite", "inf"],
+    ),
+    (
+        "cli-model-reads-more-columns",
+        "lossfns label with a model that reads more columns than the input has",
+        lambda tmp: _lossfns(tmp, "label", "-m", "ner.tagger", "test.conll"),
+        SystemExit,
+        ["exit status 2", "-m/--model", "reads 2 columns", "INPUT", "has 1"],
+    ),
+    (
+        "cli-feature-dicts-model",
+        "lossfns label with a model saved by lossfns.sklearn.CRF (feature dicts)",
+        lambda tmp: _lossfns(tmp, "label", "-m", str(_feature_dicts_model(tmp)), "test.conll"),
+        SystemExit,
+        ["exit status 2", "dicts.tagger", "feature dicts", "not the columns of a column file"],
+    ),
+    (
+        "cli-crfsuite-model",
+        "lossfns label with a CRFsuite model (lossfns.sklearn.CRF(model_filename=)'s)",
+        lambda tmp: _lossfns(tmp, "label", "-m", str(_crfsuite_file(tmp)), "test.conll"),
+        SystemExit,
+        ["exit status 2", "dicts.crfsuite", "CRFsuite model", "feature dict"],
+    ),
+    # --- python -m experiments ---
+    (
+        "experiments-unknown-task",
+        "python -m experiments altun2003 --tasks nerr",
+        lambda tmp: _experiments(tmp, "altun2003", "--tasks", "nerr"),
+        SystemExit,
+        ["exit status 2", "--tasks", "ner, pos", "'nerr'"],
+    ),
+    (
+        "experiments-units-match-nothing",
+        "python -m experiments with --units matching no unit",
+        lambda tmp: _experiments(tmp, "altun2003", "--quick", "--tasks", "ner", "--units", "nerr-*", "--report-only"),
+        SystemExit,
+        ["exit status 2", "--units", "'nerr-*' matched no unit", "ner-S1-"],
+    ),
+    (
         "conll-label-column-dropped",
         "a later CoNLL sentence without its label column",
         lambda tmp: _conll_bytes(tmp, b"El DA O\nrey NC O\n\nMadrid NP\n"),
@@ -1416,10 +1756,10 @@ CASES = [
     ),
     (
         "sklearn-algorithm",
-        "a CRFsuite algorithm lossfns.sklearn.CRF does not train",
-        lambda _: EstimatorCRF(algorithm="pa").fit([[{"w": "a"}]], [["O"]]),
+        "an algorithm that is not CRFsuite's",
+        lambda _: EstimatorCRF(algorithm="newton").fit([[{"w": "a"}]], [["O"]]),
         ValueError,
-        ["algorithm='pa'", "'lbfgs'"],
+        ["algorithm", "'newton'", "'lbfgs'"],
     ),
     (
         "sklearn-unknown-algorithm",
@@ -1682,12 +2022,102 @@ def test_bad_input_raises_a_named_error(tmp_path, case_id, description, call, er
         assert word in message, f"{description}: {word!r} not in {message!r}"
 
 
+# ---------------------------------------------------------------------------
+# Under plain jit: what no check can see gives NaN, in the value and the gradient
+# ---------------------------------------------------------------------------
+
+_EMISSIONS = jax.random.normal(jax.random.key(1), (2, T, L))
+_TAGS = jnp.array([[0, 1, 0], [1, 1, 0]])
+_CHAIN_CRF = lambda e: FactoredPotentials(e, _CRF.transitions)
+
+
+def _under_jit(loss, emissions=_EMISSIONS, tags=_TAGS):
+    """`(loss [2], d sum(loss) / d emissions [2, T, L])` of `loss(emissions,
+    tags)`, both under `jax.jit` (sequence 0 holds the bad input)."""
+    value_and_grad = lambda e, t: (loss(e, t), jax.grad(lambda e: jnp.sum(loss(e, t)))(e))
+    return jax.jit(value_and_grad)(emissions, tags)
+
+
+# (id, description of the bad input inside sequence 0's length, call -> (values, gradients))
+UNDER_JIT_CASES = [
+    (
+        "crf-tag-above-range",
+        "nn.CRF.log_likelihood with a tag >= L",
+        lambda: _under_jit(_CRF.log_likelihood, tags=_TAGS.at[0, 1].set(L)),
+    ),
+    (
+        "crf-tag-negative",
+        "nn.CRF.log_likelihood with a tag -1",
+        lambda: _under_jit(_CRF.log_likelihood, tags=_TAGS.at[0, 1].set(-1)),
+    ),
+    (
+        "crf-nan-emission-gold",
+        "nn.CRF.log_likelihood with a NaN emission of the gold tag",
+        lambda: _under_jit(_CRF.log_likelihood, emissions=_EMISSIONS.at[0, 1, 1].set(NAN)),
+    ),
+    (
+        "crf-nan-emission-other",
+        "nn.CRF.log_likelihood with a NaN emission of another tag",
+        lambda: _under_jit(_CRF.log_likelihood, emissions=_EMISSIONS.at[0, 1, 0].set(NAN)),
+    ),
+    (
+        "crf-softmax-margin-tag",
+        "nn.CRF.softmax_margin_loss with a tag >= L",
+        lambda: _under_jit(_CRF.softmax_margin_loss, tags=_TAGS.at[0, 2].set(L + 3)),
+    ),
+    (
+        "sequence-log-loss-label",
+        "losses.sequence_log_loss with a label >= L",
+        lambda: _under_jit(lambda e, t: losses.sequence_log_loss(_CHAIN_CRF(e), t), tags=_TAGS.at[0, 0].set(L)),
+    ),
+    (
+        "sequence-exp-loss-nan",
+        "losses.sequence_exp_loss with a NaN score",
+        lambda: _under_jit(
+            lambda e, t: losses.sequence_exp_loss(_CHAIN_CRF(e), t), emissions=_EMISSIONS.at[0, 2, 1].set(NAN)
+        ),
+    ),
+    (
+        "pointwise-log-loss-label",
+        "losses.pointwise_log_loss with a label >= L",
+        lambda: _under_jit(lambda e, t: losses.pointwise_log_loss(_CHAIN_CRF(e), t), tags=_TAGS.at[0, 1].set(L)),
+    ),
+    (
+        "pointwise-log-loss-nan",
+        "losses.pointwise_log_loss with a NaN score (was +inf with a zero gradient)",
+        lambda: _under_jit(
+            lambda e, t: losses.pointwise_log_loss(_CHAIN_CRF(e), t), emissions=_EMISSIONS.at[0, 0, 1].set(NAN)
+        ),
+    ),
+    (
+        "hinge-label",
+        "losses.structured_hinge_loss with a label >= L (dense potentials)",
+        lambda: _under_jit(
+            lambda e, t: losses.structured_hinge_loss(chain.materialize(_CHAIN_CRF(e)), t), tags=_TAGS.at[0, 1].set(L)
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("case_id, description, call", UNDER_JIT_CASES, ids=[c[0] for c in UNDER_JIT_CASES])
+def test_bad_values_under_jit_give_nan_values_and_gradients(case_id, description, call):
+    values, gradients = call()
+    assert np.isnan(values[0]) and np.isnan(gradients[0]).any(), f"{description}: {values[0]}, {gradients[0]}"
+    assert np.isfinite(values[1]) and np.isfinite(gradients[1]).all(), "the other sequence is untouched"
+
+
+def count_phrase() -> str:
+    """How the README's feature table counts the table: `(N bad inputs tested)`."""
+    return f"({len(CASES) + len(UNDER_JIT_CASES)} bad inputs tested)"
+
+
 def test_the_table_is_large_enough_and_the_docs_count_it():
     assert len(CASES) >= 100
     root = Path(__file__).parent.parent
     readme = (root / "README.md").read_text(encoding="utf-8")  # the feature table
     reliability = (root / "docs" / "reliability.md").read_text(encoding="utf-8")
-    assert f"({len(CASES)} bad inputs tested)" in readme and f"({len(CASES)} kinds," in reliability
+    assert count_phrase() in readme, f"README.md must say {count_phrase()} (python tests/test_bad_inputs.py --count)"
+    assert f"({len(CASES) + len(UNDER_JIT_CASES)} kinds," in reliability
 
 
 # ---------------------------------------------------------------------------
@@ -1744,8 +2174,7 @@ def test_checked_mode_passes_valid_inputs_unchanged():
 
 def test_plain_jit_does_not_see_nan_values():
     """Why the debug mode exists: under plain jit the value check is skipped
-    and a NaN potential gives a number without any error (here a finite,
-    wrong one: the NaN is lost in the max-shift of logsumexp)."""
+    and a NaN potential gives a NaN log Z without any error saying where."""
     bad = _FORBIDDEN.at[0, 1, 1, 1].set(NAN)
     jax.block_until_ready(jax.jit(chain.log_partition)(bad, jnp.array([3, 3])))
     with pytest.raises(ValueError, match="potentials contains NaN"):
@@ -1753,17 +2182,22 @@ def test_plain_jit_does_not_see_nan_values():
 
 
 def markdown_table(tmp_path: Path) -> str:
-    """The reliability page's table: each bad input and the error it gives now."""
+    """The reliability page's table: each bad input and the error it gives
+    now (the cases under jit: their value and gradient)."""
     rows = ["| bad input | error |", "|---|---|"]
     for case in CASES:
         _, description, call, _, _ = case.values if hasattr(case, "values") else case
         try:
             call(tmp_path)
             outcome = "**no error**"
-        except Exception as error:  # reporting whatever is raised
+        except (Exception, SystemExit) as error:  # reporting whatever is raised (SystemExit: a refusal)
             text = str(error).replace(str(tmp_path) + "/", "").replace("|", "\\|").splitlines()[0]
             outcome = f"`{type(error).__name__}`: {text[:140]}"
         rows.append(f"| {description} | {outcome} |")
+    for _, description, call in UNDER_JIT_CASES:
+        values, gradients = call()
+        gradient = "NaN" if np.isnan(gradients[0]).any() else "finite"
+        rows.append(f"| under `jit`: {description} | value {float(values[0])}, gradient {gradient} |")
     return "\n".join(rows)
 
 
@@ -1771,8 +2205,12 @@ if __name__ == "__main__":
     import tempfile
 
     jax.config.update("jax_enable_x64", True)
-    with tempfile.TemporaryDirectory() as directory:
-        sys.stdout.write(markdown_table(Path(directory)) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `experiments`, as pytest's pythonpath
+    if sys.argv[1:] == ["--count"]:  # the README's phrase
+        sys.stdout.write(count_phrase() + "\n")
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            sys.stdout.write(markdown_table(Path(directory)) + "\n")
 
 
 def test_a_dense_table_that_cannot_fit_is_refused_before_allocation():

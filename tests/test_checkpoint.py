@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import equinox as eqx
@@ -318,6 +320,42 @@ def _header_and_payload(data):
     start = len(checkpoint.MAGIC) + 8
     size = int.from_bytes(data[len(checkpoint.MAGIC) : start], "little")
     return data[: start + size], data[start + size :]
+
+
+def test_a_fifo_among_the_checkpoints_is_skipped_not_waited_on(tmp_path):
+    """A resumed run reads the newest checkpoint: a FIFO under that name
+    would block its read forever; it is skipped, with a warning naming it."""
+    checkpoint.save(checkpoint.checkpoint_path(tmp_path, 2), {"w": jnp.zeros(3)})
+    fifo = checkpoint.checkpoint_path(tmp_path, 5)
+    os.mkfifo(fifo)
+
+    def alarm(*_):
+        raise TimeoutError("latest_checkpoint blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(10)
+    try:
+        with pytest.warns(RuntimeWarning, match=f"{fifo} is a FIFO, not a regular file"):
+            assert checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_sizes_are_checked_before_the_rest_is_read(tmp_path):
+    """A 2 GiB file (sparse) whose header claims more than it holds is refused
+    from its first bytes, not read whole into memory first."""
+    path = tmp_path / "claims.ckpt"
+    with open(path, "wb") as file:
+        file.write(checkpoint.MAGIC + (1 << 40).to_bytes(8, "little"))
+        file.truncate(2 << 30)
+    tracemalloc.start()
+    try:
+        _assert_rejected(path, {"w": jnp.zeros(3)}, "truncated: header of 1099511627776 bytes")
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated to refuse it"
 
 
 def test_payload_of_one_checkpoint_under_the_header_of_another_is_rejected(tmp_path):

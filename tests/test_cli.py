@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from lossfns import cli, corpora, metrics
+from lossfns import checkpoint, cli, corpora, metrics, model_file
 from lossfns.tagger import Tagger
 
 TRAIN = """-DOCSTART- -X- O
@@ -170,3 +170,33 @@ def test_the_console_script_entry_point_runs(files):
         [sys.executable, "-m", "lossfns", "label", "--help"], capture_output=True, check=False, text=True
     )
     assert done.returncode == 0 and "--nbest" in done.stdout
+
+
+@pytest.mark.parametrize("link", ["same path", "symlink", "hard link"])
+def test_a_model_path_that_is_the_corpus_is_refused_before_training(files, capsys, link):
+    """`lossfns train -p P data.conll data.conll` wrote the model over the
+    corpus and exited 0; now it is refused before any work, by path or by
+    the file itself (a link to it)."""
+    directory, _model = files
+    corpus = directory / "train.conll"
+    model = {"same path": corpus, "symlink": directory / "link.conll", "hard link": directory / "hard.conll"}[link]
+    if link == "symlink":
+        model.symlink_to(corpus)
+    elif link == "hard link":
+        model.hardlink_to(corpus)
+    try:
+        assert cli.main(["train", "-p", str(directory / "ner.pattern"), "--quiet", str(corpus), str(model)]) == 2
+    finally:
+        if model != corpus:
+            model.unlink()
+    err = capsys.readouterr().err
+    assert "is the TRAIN file" in err and "* Train" not in err and "Traceback" not in err
+    assert corpus.read_text() == TRAIN
+
+
+def test_the_model_file_records_the_columns_its_pattern_reads(files):
+    """`%x[0,1]` is the pattern's highest column: the model reads rows of 2 columns."""
+    _directory, model = files
+    data = model.read_bytes()
+    header, _ = checkpoint.unpack_file(model, data, model_file.MODEL_FILE)
+    assert header["reads"] == {"tokens": "columns", "columns": 2}

@@ -440,3 +440,20 @@ def test_prune_tolerates_vanished_files_and_directories(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert [p.name for p in sorted(tmp_path.glob("checkpoint-*"))] == [checkpoint.checkpoint_path(tmp_path, 3).name]
     checkpoint.prune_checkpoints(tmp_path / "gone", keep=1)
+
+
+def test_a_header_whose_reads_contradict_its_features_is_refused(saved):
+    path, data = saved
+    header, weights = _split(data)
+    assert header["reads"] == {"tokens": "columns", "columns": 2}  # preset crfsuite_ner: (word, POS) rows
+    header["reads"] = {"tokens": "columns", "columns": 9}
+    path.write_bytes(_repack(header, weights))
+    _assert_refused(path, "invalid header", "reads")
+
+
+def test_a_file_written_before_reads_was_recorded_still_loads(saved, taggers):
+    path, data = saved
+    header, weights = _split(data)
+    del header["reads"]
+    path.write_bytes(_repack(header, weights))
+    assert Tagger.load(path).predict(CORPUS_A) == taggers[0].predict(CORPUS_A)

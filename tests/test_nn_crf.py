@@ -472,3 +472,55 @@ def test_float32_is_nan_free_at_wide_scores_and_long_sequences():
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in leaves)
     nodes = crf.marginals(emissions, mask)
     assert_close(np.asarray(nodes).sum(-1), mask.astype(float), atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Under jit: bad tags and NaN emissions inside a sequence give NaN, padding nothing
+# ---------------------------------------------------------------------------
+
+_LOSSES = {
+    "log_likelihood": lambda crf, e, tags, mask: crf.log_likelihood(e, tags, mask),
+    "softmax_margin_loss": lambda crf, e, tags, mask: crf.softmax_margin_loss(e, tags, mask),
+}
+
+
+def _value_and_emission_grad(loss, emissions, tags, mask):
+    crf = random_crf(L, 0)
+    per_sequence = lambda e: loss(crf, e, tags, mask)
+    return jax.jit(lambda e: (per_sequence(e), jax.grad(lambda e: jnp.sum(per_sequence(e)))(e)))(emissions)
+
+
+@pytest.mark.parametrize("loss", list(_LOSSES), ids=list(_LOSSES))
+@pytest.mark.parametrize("bad", ["tag L", "tag -1", "NaN gold emission", "NaN other emission"])
+def test_bad_input_inside_a_sequence_under_jit_is_nan_in_value_and_gradient(loss, bad):
+    """Under jit nothing can raise: a tag outside [0, L) was clamped (the
+    value of tag L - 1, its gradient without the gold term) and a NaN
+    emission gave a finite gradient; both now give NaN for that sequence
+    only, in the value and in the gradient of its emissions."""
+    tags = jnp.array([[0, 1, 2, 0], [2, 1, 0, 0]])
+    emissions = random_emissions((2, T, L), 1)
+    mask = prefix_mask([4, 3], T)
+    tags, emissions = {
+        "tag L": (tags.at[0, 2].set(L), emissions),
+        "tag -1": (tags.at[0, 0].set(-1), emissions),
+        "NaN gold emission": (tags, emissions.at[0, 1, 1].set(jnp.nan)),
+        "NaN other emission": (tags, emissions.at[0, 1, 0].set(jnp.nan)),
+    }[bad]
+    values, gradients = _value_and_emission_grad(_LOSSES[loss], emissions, tags, mask)
+    assert np.isnan(values[0]) and np.isnan(gradients[0]).any()
+    assert np.isfinite(values[1]) and np.isfinite(gradients[1]).all()
+
+
+@pytest.mark.parametrize("loss", list(_LOSSES), ids=list(_LOSSES))
+def test_padding_may_hold_any_tag_and_nan_emissions_under_jit(loss):
+    """Past each length nothing is read: -1 or L tags and NaN emissions
+    there leave values and gradients finite, as with clean padding."""
+    tags = jnp.array([[0, 1, 2, 0], [2, 1, 0, 0]])
+    emissions = random_emissions((2, T, L), 1)
+    mask = prefix_mask([4, 2], T)
+    clean = _value_and_emission_grad(_LOSSES[loss], emissions, tags, mask)
+    padded = _value_and_emission_grad(
+        _LOSSES[loss], emissions.at[1, 2:].set(jnp.nan), tags.at[1, 2].set(L).at[1, 3].set(-1), mask
+    )
+    np.testing.assert_array_equal(padded[0], clean[0])
+    np.testing.assert_array_equal(padded[1], clean[1])

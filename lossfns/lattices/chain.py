@@ -53,7 +53,16 @@ import numpy as np
 
 from .. import semirings
 from ..semirings import Semiring
-from ..validation import as_float_array, as_labels, as_lengths, check_finite_or_neg_inf, concrete
+from ..validation import (
+    as_float_array,
+    as_labels,
+    as_lengths,
+    check_finite_or_neg_inf,
+    check_key,
+    concrete,
+    labels_in_range,
+    nan_unless,
+)
 from . import decode, kernel, sparse_chain, tree_product
 from .forms import (
     DensePotentials,
@@ -391,10 +400,14 @@ def _row_score_instance(potentials, length, labels, starts):
     if T == 0:
         return jnp.zeros((), potentials.dtype)
     valid = jnp.arange(T) < length
+    in_range = labels_in_range(labels, potentials.num_labels, valid)
     starts = kernel.row_starts(starts, length)
-    labels = jnp.where(valid, labels, 0)
+    labels = jnp.where(valid & in_range, labels, 0)
     previous = jnp.where(starts, 0, jnp.concatenate([jnp.zeros((1,), labels.dtype), labels[:-1]]))
-    return jnp.sum(jnp.where(valid, potentials.score_terms(labels, previous, starts), 0.0))
+    total = jnp.sum(jnp.where(valid, potentials.score_terms(labels, previous, starts), 0.0))
+    # Under jit a label outside [0, L) would be read as another, and a NaN
+    # score's derivative would be a finite one-hot: NaN in both instead.
+    return nan_unless(jnp.all(in_range) & ~jnp.isnan(total), total)
 
 
 def _viterbi_instance(potentials, length):
@@ -457,6 +470,7 @@ def sample(key, potentials, lengths=None):
     """One exact sample from `P(y | x)` per chain (forward filtering, backward
     sampling), `labels [..., T]` int32 with -1 past each length, and -1
     everywhere for a chain with no allowed sequence (as `viterbi`)."""
+    check_key("key", key)
     potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
     keys = jax.random.split(key, math.prod(batch_shape)).reshape(batch_shape + key.shape)
     return _map_batch(_sample_instance, potentials, lengths, keys)

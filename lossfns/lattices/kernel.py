@@ -524,8 +524,9 @@ def _contract(tangent, weights):
 
 def _masked(weights, tangent):
     """A tangent where its weight (a marginal) is zero may be infinite (a -inf
-    score's): 0 * inf must not leak in."""
-    return jnp.where(weights > 0, tangent, 0.0)
+    score's): 0 * inf must not leak in. A NaN weight (NaN scores inside the
+    chain) is kept, so the derivative is NaN as the value is."""
+    return jnp.where((weights > 0) | jnp.isnan(weights), tangent, 0.0)
 
 
 def factored_tangent(potentials, length, starts, forward: Forward, tangent):

@@ -180,7 +180,8 @@ def log_node_marginals(potentials, lengths=None, *, algorithm: str = "auto") -> 
     backward = _all_forward_scores(reversed_potentials, lengths, batch_ndim, algorithm)
     scores = forward + _reversed_in_time(backward, lengths, batch_ndim, 0) - own
     log_norm = semirings.logsumexp(scores, -1)[..., None]
-    possible = jnp.isfinite(log_norm)  # no allowed sequence at all: every label -inf
-    log_marginals = jnp.where(possible, scores - jnp.where(possible, log_norm, 0.0), -jnp.inf)
+    # No allowed sequence at all: every label -inf (NaN scores stay NaN).
+    impossible = jnp.isneginf(log_norm)
+    log_marginals = jnp.where(impossible, -jnp.inf, scores - jnp.where(impossible, 0.0, log_norm))
     inside = (jnp.arange(T) < lengths[..., None])[..., None]
     return jnp.where(inside, log_marginals, -jnp.inf)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from ..lattices.chain import FactoredPotentials
 from ..lattices.sparse_chain import SparsePotentials
-from ..validation import as_float_array, as_labels, as_lengths
+from ..validation import as_float_array, as_labels, as_lengths, labels_in_range, nan_unless
 
 # Forms whose label scores are a `unary [..., T, L]` field.
 _UNARY_FORMS = (FactoredPotentials, SparsePotentials)
@@ -34,9 +34,13 @@ def chain_inputs(potentials, labels, lengths):
 
 
 def gold_label_scores(per_label: jax.Array, labels: jax.Array, inside: jax.Array) -> jax.Array:
-    """`per_label[..., t, labels[..., t]]`, `[..., T]` (label 0 read outside the length)."""
-    safe = jnp.where(inside, labels, 0)
-    return jnp.take_along_axis(per_label, safe[..., None], axis=-1)[..., 0]
+    """`per_label[..., t, labels[..., t]]`, `[..., T]` (label 0 read outside
+    the length); NaN, in value and derivative, where a label inside is
+    outside `[0, L)` or reads a NaN (traced labels are not checked)."""
+    in_range = labels_in_range(labels, per_label.shape[-1], inside)
+    safe = jnp.where(inside & in_range, labels, 0)
+    gold = jnp.take_along_axis(per_label, safe[..., None], axis=-1)[..., 0]
+    return nan_unless(in_range & ~jnp.isnan(gold), gold)
 
 
 def add_to_label_scores(potentials, extra: jax.Array):
@@ -56,5 +60,6 @@ def excess_over_gold(reference: jax.Array, gold: jax.Array) -> jax.Array:
     all both are -inf: the reference is replaced by 0 (with a zero gradient),
     so the answer is +inf there too rather than NaN. Otherwise the gradient
     is the plain difference of gradients, finite even when the value is +inf.
+    A NaN reference (NaN scores) stays NaN.
     """
-    return jnp.where(jnp.isfinite(reference), reference, 0.0) - gold
+    return jnp.where(jnp.isneginf(reference), 0.0, reference) - gold

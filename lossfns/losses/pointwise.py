@@ -59,15 +59,18 @@ def _sum_positions(per_position_loss, log_probability, inside):
 
     A sequence whose sum is not finite (a zero marginal, or a sum beyond the
     float range) is +inf with a zero gradient: `per_position_loss` is
-    differentiated only where the whole sum is finite, so no inf or NaN
-    reaches autodiff.
+    differentiated only where the whole sum is finite, so no inf reaches
+    autodiff (a NaN sum, from NaN input, stays NaN in value and gradient).
     """
 
     def total(log_p):
         return jnp.sum(jnp.where(inside, per_position_loss(log_p), 0.0), axis=-1)
 
-    finite = jnp.isfinite(total(jax.lax.stop_gradient(log_probability)))
-    return jnp.where(finite, total(jnp.where(finite[..., None], log_probability, 0.0)), jnp.inf)
+    checked = total(jax.lax.stop_gradient(log_probability))
+    # Only an infinite sum is cut off: a NaN one (a NaN score, a label outside
+    # [0, L) under jit) is differentiated, so that its gradient is NaN too.
+    kept = ~jnp.isinf(checked)
+    return jnp.where(kept, total(jnp.where(kept[..., None], log_probability, 0.0)), jnp.inf)
 
 
 def pointwise_log_loss(

@@ -14,13 +14,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..validation import as_mask
+
 
 def _penalised_leaves(params, mask):
     """The leaves of `params` with excluded entries set to 0."""
     if mask is None:
         return jax.tree_util.tree_leaves(params)
-    if callable(mask):
-        mask = mask(params)
+    mask = as_mask(mask, params)
     selected = jax.tree_util.tree_map(
         lambda keep, subtree: jax.tree_util.tree_map(lambda x: jnp.where(keep, x, 0.0), subtree), mask, params
     )

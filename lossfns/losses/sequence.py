@@ -56,9 +56,10 @@ def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
     log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     # Rounding can make log Z - s a hair negative when the gold sequence holds
     # all the mass; the exact loss there is 0 and its gradient is 0 too.
-    # The second `where` gives an infinite loss a zero (not NaN) gradient.
-    finite_positive = (log_loss > 0) & jnp.isfinite(log_loss)
-    loss = jnp.expm1(jnp.where(finite_positive, log_loss, 0.0))
+    # The second `where` gives an infinite loss a zero (not NaN) gradient; a
+    # NaN one (NaN input) stays NaN in value and gradient.
+    kept = ((log_loss > 0) & jnp.isfinite(log_loss)) | jnp.isnan(log_loss)
+    loss = jnp.expm1(jnp.where(kept, log_loss, 0.0))
     return jnp.where(jnp.isinf(log_loss), jnp.inf, loss)
 
 
@@ -73,7 +74,7 @@ def log_sequence_exp_loss(
     `(1 / (1 - P(y | x))) (E_P[S | x] - S(x, y))`.
     """
     log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
-    positive = log_loss > 0
+    positive = (log_loss > 0) | jnp.isnan(log_loss)  # NaN input stays NaN, in the gradient too
     safe = jnp.where(positive, log_loss, 1.0)
     # log(expm1(d)) = d + log(1 - exp(-d)): no overflow for large d, and the
     # correction's derivative goes to 0 (not NaN) as d -> +inf.

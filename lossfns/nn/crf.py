@@ -398,8 +398,8 @@ def _partial_log_likelihood(crf: CRF, emissions, lengths, prefix, possible):
     potentials = crf._potentials(emissions, lengths)
     restricted = potentials._replace(unary=jnp.where(possible, potentials.unary, -jnp.inf))
     log_z = chain.log_partition(potentials, lengths)
-    # No allowed sequence at all: -inf, not -inf - (-inf).
-    value = chain.log_partition(restricted, lengths) - jnp.where(jnp.isfinite(log_z), log_z, 0.0)
+    # No allowed sequence at all: -inf, not -inf - (-inf) (NaN scores stay NaN).
+    value = chain.log_partition(restricted, lengths) - jnp.where(jnp.isneginf(log_z), 0.0, log_z)
     return _invalid(value, prefix)
 
 

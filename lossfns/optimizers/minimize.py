@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from .. import validation
-from ..validation import concrete
+from ..validation import check_key, concrete
 
 # ---------------------------------------------------------------------------
 # Argument checks shared by the optimizers (static values only: Python
@@ -196,6 +196,22 @@ def warn_on_failure(status) -> None:
 def check_callable(name: str, value) -> None:
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+
+
+def check_objective(name: str, fun: Callable, *arguments) -> None:
+    """Refuse an objective whose value at `arguments` is not a real scalar
+    (e.g. a vector of per-example losses, which `jax.grad` refuses deep in the
+    loop): its output is found by tracing it once (`jax.eval_shape`), before
+    any step."""
+    out = jax.eval_shape(fun, *arguments)
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+        return
+    given = f"an array of shape {shape} dtype {dtype}" if shape is not None else type(out).__name__
+    raise ValueError(
+        f"{name} must return a floating-point scalar (the objective to minimise), got {given}; "
+        "sum or average per-example losses (jnp.sum)"
+    )
 
 
 class LoopState(NamedTuple):
@@ -504,6 +520,7 @@ def minimize(
     check_optimizer(optimizer)
     check_int("max_steps", max_steps)
     check_float_params(params)
+    check_objective("fun", fun, params)
     relative_change_below(tol)
     loop = init_loop((params, optimizer.init(params)), max_steps, float_dtype(params))
     loop = advance(
@@ -610,8 +627,13 @@ def minimize_stochastic(
     check_optimizer(optimizer)
     check_int("num_epochs", num_epochs)
     check_float_params(params)
+    check_key("key", key)
     relative_change_below(tol)
     step_fn = epoch_step_fn(fun, optimizer, data, batch_size=batch_size, penalty=penalty)
+    batch = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct((batch_size,) + jnp.shape(x)[1:], jnp.result_type(x)), data
+    )
+    check_objective("fun", fun, params, batch)
     loop = init_loop((params, optimizer.init(params), key), num_epochs, float_dtype(params))
     return minimize_result(advance(lambda _: step_fn, relative_change_below(tol), loop, num_epochs))
 

@@ -30,6 +30,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from .. import losses
+from ..validation import as_mask
 from .minimize import LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, check_float_params, check_int, check_scalar
 
 
@@ -78,8 +79,7 @@ def penalised_vector(params, mask) -> jax.Array:
     flat, _ = ravel_pytree(params)
     if mask is None:
         return jnp.ones_like(flat)
-    if callable(mask):
-        mask = mask(params)
+    mask = as_mask(mask, params)
     spread = jax.tree_util.tree_map(
         lambda keep, subtree: jax.tree_util.tree_map(
             lambda x: jnp.broadcast_to(jnp.asarray(keep, flat.dtype), jnp.shape(x)), subtree
