@@ -326,3 +326,12 @@ def test_the_tagger_stays_a_thin_facade():
     assert "train_linear_chain(" in source
     for assembled_elsewhere in ("elastic_net_training", "optimizers.train(", "LinearChainModel.observed", "owlqn"):
         assert assembled_elsewhere not in source
+
+
+def test_a_pattern_with_only_transitions_trains_them():
+    """Issue 47: templates that give no observation feature (only `B`) used to
+    fail with ZeroDivisionError in the design product; the model then has
+    transitions alone, and learns them."""
+    corpus = [corpora.Sentence((("a",), ("b",)), ("X", "Y"))] * 3
+    tagger = Tagger("# comments only\nB\n", max_iterations=5, progress=False).fit(corpus)
+    assert tagger.history[-1] < tagger.history[0] and tagger.predict(corpus[:1]) == [("X", "Y")]

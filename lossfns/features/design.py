@@ -19,6 +19,7 @@ the transposed product then scales each scattered row by its value.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -148,7 +149,8 @@ def scatter_rows(num_features: int, ids: jax.Array, cotangent: jax.Array, values
 
 def _product(design: SparseDesign, table):
     """CSR `[R, K]` times `table [K, ...]` -> `[R, ...]` on the backend's sparse kernel."""
-    num_rows, flat = design.indptr.shape[0] - 1, table.reshape(table.shape[0], -1)
+    # The width spelled out: `reshape(K, -1)` cannot infer it when K = 0 (no features at all).
+    num_rows, flat = design.indptr.shape[0] - 1, table.reshape(table.shape[0], math.prod(table.shape[1:]))
     if design.indices.shape[0] == 0 or flat.shape[1] == 0:
         return jnp.zeros((num_rows,) + table.shape[1:], table.dtype)
     from jax.experimental import sparse  # here: importing it (and scipy.sparse) costs every process 0.3 s
