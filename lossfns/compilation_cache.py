@@ -20,7 +20,6 @@ import importlib.metadata
 import json
 import os
 import pickle
-import stat
 import sys
 import tempfile
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from jax._src import config as jax_config  # a context that turns JAX's own cache off (no public one)
+
+from . import checkpoint
 
 __all__ = [
     "cache_directory",
@@ -162,7 +163,7 @@ def load_executable(key: str | None):
     if path is None:
         return None
     try:
-        with open(path, "rb", opener=_open_regular) as file:
+        with checkpoint.open_regular(path, "cache entry", OSError) as file:
             size = os.fstat(file.fileno()).st_size
             head = file.read(len(_MAGIC) + 32)
             if size > _MAX_ENTRY_BYTES or head[: len(_MAGIC)] != _MAGIC:
@@ -176,15 +177,6 @@ def load_executable(key: str | None):
         return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
     except Exception:  # any damage or incompatibility: compile again, never fail the run
         return None
-
-
-def _open_regular(path, flags):
-    """Open only a regular file, without blocking on a FIFO put in the entry's place."""
-    descriptor = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise OSError(f"{path} is not a regular file")
-    return descriptor
 
 
 def store_executable(key: str | None, executable) -> None:

@@ -14,10 +14,8 @@ offset before using it and raises `checkpoint.ModelFileError` naming the file.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from collections.abc import Sequence
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -98,33 +96,16 @@ def is_crfsuite_file(path) -> bool:
     """Whether `path` is a regular file that starts with CRFsuite's magic bytes
     (to tell a CRFsuite model from a lossfns one before loading either)."""
     try:
-        with _opened(path) as file:
+        with checkpoint.open_regular(path, "CRFsuite model", checkpoint.ModelFileError) as file:
             return file.read(len(MAGIC)) == MAGIC
     except (checkpoint.ModelFileError, OSError):
         return False
 
 
-@contextmanager
-def _opened(path):
-    """`path` opened for reading, checked to be a regular file; opened without
-    blocking, as `open` of a FIFO would wait for a writer forever."""
-    try:
-        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise checkpoint.ModelFileError(f"CRFsuite model {path} does not exist") from None
-    mode = os.fstat(handle).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(handle)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
-        raise checkpoint.ModelFileError(f"CRFsuite model {path} is {kind}, not a regular file")
-    with open(handle, "rb") as file:
-        yield file
-
-
 def _read_regular_file(path) -> bytes:
     """The bytes of `path`, read whole only once its header's magic and size
     agree with the file (a large foreign file is refused after 48 bytes)."""
-    with _opened(path) as file:
+    with checkpoint.open_regular(path, "CRFsuite model", checkpoint.ModelFileError) as file:
         size = os.fstat(file.fileno()).st_size
         head = file.read(_HEADER.size)
         _check_frame(head, size, path)

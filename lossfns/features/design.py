@@ -26,6 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# At import, not where the product is traced: importing it registers the CSR kernel (an FFI
+# handler) that a compiled program loaded from the cache calls without tracing this module.
+from jax.experimental import sparse
+
 from .index import PackedCorpus
 
 
@@ -153,8 +157,6 @@ def _product(design: SparseDesign, table):
     num_rows, flat = design.indptr.shape[0] - 1, table.reshape(table.shape[0], math.prod(table.shape[1:]))
     if design.indices.shape[0] == 0 or flat.shape[1] == 0:
         return jnp.zeros((num_rows,) + table.shape[1:], table.dtype)
-    from jax.experimental import sparse  # here: importing it (and scipy.sparse) costs every process 0.3 s
-
     buffers = (design.values.astype(table.dtype), design.indices, design.indptr)  # numpy, moved by BCSR
     matrix = sparse.BCSR(buffers, shape=(num_rows, table.shape[0]))  # pyright: ignore[reportArgumentType]  # stubs: jax.Array
     # The CPU kernel is several times faster when the table's width is a
