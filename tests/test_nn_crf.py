@@ -126,6 +126,11 @@ def test_log_likelihood_gradients_and_paths_equal_pytorch_crf():
     expected.sum().backward()
     actual = crf.log_likelihood(emissions, tags, mask)
     assert_close(actual, expected.detach().numpy(), rtol=1e-5, atol=0)
+    for reduction in ("sum", "mean", "token_mean"):  # pytorch-crf's reductions
+        reduced = peer(torch.tensor(emissions), torch.tensor(tags), torch.tensor(mask), reduction=reduction)
+        assert_close(crf.log_likelihood(emissions, tags, mask, reduction=reduction), reduced.item(), rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        crf.log_likelihood(emissions, tags, mask, reduction="average")
 
     def total(crf, emissions):
         return jnp.sum(crf.log_likelihood(emissions, tags, mask))

@@ -106,6 +106,10 @@ def possible_tags(tags, num_tags: int) -> jax.Array:
     return (tags[..., None] < 0) | (tags[..., None] == jnp.arange(num_tags))
 
 
+#: `CRF.log_likelihood`'s reductions, pytorch-crf's and `"none"`.
+REDUCTIONS = ("none", "sum", "mean", "token_mean")
+
+
 class CRF(eqx.Module):
     """A linear-chain CRF head (pytorch-crf's parameters and meaning).
 
@@ -259,17 +263,28 @@ class CRF(eqx.Module):
         """`log Z`, the log of the summed exponentiated scores of every tag sequence, `[...]`."""
         return _log_partition(self, *self._prepare(emissions, mask, lengths))
 
-    def log_likelihood(self, emissions, tags, mask=None, *, lengths=None) -> jax.Array:
-        """`log P(tags | emissions)`, `[...]` (pytorch-crf's `forward` with
-        `reduction="none"`; train on `-jnp.mean` or `-jnp.sum` of it).
+    def log_likelihood(self, emissions, tags, mask=None, *, lengths=None, reduction: str = "none") -> jax.Array:
+        """`log P(tags | emissions)` (pytorch-crf's `forward`): per sequence
+        `[...]` with `reduction="none"` (the default; train on `-jnp.mean` or
+        `-jnp.sum` of it), or pytorch-crf's `"sum"`, `"mean"` (over sequences)
+        and `"token_mean"` (the sum over the tokens inside the lengths), `[]`.
 
         tags: `[..., T]` ints in `[0, L)` inside each sequence (anything, e.g.
         -1, past it). A gold sequence through a forbidden move gives -inf
         with a finite gradient.
         """
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS} (pytorch-crf's), got {reduction!r}")
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         tags = as_labels(tags, emissions.shape[:-1], self.num_tags, lengths, name="tags")
-        return _log_likelihood(self, emissions, lengths, prefix, tags)
+        per_sequence = _log_likelihood(self, emissions, lengths, prefix, tags)
+        if reduction == "none":
+            return per_sequence
+        if reduction == "sum":
+            return jnp.sum(per_sequence)
+        if reduction == "mean":
+            return jnp.mean(per_sequence)
+        return jnp.sum(per_sequence) / jnp.sum(lengths).astype(per_sequence.dtype)
 
     def decode(self, emissions, mask=None, *, lengths=None):
         """The best tag sequence (Viterbi; ties go to the lowest tag index).
