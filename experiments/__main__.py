@@ -8,7 +8,7 @@ import os
 import sys
 
 from . import EXPERIMENTS
-from .harness import RunDirectory
+from .harness import RunDirectory, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDirectory(out, command, compute_missing=not arguments.report_only, only=only)
     module = importlib.import_module(EXPERIMENTS[arguments.name])
     tasks = None if arguments.tasks is None else tuple(arguments.tasks.split(","))
-    module.run(run, quick=arguments.quick, progress=not arguments.no_progress, tasks=tasks)
+    try:
+        module.run(run, quick=arguments.quick, progress=not arguments.no_progress, tasks=tasks)
+    except UsageError as error:
+        parser.error(str(error))
+    unmatched = run.unmatched_patterns()
+    if unmatched:
+        # Checked once the run has asked for its units (they are known only then).
+        parser.error(
+            f"--units: {', '.join(map(repr, unmatched))} matched no unit of {arguments.name}; its units are "
+            f"{', '.join(run.names)}"
+        )
     run.write_command()
     print(f"results in {out}")
     return 0

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import altun2003
 from .altun2003 import L2_WEIGHT, LBFGS_CRITERION, PAPER_NER_F1
-from .harness import RunDirectory, converged_cell, markdown_table, missing_note, stale_note, verdict
+from .harness import RunDirectory, UsageError, converged_cell, markdown_table, missing_note, stale_note, verdict
 
 # MATH.md section 7 (Altun et al. 2003, Table 2): NER entity F1 for S1, S2, S3.
 PAPER_F1 = {
@@ -294,7 +294,9 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         for item in tasks:
             task, _, set_name = item.partition("-")
             if task not in task_configs or (set_name and set_name not in task_configs[task]["feature_sets"]):
-                raise ValueError(f"altun2002 tasks are {TASKS} or TASK-SET (e.g. ner-S2), got {item!r}")
+                raise UsageError(
+                    f"--tasks: altun2002's tasks are {', '.join(TASKS)} or TASK-SET (e.g. ner-S2), got {item!r}"
+                )
             chosen.setdefault(task, []).append(set_name)
         task_configs = {
             task: dict(

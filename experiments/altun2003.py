@@ -29,6 +29,7 @@ from .harness import (
     lbfgs_failure,
     markdown_table,
     plateau_convergence,
+    select_tasks,
     stale_note,
     trace_convergence,
     verdict,
@@ -67,6 +68,7 @@ FULL = {
         num_dev=None,
         feature_sets=("S1", "S2", "S3"),
         num_buckets=6,
+        max_length=None,
         max_steps=2000,
         max_steps_by_loss=POINTWISE_EXP_CAP,
         perceptron_epochs=100,
@@ -81,6 +83,7 @@ FULL = {
         num_dev=None,
         feature_sets=("S1", "S2"),
         num_buckets=6,
+        max_length=None,
         max_steps=2000,
         max_steps_by_loss=POINTWISE_EXP_CAP,
         perceptron_epochs=100,
@@ -90,33 +93,18 @@ FULL = {
         curve_losses=LOSSES,
     ),
 }
+# The quick run (the README's first command): small slices, each row run to
+# the full runs' own stop rule, so that its table shows converged rows.
+# Compiling, not iterating, is most of its time (on 2 shared cores, 20-50 s
+# for the losses' L-BFGS loop against 1-6 s for a row to converge), so it
+# keeps the shapes few: one length bucket, and one safety cap for every loss
+# (a loop's trace is as long as its cap, so another cap is another loop to
+# compile). Sentences of at most 40 tokens: a step's time grows with the
+# longest sentence (10 ms against 37 ms with the 106 tokens of the longest).
+_QUICK_SHAPES = dict(max_length=40, num_buckets=1, max_steps_by_loss={}, curve_sizes=())
 QUICK = {
-    "ner": dict(
-        num_train=120,
-        num_test=120,
-        num_dev=60,
-        feature_sets=("S1", "S2", "S3"),
-        num_buckets=1,
-        max_steps=12,
-        perceptron_epochs=3,
-        perceptron_patience=2,
-        curve_sizes=(),
-        curve_set="S2",
-        curve_losses=LOSSES,
-    ),
-    "pos": dict(
-        num_train=60,
-        num_test=60,
-        num_dev=60,
-        feature_sets=("S1", "S2"),
-        num_buckets=1,
-        max_steps=12,
-        perceptron_epochs=3,
-        perceptron_patience=2,
-        curve_sizes=(),
-        curve_set="S2",
-        curve_losses=LOSSES,
-    ),
+    "ner": dict(FULL["ner"], num_train=140, num_test=140, num_dev=140, **_QUICK_SHAPES),
+    "pos": dict(FULL["pos"], num_train=60, num_test=60, num_dev=60, **_QUICK_SHAPES),
 }
 LBFGS_STOP = optimizers.relative_improvement_below(1e-5, 10)
 # The pointwise losses read the gold marginals in log space since lossfns
@@ -138,12 +126,20 @@ BOOSTING = {
     "ner": dict(piece_length=8, max_rounds=100000, tol=1e-3, window=1000, eval_every=1000, patience=5),
     "pos": dict(piece_length=8, max_rounds=100000, tol=1e-3, window=1000, eval_every=1000, patience=5),
 }
-BOOSTING_QUICK = {
-    "ner": dict(piece_length=8, max_rounds=100, tol=1e-3, window=50, eval_every=25, patience=2),
-    "pos": dict(piece_length=8, max_rounds=100, tol=1e-3, window=50, eval_every=25, patience=2),
-}
+# Quick boosting: the full runs' rules, with development scores every 50
+# rounds (a slice plateaus within a few hundred), and every round a full
+# pass over the pieces: compiling the incremental rounds' branches took
+# longer (42 s against 17 s on 2 shared cores) than the full passes they
+# save on a few hundred pieces.
+BOOSTING_QUICK = {task: dict(config, eval_every=50, full_passes=True) for task, config in BOOSTING.items()}
 L2_WEIGHT = 0.1  # Gaussian prior sigma^2 = 10, for every loss and task
 SEED = 0
+
+
+def slice_settings(data) -> dict:
+    """The unit settings of a slice of short sentences (`tagging.TaskData.max_length`):
+    none for the full runs' whole corpora, whose units were saved without it."""
+    return {} if data.max_length is None else {"max_length": data.max_length}
 
 
 def loss_max_steps(config: dict, loss: str) -> int:
@@ -184,6 +180,8 @@ def train_unit(
             stop=LBFGS_STOP,
             checkpoint_dir=os.path.join(run.root, "checkpoints", name),
             progress=progress,
+            # One compiled loop for the four losses on sentences; the pieces are altun2002's one loss.
+            compiled_with=LOSSES if piece_length is None else None,
         )
         score, token_error = tagging.decode_scores(result.params, encoded.test[set_name], encoded.test_order, data)
         print(f"  {name}: {score:.2f} ({result.num_steps} steps, {result.train_seconds:.0f} s)", flush=True)
@@ -216,7 +214,7 @@ def train_unit(
         settings["marginals"] = POINTWISE_MARGINALS
     if piece_length is not None:
         settings["piece_length"] = piece_length
-    return run.unit(name, compute, settings)
+    return run.unit(name, compute, settings | slice_settings(data))
 
 
 def _perceptron_unit(run: RunDirectory, name: str, data, encoded, set_name: str, config: dict, progress: bool) -> dict:
@@ -262,7 +260,7 @@ def _perceptron_unit(run: RunDirectory, name: str, data, encoded, set_name: str,
         "num_train": config["num_train"],
         "num_dev": config["num_dev"],
     }
-    return run.unit(name, compute, settings)
+    return run.unit(name, compute, settings | slice_settings(data))
 
 
 def boosting_pieces(buckets, piece_length: int):
@@ -283,8 +281,9 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
     resumable from the checkpoints of its chunks."""
 
     def compute():
+        pieces = boosting_pieces(encoded.train[set_name], config["piece_length"])
         sparse = chain_boosting_data(
-            *boosting_pieces(encoded.train[set_name], config["piece_length"]), encoded.num_features, len(data.labels)
+            *pieces, encoded.num_features, len(data.labels), **boosting_tiers(config, len(pieces[2]))
         )
         directory = os.path.join(run.root, "checkpoints", name)
         dev_score = lambda theta, _: tagging.evaluate(
@@ -339,7 +338,8 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
             "chosen_features": [int(v) for v in result.loop.inner.history.feature[:rounds]],
         }
 
-    result = run.unit(name, compute, config | {"num_train": len(data.train), "num_dev": len(data.dev)})
+    settings = config | {"num_train": len(data.train), "num_dev": len(data.dev)} | slice_settings(data)
+    result = run.unit(name, compute, settings)
     # Units saved before this field was per feature set recorded the size of
     # the index all feature sets share.
     return (
@@ -347,6 +347,15 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
         if result is None
         else result | {"num_weak_learners": num_weak_learners(encoded, set_name, len(data.labels))}
     )
+
+
+def boosting_tiers(config: dict, num_pieces: int) -> dict:
+    """`chain_boosting_data`'s `tiers` for `config`: the library's default,
+    or with `full_passes` a single tier of all `num_pieces` pieces, which it
+    drops as no cheaper than a full pass (so every round makes one). The
+    full configurations have no `full_passes`: their units' settings stay
+    those they were run with."""
+    return {"tiers": (num_pieces,)} if config.get("full_passes") else {}
 
 
 def num_weak_learners(encoded, set_name: str, num_labels: int) -> int:
@@ -359,7 +368,9 @@ def num_weak_learners(encoded, set_name: str, num_labels: int) -> int:
 def load_and_encode(task: str, config: dict) -> tuple:
     """`(data, encoded)`: the task's corpus as this experiment's units train
     and test on it (`experiments.altun2002` reads the same)."""
-    data = tagging.load_task(task, config["num_train"], config["num_test"], SEED, num_dev=config["num_dev"])
+    data = tagging.load_task(
+        task, config["num_train"], config["num_test"], SEED, num_dev=config["num_dev"], max_length=config["max_length"]
+    )
     print(
         f"[{task}] {data.source}: {len(data.train)} train / {len(data.test)} test sentences, {len(data.labels)} labels",
         flush=True,
@@ -417,6 +428,7 @@ def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosti
         "metric": data.metric,
         "num_train": len(data.train),
         "num_test": len(data.test),
+        "max_length": data.max_length,
         "num_labels": len(data.labels),
         "num_features_K": encoded.num_features,
         "rows": rows,
@@ -556,7 +568,14 @@ def _conclusions_text(task: str, claims: list, quick: bool) -> list[str]:
     return lines + [""]
 
 
-def _boosting_note(results: dict) -> str:
+def _convergence_line(rows) -> str:
+    """A Markdown line: how many of a table's rows met their criterion, and which did not."""
+    missed = [f"{row['features']} {row['loss']}" for row in rows if not row["convergence"]["met"]]
+    line = f"Converged: {len(rows) - len(missed)} of {len(rows)} rows, each by the criterion its `converged` cell names"
+    return line + (f"; not converged: {', '.join(missed)}.\n" if missed else ".\n")
+
+
+def _boosting_note(results: dict, quick: bool) -> str:
     """How each boosting row stopped (converged or the round cap), its rounds and wall time."""
     rows = [r for result in results.values() for r in result["rows"] if r["loss"] == "boosting"]
     if not rows:
@@ -570,7 +589,8 @@ def _boosting_note(results: dict) -> str:
     ]
     return (
         "Boosting rows: the library's sequence boosting (`lossfns.optimizers.boost` on "
-        "`chain_boosting_data`, line-search bound, no prior) on the full training set cut into pieces of "
+        "`chain_boosting_data`, line-search bound, no prior) on the "
+        f"{'training slice (every round a full pass)' if quick else 'full training set'} cut into pieces of "
         f"{rows[0]['config']['piece_length']} tokens, stopped when the development score (every `eval_every` "
         "rounds) had not improved in `patience` evaluations, when the log exp-loss fell by less than "
         "log(1 + tol) over `window` rounds, or at the round cap (configuration in the JSON); the score is "
@@ -600,10 +620,11 @@ def _table(task: str, result: dict, feature_sets) -> str:
         row += [found[s]["train_seconds"] if s in found else None for s in feature_sets]
         row += [found[s]["nonzero_parameters"] if s in found else None for s in feature_sets]
         rows.append(row)
+    short = "" if result["max_length"] is None else f" of at most {result['max_length']} tokens"
     lines = [
         f"### {task.upper()}: {metric}, {result['source']}",
         "",
-        f"{result['num_train']} training / {result['num_test']} test sentences, {result['num_labels']} labels.",
+        f"{result['num_train']} training / {result['num_test']} test sentences{short}, {result['num_labels']} labels.",
         "",
         markdown_table(header, rows),
     ]
@@ -645,7 +666,8 @@ def _plot_feature_sets(run: RunDirectory, results: dict) -> str:
 
 def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=None) -> dict:
     """Run the experiment (`tasks`: a subset of ("ner", "pos"), default both)."""
-    configs = {task: config for task, config in (QUICK if quick else FULL).items() if tasks is None or task in tasks}
+    base = QUICK if quick else FULL
+    configs = {task: base[task] for task in select_tasks("altun2003", tasks, tuple(base))}
     boosting = BOOSTING_QUICK if quick else BOOSTING
     results = {task: _run_task(run, task, config, progress, boosting.get(task)) for task, config in configs.items()}
     for task, result in results.items():
@@ -673,24 +695,25 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     document = [
         "# Altun, Johnson & Hofmann (2003): four losses x feature sets",
         "",
-        f"Mode: {'quick (small slices, few iterations: not comparable to the paper)' if quick else 'full'}. "
+        f"Mode: {'quick (small slices, each row run to its criterion: not comparable to the paper)' if quick else 'full'}. "
         f"L-BFGS (optax.lbfgs), Gaussian prior sigma^2 = {1 / L2_WEIGHT:g}, until the "
         f"{LBFGS_CRITERION}; averaged perceptron shuffled each epoch (seed {SEED}) until its development "
         f"score has not improved for {configs[next(iter(configs))]['perceptron_patience']} epochs (the best "
         f"epoch's model is scored; development set: NER esp.testa, POS the NLTK treebank sample); caps "
-        f"({caps}){'' if quick else ': safety limits far beyond convergence'}. The `converged` columns say "
+        f"({caps}): safety limits far beyond convergence. The `converged` columns say "
         f"which criterion each row met and at which step, or why not. L-BFGS seconds exclude compilation (in the JSON); "
         f"averaged-perceptron seconds include it.",
         "",
     ]
     for task, result in results.items():
         document.append(_table(task, result, configs[task]["feature_sets"]))
+        document.append(_convergence_line(result["rows"]))
         document += stale_note(result["rows"] + result["learning_curve"])
         document += _conclusions_text(task, conclusions[task], quick)
         if len({r["num_train_sentences"] for r in result["learning_curve"]}) > 1:
             document.append(f"![learning curve]({os.path.basename(_plot_curves(run, task, result))})\n")
     document.append(f"![losses by feature set]({os.path.basename(_plot_feature_sets(run, results))})\n")
-    document.append(_boosting_note(results))
+    document.append(_boosting_note(results, quick))
     document += floors_section(floors, "issue 7; real corpora, full runs only", "row missing")
     run.write_text("results.md", "\n".join(document) + "\n")
     summary = {

@@ -88,6 +88,7 @@ from .harness import (
     markdown_table,
     missing_note,
     plateau_convergence,
+    select_tasks,
     stale_note,
     verdict,
 )
@@ -859,10 +860,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         config["domains"] = SYNTHETIC_DOMAINS[: len(config["domains"])]
         config["figure_setting"] = (config["domains"][-1], config["figure_setting"][1])
     if tasks is not None:
-        unknown = set(tasks) - set(config["domains"])
-        if unknown:
-            raise ValueError(f"gao2006 tasks are domains {config['domains']}, got {sorted(unknown)}")
-        config["domains"] = tuple(d for d in config["domains"] if d in tasks)
+        config["domains"] = select_tasks("gao2006", tasks, config["domains"])
         if config["figure_setting"][0] not in config["domains"]:
             config["figure_setting"] = (config["domains"][-1], config["figure_setting"][1])
     baselines, settings = {}, {}

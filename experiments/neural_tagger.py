@@ -53,7 +53,7 @@ from lossfns import checkpoint, corpora, metrics
 from lossfns.nn import CRF
 
 from . import synthetic
-from .harness import RunDirectory, markdown_table
+from .harness import RunDirectory, markdown_table, select_tasks
 
 HEADS = ("crf", "softmax")
 SEED = 0
@@ -471,7 +471,7 @@ def sparse_tagger_results(path: str = TAGGER_RESULTS) -> dict | None:
 def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=None) -> dict:
     """Train both heads (`tasks`: a subset of `HEADS`), write the table."""
     config = QUICK if quick else FULL
-    heads = tuple(h for h in HEADS if tasks is None or h in tasks)
+    heads = select_tasks("neural_tagger", tasks, HEADS)
     splits = load(config["num_train"], config["num_eval"])
     vocab = vocabulary(splits.train, splits.labels)
     data = {name: bucketise(getattr(splits, name), vocab, config) for name in ("train", "dev", "test")}

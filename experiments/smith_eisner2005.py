@@ -71,6 +71,7 @@ from .harness import (
     converged_cell,
     floors_section,
     markdown_table,
+    select_tasks,
     stale_note,
     trace_convergence,
     verdict,
@@ -1381,10 +1382,7 @@ def _table3_findings(result: dict, config: dict, quick: bool) -> list[str]:
 def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=None) -> dict:
     """Run the experiment (`tasks`: a subset of ("figure2", "table3"), default both)."""
     config = QUICK if quick else FULL
-    tasks = ("figure2", "table3") if tasks is None else tuple(tasks)
-    unknown = set(tasks) - {"figure2", "table3"}
-    if unknown:
-        raise ValueError(f"unknown tasks {sorted(unknown)}; choose from figure2, table3")
+    tasks = select_tasks("smith_eisner2005", tasks, ("figure2", "table3"))
     results = {}
     if "figure2" in tasks:
 

@@ -2,7 +2,9 @@
 float32 tests build float32 arrays explicitly."""
 
 import os
+import shutil
 import signal
+import tempfile
 
 # The suite's cost is XLA's compilation of many small programs, not running
 # them: LLVM's optimisation passes are skipped, and fusions are emitted by
@@ -14,9 +16,17 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 ).strip()
 
+# JAX's persistent cache keeps every program, however small and quick to
+# compile: most of the suite's are (the library's `compilation_cache.enable`
+# sets the same in-process; subprocesses read these).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
+
+from lossfns import compilation_cache
 
 jax.config.update("jax_enable_x64", True)
 
@@ -28,6 +38,38 @@ settings.register_profile(
     derandomize=True,
 )
 settings.load_profile("ci")
+
+
+# One compilation cache for the whole run (`lossfns.compilation_cache`: the
+# library's stored executables and JAX's own cache in its `xla` folder),
+# shared by the xdist workers and every subprocess a test starts, so that a
+# program compiled by one process is loaded by the next. It is new for each
+# run, so a run's time and results never depend on an earlier run's entries;
+# a folder already named in LOSSFNS_CACHE_DIR (or `off`) is used as it is.
+_RUN_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    # The controller configures before it starts the workers, which inherit the variable.
+    if compilation_cache.ENVIRONMENT_VARIABLE not in os.environ:
+        config.stash[_RUN_CACHE] = tempfile.mkdtemp(prefix="lossfns-test-cache-")
+        os.environ[compilation_cache.ENVIRONMENT_VARIABLE] = config.stash[_RUN_CACHE]
+    compilation_cache.enable()
+
+
+def pytest_unconfigure(config):
+    if _RUN_CACHE in config.stash:
+        shutil.rmtree(config.stash[_RUN_CACHE], ignore_errors=True)
+
+
+def subprocess_environment(**variables) -> dict:
+    """`os.environ` with `variables`, and JAX's cache folder of this run named
+    (a child does not turn JAX's cache on by itself: only the library's
+    entry points do, `compilation_cache.enable`)."""
+    environment = dict(os.environ)
+    if jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue]
+        environment["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
+    return environment | variables
 
 
 def corpus_or_fail(path_parts):

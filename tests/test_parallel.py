@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import subprocess_environment
 
 from lossfns import parallel
 
@@ -89,9 +90,12 @@ _SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def runs():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    # The suite's XLA flags (conftest: quicker compilation) and four host devices.
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env = subprocess_environment(
+        XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, check=False, text=True, timeout=600
     )
