@@ -47,7 +47,7 @@ import functools
 import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -185,7 +185,7 @@ class TrainingLog(NamedTuple):
         return self.iterations[-1] if self.iterations else {}
 
 
-def _listed(value):
+def _listed(value) -> Any:
     """An iterator (a generator of sentences) as a list; anything else as it is."""
     iterable = isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict))
     return list(value) if iterable and not isinstance(value, Sequence) else value
@@ -426,7 +426,7 @@ class CRF(BaseEstimator):
                 _crfsuite_model(tagger, corpus, index, ids, len(labels), self._min_freq()),
             )
         _check_trained(tagger, corpus, algorithm)
-        self._tagger = CrfsuiteTagger(tagger)
+        self._crfsuite_tagger = CrfsuiteTagger(tagger)
         if self.model_filename is not None:  # CRFsuite's format, as sklearn-crfsuite writes it
             crfsuite_model.write(self.model_filename, crfsuite_model.from_saved_model(tagger.saved()))
         dev = None if X_dev is None else self.score(X_dev, y_dev)
@@ -468,11 +468,11 @@ class CRF(BaseEstimator):
         """The model as a `pycrfsuite.Tagger`-like `CrfsuiteTagger` (`.tagger`:
         the lossfns `Tagger`); before `fit`, None, unless `model_filename` names
         a model file (CRFsuite's or lossfns'), which it then opens, as sklearn-crfsuite does."""
-        tagger = self.__dict__.get("_tagger")
+        tagger = self.__dict__.get("_crfsuite_tagger")
         if tagger is None and self.model_filename is not None and os.path.exists(self.model_filename):
             tagger = CrfsuiteTagger()
             tagger.open(self.model_filename)
-            self._tagger = tagger
+            self._crfsuite_tagger = tagger
         return tagger
 
     def _fitted(self) -> Tagger:
@@ -558,15 +558,15 @@ class CRF(BaseEstimator):
         # The model travels as its model file's bytes (jax arrays and the
         # Tagger's optimizer closures do not pickle).
         state = dict(super().__getstate__())  # a copy: the base may return __dict__ itself
-        if state.get("_tagger") is not None:
-            state["_tagger"] = model_file.to_bytes(state["_tagger"].tagger.saved())
+        if state.get("_crfsuite_tagger") is not None:
+            state["_crfsuite_tagger"] = model_file.to_bytes(state["_crfsuite_tagger"].tagger.saved())
         return state
 
     def __setstate__(self, state):
-        if isinstance(state.get("_tagger"), bytes):
+        if isinstance(state.get("_crfsuite_tagger"), bytes):
             tagger = CrfsuiteTagger()
-            tagger.open_inmemory(state["_tagger"])
-            state = dict(state, _tagger=tagger)
+            tagger.open_inmemory(state["_crfsuite_tagger"])
+            state = dict(state, _crfsuite_tagger=tagger)
         super().__setstate__(state)
 
 
@@ -704,7 +704,8 @@ def _sentence_data(corpus, index, ids: list) -> SequenceData:
     sentence_values = None if values is None else np.where(real, values[positions], 0.0)
     labels = ragged_rows(np.fromiter(itertools.chain.from_iterable(ids), np.int32), lengths, np.int32(-1))
     inputs = (sentence_ids, sentence_values)
-    return jax.device_put(SequenceData(inputs, labels, lengths.astype(np.int32)))  # no per-shape copy program
+    sentences = SequenceData(inputs, labels, lengths.astype(np.int32))  # pyright: ignore[reportArgumentType]  # numpy until put
+    return jax.device_put(sentences)  # device_put: jnp.asarray would compile a copy program per shape
 
 
 def _crfsuite_model(tagger: Tagger, corpus, index, ids: list, num_labels: int, min_freq: float) -> LinearChainModel:

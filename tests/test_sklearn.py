@@ -269,6 +269,8 @@ def test_bad_data_is_refused_before_training_or_read_as_python_crfsuite_reads_it
     generated = CRF(max_iterations=5).fit((x for x in X), (labels for labels in y))
     assert generated.training_log_.iterations == CRF(max_iterations=5).fit(X, y).training_log_.iterations
     assert CRF(min_freq=1e9, max_iterations=3).fit(X, y).state_features_ == {}  # every feature below min_freq
+    refit = CRF(max_iterations=3).fit(X, y)
+    assert refit.fit(X, y).tagger_ is not None  # a second fit of one estimator
 
 
 def test_an_untrained_model_is_an_error_naming_the_feature():

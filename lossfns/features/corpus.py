@@ -319,9 +319,8 @@ def bucket_corpora(packed: PackedCorpus, num_features: int) -> list[CorpusArrays
         flat = cells.positions[0].reshape(-1)
         inside = flat >= 0
         take = lambda stack, fill: np.where(inside[:, None], stack[np.maximum(flat, 0)], fill)
-        values = (
-            None if cells.unigram_values is None else take(_rows_or_empty(packed.unigram_values, unigram_width), 0.0)
-        )
+        stack_values = packed.unigram_values
+        values = None if stack_values is None else take(_rows_or_empty(stack_values, unigram_width), 0.0)
         cells = cells._replace(
             unigram_ids=take(_rows_or_empty(packed.unigram_ids, unigram_width), PADDING_ID).astype(np.int32),
             pair_ids=take(_rows_or_empty(packed.pair_ids, pair_width), PADDING_ID).astype(np.int32),
