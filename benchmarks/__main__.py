@@ -9,6 +9,7 @@ and a markdown summary to `benchmarks/results/`.
     python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
     python -m benchmarks --only sklearn --tag cpu-sklearn         # sklearn-crfsuite's tutorial, both estimators
     python -m benchmarks --only everyday --tag cpu-2core          # fit, predict, search: fresh processes
+    python -m benchmarks --only cli --tag cpu-2core               # `lossfns label` vs `wapiti label` (WAPITI=...)
 
 Peers (torch==2.13.0 with torch-struct 0.5 and pytorch-crf 0.7.2, python-crfsuite) are installed
 with pip into the running interpreter when missing (`--no-install` to skip
@@ -187,6 +188,10 @@ def markdown(report) -> str:
         from benchmarks import everyday_benchmark
 
         lines += everyday_benchmark.markdown(report["everyday"])
+    if "cli" in report:
+        from benchmarks import cli_benchmark
+
+        lines += cli_benchmark.markdown(report["cli"])
     if "nn" in report:
         from benchmarks import nn_crf_benchmark
 
@@ -252,7 +257,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--only",
-        choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn", "everyday"),
+        choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn", "everyday", "cli"),
         action="append",
     )
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
@@ -340,6 +345,10 @@ def main(argv=None):
         from benchmarks import everyday_benchmark
 
         report["everyday"] = everyday_benchmark.run(quick=args.quick)
+    if "cli" in parts:
+        from benchmarks import cli_benchmark
+
+        report["cli"] = cli_benchmark.run(quick=args.quick)
     write(report, stem)
     print(f"wrote {stem}.json and {stem}.md")
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from lossfns.optimizers import boost, chain_boosting_data, sequence_pieces
+from lossfns.training import boost, chain_boosting_data, sequence_pieces
 
 from experiments import tagging
 

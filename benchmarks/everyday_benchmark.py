@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _data(part: str, count: int | None = None):
     from lossfns import corpora
 
-    from benchmarks.feature_dicts_benchmark import word2features
+    from benchmarks.tutorial_features import word2features
 
     sentences = corpora.conll2002(part)[:count]
     X = [[word2features(s.tokens, i) for i in range(len(s.tokens))] for s in sentences]

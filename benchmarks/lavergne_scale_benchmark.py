@@ -12,7 +12,7 @@ one part per run (each in its own process, so that its peak memory is its own):
   `--dense-sentences` sentences (same feature index, so the same O(K) step)
   and extrapolated to the whole set, stated as such; the lazy epoch runs
   whole. The full objective after the epoch is timed apart.
-* `bcd`: the plan (`optimizers.bcd_data`) and one sweep of `optimizers.bcd`,
+* `bcd`: the plan (`training.bcd_data`) and one sweep of `training.bcd`,
   with the chain cells the sweep runs.
 * `startup`: the Tagger's path with `lavergne_pos` on the 319 joint
   POS|chunk labels of train.txt: time to the first iteration (features,
@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lossfns import corpora, features, optimizers
+from lossfns import corpora, features, optimizers, training
 from lossfns.models.linear_chain import LinearChainModel
 
 from experiments import lavergne2010
@@ -112,12 +112,12 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
     for batch_size in batch_sizes:
         row = {"batch_size": batch_size, "steps_per_epoch": N // batch_size}
         lazy = optimizers.lazy_sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
-        max_rows = optimizers.max_rows_per_batch(stacked, batch_size)
+        max_rows = training.max_rows_per_batch(stacked, batch_size)
         inner = (model, lazy.init(model), key)
         # Default length tiers (each step on the narrowest width that holds its
         # sentences) against every step at the corpus's padded width.
         for tiers, prefix in ((None, "lazy"), ((), "lazy_whole_width")):
-            lazy_epoch = lambda inner, d, tiers=tiers: optimizers.lazy_epoch_step_fn(
+            lazy_epoch = lambda inner, d, tiers=tiers: training.lazy_epoch_step_fn(
                 lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows, length_tiers=tiers
             )(inner, jnp.int32(0))
             compiled, row[f"{prefix}_compile_s"] = _compiled(lazy_epoch, inner, stacked)
@@ -173,14 +173,14 @@ def bcd_part(sentences=None, log=print) -> dict:
     L = len(data.labels)
     model = lavergne2010.chain_model(encoded, L)
     start = time.perf_counter()
-    plan = optimizers.bcd_data(encoded.rows, model)
+    plan = training.bcd_data(encoded.rows, model)
     plan_seconds = time.perf_counter() - start
     cells = {
         kind: int(np.sum(np.asarray(getattr(plan, kind).length)))
         for kind in ("forward", "backward", "windows", "sentences")
     }
     log(f"BCD plan {plan_seconds:.1f} s: {plan.num_rounds} rounds, cells per sweep {cells}")
-    sweep = lambda m, d: optimizers.bcd_sweep_fn(d, lavergne2010.L1, lavergne2010.L2)(m, jnp.int32(0))
+    sweep = lambda m, d: training.bcd_sweep_fn(d, lavergne2010.L1, lavergne2010.L2)(m, jnp.int32(0))
     compiled, compile_seconds = _compiled(sweep, model, plan)
     (model, value), sweep_seconds = _timed(compiled, model, plan)
     log(
@@ -206,8 +206,8 @@ def bcd_part(sentences=None, log=print) -> dict:
 
 def startup_part(iterations: int, log=print) -> dict:
     """The Tagger's training path (`features.index_corpus`, `features.pack_rows`,
-    `optimizers.train_linear_chain`, as `Tagger.fit` runs them: bit-identical,
-    `tests/test_tagger.py`), each step timed."""
+    `training.train_linear_chain`, as `Tagger.fit` runs them: bit-identical,
+    `tests/applications/test_tagger.py`), each step timed."""
     sentences = [lavergne2010.joint_labels(s) for s in corpora.conll2000("train.txt", task="chunk")]
     labels = tuple(sorted({label for s in sentences for label in s.labels}))
     start = time.perf_counter()
@@ -215,7 +215,7 @@ def startup_part(iterations: int, log=print) -> dict:
     indexed = time.perf_counter()
     packed = features.pack_rows(encoded, ids)
     setup = time.perf_counter()
-    _, result = optimizers.train_linear_chain(
+    _, result = training.train_linear_chain(
         packed,
         len(labels),
         index.num_unigram,

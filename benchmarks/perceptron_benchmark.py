@@ -11,7 +11,7 @@ up to 4 letters, words and word pairs in a window of 5: 548,385 strings).
   `max_iterations = 1` for an epoch (its own per-epoch time is read from its
   log; the wall time of `train()` also holds its feature generation and the
   model file) and `max_iterations = max(epochs)` for accuracy.
-* lossfns: `sparse_perceptron_epoch` (`lossfns.optimizers.sparse_perceptron`), one
+* lossfns: `sparse_perceptron_epoch` (`lossfns.training.sparse_perceptron`), one
   jitted epoch in corpus order; compile time is measured apart (`lower` +
   `compile`), then each repeat runs a first epoch from zero weights.
 
@@ -36,7 +36,7 @@ from lossfns import corpora
 from lossfns.features import preset
 from lossfns.features.index import FeatureIndex
 from lossfns.lattices import chain
-from lossfns.optimizers.sparse_perceptron import (
+from lossfns.training.sparse_perceptron import (
     sparse_averaged_params,
     sparse_perceptron_epoch,
     sparse_perceptron_init,

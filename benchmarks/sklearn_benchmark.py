@@ -26,7 +26,7 @@ import numpy as np
 from lossfns import corpora, metrics
 from lossfns.tagger import Tagger
 
-from benchmarks.feature_dicts_benchmark import word2features
+from benchmarks.tutorial_features import word2features
 
 SETTINGS = dict(algorithm="lbfgs", c1=0.1, c2=0.1, max_iterations=100, all_possible_transitions=True)
 

@@ -10,7 +10,7 @@ Rows per task and feature set, all trained on the whole training set:
   prior of `experiments.altun2003`, on whole sentences;
 * sequential exp-loss, L-BFGS, on the boosting pieces (below): the
   objective boosting minimises, on the same data, by the exact optimiser;
-* sequence boosting (the library's: `lossfns.optimizers.boost` on
+* sequence boosting (the library's: `lossfns.training.boost` on
   `chain_boosting_data`, line-search bound with per-sequence ranges, MATH.md
   section 3), no prior, until its log exp-loss stops falling.
 

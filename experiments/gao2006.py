@@ -25,7 +25,7 @@ NLTK_DATA holds, the same shape with POS tagging:
   the paper's character error rate; early stopping on a held-out set (the
   paper: "the number of iterations ... optimized on held-out data").
 
-The rerankers are `lossfns.optimizers.reranking`'s step functions on its
+The rerankers are `lossfns.training.reranking`'s step functions on its
 sparse layout (`sparse_reranking_data`: only the non-zero differences,
 grouped by (feature, value) into slots, so that a step costs one pass over
 the non-zeros; the dense `[N, C, K]` layout rescans its zeros about 40 times
@@ -70,7 +70,8 @@ import numpy as np
 from lossfns import corpora, optimizers
 from lossfns.checkpoint import ModelFileError
 from lossfns.corpora import Sentence
-from lossfns.optimizers.reranking import (
+from lossfns.tagger import Tagger
+from lossfns.training.reranking import (
     SparseRerankingData,
     blasso_step_fn,
     boosting_with_shrinkage_step_fn,
@@ -79,7 +80,6 @@ from lossfns.optimizers.reranking import (
     reranking_init,
     sparse_reranking_data,
 )
-from lossfns.tagger import Tagger
 
 from . import synthetic
 from .harness import (
@@ -394,7 +394,7 @@ def feature_matrix(counts: list, index: dict, dtype=jnp.float32) -> tuple:
 
 
 # ---------------------------------------------------------------------------
-# The methods: lossfns.optimizers.reranking's, on its sparse layout
+# The methods: lossfns.training.reranking's, on its sparse layout
 # ---------------------------------------------------------------------------
 
 

@@ -4,13 +4,13 @@ Three ways of training an L1-penalised linear-chain CRF (MATH.md section 6),
 `l(theta) + rho_1 ||theta||_1 + rho_2 / 2 ||theta||^2`:
 
 * OWL-QN (Andrew & Gao 2007, `lossfns.optimizers.owlqn`), full batch,
-  through the library's training path (`optimizers.train_linear_chain`,
+  through the library's training path (`training.train_linear_chain`,
   the Tagger's, on `features.pack_rows`);
 * SGD with the cumulative L1 penalty (Tsuruoka et al. 2009,
   `lossfns.optimizers.lazy_sgd_l1`: applied lazily to the rows a minibatch
   touches), learning rate calibrated on a sample (`calibrate_learning_rate`)
   and decayed per epoch;
-* block coordinate descent (Sokolovska et al. 2010, `lossfns.optimizers.bcd`),
+* block coordinate descent (Sokolovska et al. 2010, `lossfns.training.bcd`),
   one block per observation test,
 
 each also followed by the paper's fine-tuning: L-BFGS on the active
@@ -65,13 +65,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
-from lossfns import corpora, features, metrics, models, optimizers, semirings
+from lossfns import corpora, features, metrics, models, optimizers, semirings, training
 from lossfns.features import index as feature_index
 from lossfns.features import presets, templates
 from lossfns.features.extraction import TokenFeatures
 from lossfns.losses import sequence
 from lossfns.models.linear_chain import LinearChainModel
-from lossfns.optimizers import bcd_schedule
+from lossfns.training import bcd_schedule
 
 from . import crfsuite_comparison, synthetic, tagging
 from .harness import (
@@ -172,14 +172,18 @@ FULL = {
     "sparse": dict(_FULL_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=(), finetune_steps=0),
 }
 # Quick: tiny slices of short sentences, a few steps, a fixed SGD rate (no
-# calibration to compile). A BCD sweep has a round per observation test of
-# the busiest sentence: at most 20 tokens make it about 300 rounds instead of
-# 818 (a 60-token sentence), its seconds from about 50 to 6.
+# calibration to compile), and a BCD plan sized for them. A BCD sweep has a
+# round per observation test of the busiest sentence (at most 20 tokens: about
+# 300 rounds, against 818 with a 60-token sentence), and each round runs the
+# plan's padded jobs and cell chunks (`training.bcd_data`), whose defaults
+# suit the whole corpus: on 30 sentences they are mostly padding. Together a
+# sweep takes 3 s instead of 3.5 min (the suite's XLA flags, 2 cores).
 _QUICK_CHAIN = dict(
     _FULL_CHAIN,
     num_train=40,
     num_test=20,
     max_length=20,
+    bcd_plan=dict(rows_per_job=32, window_rows=4, cells_per_chunk=64),
     num_buckets=1,
     blocks=2,
     owlqn_steps=6,
@@ -300,7 +304,7 @@ class Encoded(NamedTuple):
 
     rows: the training set packed into rows of back-to-back sentences
     (`features.pack_rows`, the Tagger's packing): what the model's masks
-    (`chain_model`) and BCD's plan (`optimizers.bcd_data`) read;
+    (`chain_model`) and BCD's plan (`training.bcd_data`) read;
     blocks: the same rows as equally shaped blocks (`features.pack_shards`,
     `CorpusArrays [S, ...]`): the objective of OWL-QN
     (`train_linear_chain(shards=)`), fine-tuning and SGD's epochs, summed one
@@ -346,9 +350,9 @@ def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int, num_b
 def chain_model(encoded: Encoded, num_labels: int) -> LinearChainModel:
     """The zero model all three optimizers train: weights only on the
     (observation test, label) pairs and (pair test, y', y) triples seen in
-    training (`optimizers.initial_chain_model`, CRFsuite's parameter set;
+    training (`training.initial_chain_model`, CRFsuite's parameter set;
     the pair weights in the sparse form when their label pairs are few)."""
-    return optimizers.initial_chain_model(encoded.rows, num_labels, encoded.num_unigram, encoded.num_pair)
+    return training.initial_chain_model(encoded.rows, num_labels, encoded.num_unigram, encoded.num_pair)
 
 
 def possible_features(encoded: Encoded, num_labels: int) -> int:
@@ -498,12 +502,12 @@ def owlqn_fit(
 ) -> Fit:
     """OWL-QN from `model` (its masks and potential form) on the training
     set's blocks through the library's training path
-    (`optimizers.train_linear_chain`), checkpointed and evaluated after each
+    (`training.train_linear_chain`), checkpointed and evaluated after each
     chunk as `run_checkpointed` is."""
     structure = model.structure()
     as_model = lambda weights: model.with_weights(weights, structure)
     recorder = CurveRecorder(run, name, evaluate, lambda inner: as_model(inner[0]))
-    trained, result = optimizers.train_linear_chain(
+    trained, result = training.train_linear_chain(
         encoded.rows,
         model.num_labels,
         model.emission.shape[0],
@@ -535,7 +539,7 @@ def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_
     (`models.blockwise_corpus_loss`: the padded set at once would take
     several times the memory)."""
     stacked, blocks = data
-    return optimizers.lazy_epoch_step_fn(
+    return training.lazy_epoch_step_fn(
         loss,
         optimizers.lazy_sgd_l1(schedule, l1, l2),
         stacked,
@@ -549,7 +553,7 @@ def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_
 def _bcd_step_fn(data, *, l1: float, l2: float):
     """`bcd_sweep_fn` on `(model, ())`: the driver reads an optimizer state
     (none here) beside the parameters."""
-    sweep = optimizers.bcd_sweep_fn(data, l1, l2)
+    sweep = training.bcd_sweep_fn(data, l1, l2)
 
     def step(inner, index):
         model, value = sweep(inner[0], index)
@@ -570,7 +574,7 @@ def _sgd_stop_rule(config: dict):
 
 @functools.partial(jax.jit, static_argnames=("loss", "batch_size", "sample_size", "max_rows"))
 def _calibrate(params, data, key, *, loss, batch_size, sample_size, max_rows):
-    return optimizers.calibrate_learning_rate(
+    return training.calibrate_learning_rate(
         loss, params, data, L1, key=key, l2=L2, batch_size=batch_size, sample_size=sample_size, max_rows=max_rows
     )
 
@@ -585,7 +589,7 @@ def sgd_schedule(params, data, config: dict) -> tuple[Callable, dict]:
     start = time.perf_counter()
     rate = config.get("sgd_rate")
     if rate is None:
-        max_rows = optimizers.max_rows_per_batch(data, batch_size)
+        max_rows = training.max_rows_per_batch(data, batch_size)
         sample_size = min(200, total)
         rate = float(
             _calibrate(
@@ -609,7 +613,7 @@ def fit(
     run: RunDirectory, name: str, optimizer: str, model: LinearChainModel, train, config: dict, evaluate, progress
 ) -> tuple:
     """OWL-QN (`train`: the `Encoded` task), SGD-L1 (`train`: the
-    stacked training set and `Encoded.blocks`) or BCD (`train`: `optimizers.bcd_data`) from
+    stacked training set and `Encoded.blocks`) or BCD (`train`: `training.bcd_data`) from
     `model`; `evaluate(model) -> dict` after each chunk. Returns `(Fit,
     extra row fields)`."""
     settings = {key: value for key, value in config.items() if key != "chunk"} | {"optimizer": optimizer}
@@ -621,7 +625,7 @@ def fit(
         stacked = train[0]
         schedule, extra["calibration"] = sgd_schedule(model, stacked, config)
         batch_size = min(config["batch_size"], optimizers.num_examples(stacked))
-        max_rows = optimizers.max_rows_per_batch(stacked, batch_size)  # a step touches at most these rows
+        max_rows = training.max_rows_per_batch(stacked, batch_size)  # a step touches at most these rows
         make = functools.partial(
             _sgd_step_fn, loss=batch_loss, schedule=schedule, l1=L1, l2=L2, batch_size=batch_size, max_rows=max_rows
         )
@@ -736,7 +740,7 @@ def _evaluator(encoded: Encoded, data) -> Callable:
 
 
 def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model, config, progress):
-    """OWL-QN, SGD-L1 or BCD (on `optimizers.bcd_data`, the plan's seconds
+    """OWL-QN, SGD-L1 or BCD (on `training.bcd_data`, the plan's seconds
     in its row) from `model` (`chain_model`), then fine-tuning, on a task."""
     name = f"{task}-{optimizer.lower()}"
 
@@ -745,7 +749,7 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
         train = {
             "OWL-QN": lambda: encoded,
             "SGD-L1": lambda: (encoded.stacked, encoded.blocks),
-            "BCD": lambda: optimizers.bcd_data(encoded.rows, model),
+            "BCD": lambda: training.bcd_data(encoded.rows, model, **config.get("bcd_plan", {})),
         }[optimizer]()
         plan_seconds = time.perf_counter() - start
         result, extra = fit(run, name, optimizer, model, train, config, _evaluator(encoded, data), progress)
@@ -814,16 +818,17 @@ def crfsuite_unit(run: RunDirectory, task: str, algorithm: str, data, config: di
 
 
 def _bcd_sweep(model, data, *, l1, l2):
-    return optimizers.bcd_sweep_fn(data, l1, l2)(model, jnp.int32(0))
+    return training.bcd_sweep_fn(data, l1, l2)(model, jnp.int32(0))
 
 
-def _timed_sweep(encoded: Encoded, num_labels: int, *, run_it: bool = True) -> dict:
-    """One BCD sweep from zero weights: the plan's and the sweep's seconds
-    (`run_it=False`: compiled only), the plan's bytes and the sweep's
-    temporaries (XLA's memory analysis of the compiled sweep)."""
+def _timed_sweep(encoded: Encoded, num_labels: int, config: dict, *, run_it: bool = True) -> dict:
+    """One BCD sweep from zero weights (the plan's sizes: `config["bcd_plan"]`,
+    else the defaults): the plan's and the sweep's seconds (`run_it=False`:
+    compiled only), the plan's bytes and the sweep's temporaries (XLA's
+    memory analysis of the compiled sweep)."""
     model = chain_model(encoded, num_labels)
     start = time.perf_counter()
-    plan = optimizers.bcd_data(encoded.rows, model)
+    plan = training.bcd_data(encoded.rows, model, **config.get("bcd_plan", {}))
     plan_seconds = time.perf_counter() - start
     compiled = jax.jit(functools.partial(_bcd_sweep, l1=L1, l2=L2)).lower(model, plan).compile()
     memory = compiled.memory_analysis()
@@ -866,13 +871,13 @@ def bcd_probe(run: RunDirectory, task: str, data, extractor: Extractor, config: 
 
     def compute():
         encoded = encode(data, extractor, 1)
-        whole = _timed_sweep(encoded, len(data.labels), run_it=False)
+        whole = _timed_sweep(encoded, len(data.labels), config, run_it=False)
         pos = pos_part(data)
-        whole_pos = _timed_sweep(encode(pos, extractor, 1), len(pos.labels))
+        whole_pos = _timed_sweep(encode(pos, extractor, 1), len(pos.labels), config)
         sentences = _subset(list(range(len(data.train))), config["bcd_probe_sentences"], SEED)
         subset = lambda d: d._replace(train=[d.train[i] for i in sentences])
-        part = _timed_sweep(encode(subset(data), extractor, 1), len(data.labels))
-        part_pos = _timed_sweep(encode(subset(pos), extractor, 1), len(pos.labels))
+        part = _timed_sweep(encode(subset(data), extractor, 1), len(data.labels), config)
+        part_pos = _timed_sweep(encode(subset(pos), extractor, 1), len(pos.labels), config)
         ratio = part["sweep_seconds"] / part_pos["sweep_seconds"]
         out = {
             "whole": whole,
@@ -940,10 +945,10 @@ def _support_fraction(model: LinearChainModel, mask: np.ndarray, encoded: Encode
 
 
 def bcd_cost(encoded: Encoded, num_labels: int) -> dict:
-    """The size of one sweep of `optimizers.bcd` on a chain task, counted
+    """The size of one sweep of `training.bcd` on a chain task, counted
     from the training set.
 
-    A sweep updates every block once (`optimizers.bcd_schedule`: the
+    A sweep updates every block once (`training.bcd_schedule`: the
     transitions, each emission row and each label-pair row that occurs). A
     block's statistics need forward-backward over the sentences where it is
     active, truncated to the forward scores up to its last position `l` and
@@ -1267,7 +1272,7 @@ def _bcd_note(result: dict) -> str:
         f"(the paper: 380 on the Penn Treebank), {cost['truncated_cells']:.2e} truncated chain cells (the "
         f"forward-backward work of {cost['gradient_equivalents']:.0f} gradient evaluations; the sweep reuses "
         f"stored scores between visits of a sentence and runs fewer). Its time excludes the plan "
-        f"(`optimizers.bcd_data`, in the JSON).{measured}\n"
+        f"(`training.bcd_data`, in the JSON).{measured}\n"
     )
 
 
@@ -1457,7 +1462,7 @@ def _deviations(results: dict) -> list[str]:
     )
     lines.append(
         "- The model: weights only on the (test, label) pairs and (word, y', y) triples seen in training "
-        "(CRFsuite's convention, `optimizers.initial_chain_model`), for all three optimizers; the paper counts "
+        "(CRFsuite's convention, `training.initial_chain_model`), for all three optimizers; the paper counts "
         "its features over all combinations (both counts are given)."
     )
     lines.append("- Table 2: the `pairs` model, OWL-QN for both forms, no fine-tuning.")

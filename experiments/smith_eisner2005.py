@@ -302,11 +302,19 @@ def wsj_treebank_sample() -> list:
     """The NLTK treebank sample (WSJ sections 00-01) with conll2000's
     bracket tags (`-LRB-` -> `(`), or nothing if NLTK_DATA lacks it."""
     try:
-        sentences = corpora.treebank()
+        location = corpora.find_data("corpora", "treebank", "combined")
     except FileNotFoundError:
         return []
+    return list(_treebank_with_conll2000_brackets(location))
+
+
+@functools.cache
+def _treebank_with_conll2000_brackets(location: str) -> tuple:
+    """Parsed once per process and location (`location` is the cache's key):
+    both tag sets read it, and parsing takes 10 s."""
+    sentences = corpora.treebank()
     brackets = {"-LRB-": "(", "-RRB-": ")"}
-    return corpora.map_labels(sentences, {tag: brackets.get(tag, tag) for s in sentences for tag in s.labels})
+    return tuple(corpora.map_labels(sentences, {tag: brackets.get(tag, tag) for s in sentences for tag in s.labels}))
 
 
 def smoothing_grid(criterion: str, config: dict) -> tuple:

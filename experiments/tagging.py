@@ -10,8 +10,9 @@ progress, checkpoints, resume), decoding is `chain.viterbi` on the model's
 potentials. Every feature set of a task is encoded at one shape (the weight
 table has the row count `K` of the largest feature set; rows a feature set
 never uses get no gradient from the loss and stay exactly 0 under the L2
-prior), so that each (task, loss) pair compiles once: the driver caches the
-compiled loop by its step function and shapes. Models are
+prior), so that each (task, loss) pair compiles once, or each task once for
+all its losses (`train`'s `compiled_with`): the driver caches the compiled
+loop by its step function and shapes. Models are
 `lossfns.models.LinearChainModel`s; metrics come from `lossfns.metrics`.
 """
 
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lossfns import corpora, features, metrics, optimizers, semirings
+from lossfns import corpora, features, metrics, optimizers, semirings, training
 from lossfns.features import presets
 from lossfns.lattices import chain
 from lossfns.losses import pointwise, regularisers, sequence
@@ -362,7 +363,7 @@ def decode_scores(
 
 
 def shuffled_perceptron_epochs(data):
-    """`make_step` of one averaged-perceptron epoch (`optimizers.perceptron_epoch_fn`)
+    """`make_step` of one averaged-perceptron epoch (`training.perceptron_epoch_fn`)
     over every bucket, `data = (buckets, seed)`: the buckets and the sentences
     within each are visited in an order drawn from `(seed, epoch)`, so no
     sentence is always seen after the same others (a fixed order biases the
@@ -372,8 +373,8 @@ def shuffled_perceptron_epochs(data):
     def visit(bucket, key):
         def epoch(state, step):
             rows = jax.random.permutation(key, bucket.lengths.shape[0])
-            shuffled = optimizers.SequenceData(bucket.ids[rows], bucket.labels[rows], bucket.lengths[rows])
-            return optimizers.perceptron_epoch_fn(lambda model, ids: model(ids), shuffled)(state, step)
+            shuffled = training.SequenceData(bucket.ids[rows], bucket.labels[rows], bucket.lengths[rows])
+            return training.perceptron_epoch_fn(lambda model, ids: model(ids), shuffled)(state, step)
 
         return epoch
 
@@ -413,11 +414,11 @@ def train_perceptron(
     until its development score (`dev_score(params) -> float`, higher is
     better) has not improved for `patience` epochs (or an epoch without
     mistakes, or `max_epochs`, a safety cap); the model of the best epoch."""
-    loop = optimizers.init_loop(optimizers.perceptron_init(params), max_epochs, params.emission.dtype)
+    loop = optimizers.init_loop(training.perceptron_init(params), max_epochs, params.emission.dtype)
     scores, best = [], {}
 
     def after_epoch(report) -> bool:
-        averaged = optimizers.averaged_params(report.inner)
+        averaged = training.averaged_params(report.inner)
         scores.append(float(dev_score(averaged)))
         if scores[-1] > max(scores[:-1], default=-np.inf):
             best.update(params=averaged, epoch=len(scores))
@@ -427,7 +428,7 @@ def train_perceptron(
         shuffled_perceptron_epochs,
         loop,
         (tuple(buckets), jnp.asarray(seed, jnp.uint32)),
-        stop=optimizers.no_mistakes,
+        stop=training.no_mistakes,
         progress=progress,
         description="perceptron",
         callback=after_epoch,

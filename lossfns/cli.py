@@ -14,7 +14,10 @@ objective after each iteration on stderr, and writes the model file.
 `label` writes each input line with the predicted label appended as a last
 column (`labelled_output`); `--check` reads the last column as the gold
 label and prints token accuracy and conlleval's per-type precision,
-recall and F1 (`metrics.conlleval_report`) on stderr.
+recall and F1 (`metrics.conlleval_report`) on stderr. Given a CRFsuite model
+(told by its magic bytes), `label` reads CRFsuite's data files instead, as
+`crfsuite tag` does (`crfsuite_tagger.read_attribute_file`: a label, then
+tab-separated attributes, per token line) and decodes as CRFsuite.
 
 Everything is the library's public pieces (`corpora`, `features.templates`,
 `Tagger`, `labelled_output`, `metrics`); this module parses options and
@@ -27,6 +30,7 @@ output that is one of the inputs, also through a link, is refused).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -113,13 +117,30 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("input", metavar="TRAIN", help="labelled column file")
     train.add_argument("model", metavar="MODEL", help="model file to write")
     train.set_defaults(parser=train)
-    label = modes.add_parser("label", help="label a column file with a trained model")
-    label.add_argument("-m", "--model", required=True, help="model file written by `lossfns train`")
+    label = modes.add_parser(
+        "label",
+        help="label a column file with a trained model",
+        description="Label a column file with a model written by `lossfns train`, or a CRFsuite data file with a "
+        "CRFsuite model (sklearn-crfsuite's, python-crfsuite's, `crfsuite learn`'s; told by its magic bytes).",
+        epilog="CRFsuite data files are `crfsuite tag`'s input: a line per token, tab-separated fields, the first "
+        "the token's label (read by --check, else ignored, but present), then its attributes NAME or NAME:VALUE "
+        "(value 1 when missing; \\: and \\\\ escape a colon and a backslash in names); a blank line ends a "
+        "sentence. Their attribute names are sklearn-crfsuite's feature dicts flattened: {'word': 'the'} is "
+        "word\\:the, {'len': 0.75} is len:0.75. A column file with a CRFsuite model is refused: such a model "
+        "reads attributes, not a pattern's columns.",
+    )
+    label.add_argument(
+        "-m",
+        "--model",
+        required=True,
+        help="model file written by `lossfns train`, or a CRFsuite model (then INPUT is a CRFsuite data file)",
+    )
     label.add_argument(
         "-c",
         "--check",
         action="store_true",
-        help="the input's last column is the gold label: print accuracy and per-type P/R/F1",
+        help="the input's last column (a CRFsuite data file's first field) is the gold label: print accuracy and "
+        "per-type P/R/F1",
     )
     label.add_argument("-n", "--nbest", type=_positive_int, default=1, help="write the N best label sequences")
     label.add_argument("-s", "--score", action="store_true", help="write each sequence's log-probability")
@@ -129,7 +150,9 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="posterior decoding: each token's most probable label and its probability",
     )
-    label.add_argument("input", metavar="INPUT", help="column file to label")
+    label.add_argument(
+        "input", metavar="INPUT", help="column file to label (a CRFsuite data file for a CRFsuite model)"
+    )
     label.add_argument("output", metavar="OUTPUT", nargs="?", help="output file (default: standard output)")
     label.set_defaults(parser=label)
     return top
@@ -200,6 +223,8 @@ def _checked_label(options) -> tuple[Tagger, corpora.ColumnFile]:
     if options.output:
         _check_output("OUTPUT", options.output, {"INPUT": options.input, "-m/--model": options.model})
     saved = _read("-m/--model", options.model, _load_model)
+    if model_file.reads(saved.features)["tokens"] == model_file.FEATURE_DICTS:  # a CRFsuite model (`_load_model`)
+        return _checked_attribute_input(options, saved)
     file = _read("INPUT", options.input, lambda path: corpora.read_column_file(path, labelled=options.check))
     columns = model_file.reads(saved.features)["columns"]
     _check_columns(columns, f"-m/--model {options.model}", file.sentences, f"INPUT {options.input}", options.check)
@@ -207,13 +232,33 @@ def _checked_label(options) -> tuple[Tagger, corpora.ColumnFile]:
 
 
 def _load_model(path: str) -> model_file.SavedModel:
-    """The model at `path`, refused unless it reads the columns of a column file."""
+    """The model at `path`: a CRFsuite model (told by its magic bytes), which
+    reads CRFsuite's data files, or a lossfns model file, refused unless it
+    reads the columns of a column file."""
     if crfsuite_model.is_crfsuite_file(path):
-        raise Refused(
-            f"-m/--model {path} is a CRFsuite model (as lossfns.sklearn.CRF and sklearn-crfsuite write "
-            "them): it reads a feature dict per token, not the columns of a column file"
-        )
+        return crfsuite_model.to_saved_model(crfsuite_model.read(path))
     return model_file.load(path, reading=model_file.COLUMNS)
+
+
+def _checked_attribute_input(options, saved: model_file.SavedModel) -> tuple[Tagger, corpora.ColumnFile]:
+    """`label` with a CRFsuite model: `(tagger, input file)`, the input read
+    as a CRFsuite data file (`crfsuite_tagger.read_attribute_file`), refused
+    when none of its attributes is one the model knows (a column file, whose
+    fields a CRFsuite model has no pattern to read, or another model's data):
+    every token would be labelled from the transition weights alone."""
+    from .crfsuite_tagger import AttributeFileTagger, parse_attribute, read_attribute_file
+
+    file = _read("INPUT", options.input, lambda path: read_attribute_file(path, labelled=options.check))
+    known = saved.index.unigram or {}
+    fields = (field for sentence in file.sentences for row in sentence.tokens for field in row[1:])
+    if not any(parse_attribute(field)[0] in known for field in fields):
+        raise Refused(
+            f"-m/--model {options.model} is a CRFsuite model: it reads CRFsuite's data format (a line per "
+            "token: its label, then tab-separated attributes name[:value], sklearn-crfsuite's feature dicts "
+            f"flattened), but no attribute of INPUT {options.input} is one the model knows. A column file is "
+            "labelled by a model trained on its columns with a pattern (lossfns train -p)"
+        )
+    return AttributeFileTagger.from_saved(saved, iob_constraints=False), file
 
 
 def _read(argument: str, path: str, read):
@@ -313,14 +358,10 @@ def _label(options) -> int:
     else:
         labels = [[path] for path in tagger.predict(sentences)]
     seconds = time.perf_counter() - start
-    if options.output:
-        with open(options.output, "w", encoding="utf-8") as out:
-            labelled_output.write_labelled(
-                file, labels, out, sequence_scores=sequence_scores, token_scores=token_scores
-            )
-    else:
+    separator = getattr(tagger, "output_separator", None)  # a CRFsuite data file's: a tab
+    with open(options.output, "w", encoding="utf-8") if options.output else contextlib.nullcontext(sys.stdout) as out:
         labelled_output.write_labelled(
-            file, labels, sys.stdout, sequence_scores=sequence_scores, token_scores=token_scores
+            file, labels, out, sequence_scores=sequence_scores, token_scores=token_scores, separator=separator
         )
     print(f"* Labelled {len(sentences)} sentences in {seconds:.1f} s", file=sys.stderr)
     if options.check:

@@ -202,16 +202,18 @@ def store_executable(key: str | None, executable) -> None:
             os.unlink(temporary)
 
 
-def signature(tree) -> str:
+def signature(tree) -> tuple:
     """The structure, shapes, dtypes, weak types and shardings of `tree`'s
-    leaves: what a compiled program's arguments must match."""
+    leaves: what a compiled program's arguments must match (hashable; its
+    `str` describes it completely). Computed on every call, so kept cheap."""
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    return structure, tuple(_leaf_signature(x) for x in leaves)
 
-    def leaf(x):
-        sharding = getattr(x, "sharding", None)
-        weak = bool(getattr(x, "weak_type", False))
-        return (jnp.shape(x), str(jnp.result_type(x)), weak, str(sharding) if sharding is not None else None)
 
-    return str(jax.tree_util.tree_structure(tree)) + str(jax.tree_util.tree_map(leaf, tree))
+def _leaf_signature(x) -> tuple:
+    if isinstance(x, jax.Array):
+        return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
+    return (jnp.shape(x), jnp.result_type(x), bool(getattr(x, "weak_type", False)), None)
 
 
 _IN_MEMORY: collections.OrderedDict = collections.OrderedDict()
@@ -231,7 +233,7 @@ def compiled(parts, arguments: tuple, function: Callable, **jit_options) -> tupl
         _IN_MEMORY.move_to_end(key)
         return _IN_MEMORY[key], 0.0
     start = time.perf_counter()
-    program = None if jit_options else describe_program((parts, argument_signature))
+    program = None if jit_options else describe_program((parts, str(argument_signature)))
     if program is None:
         executable = jax.jit(function, **jit_options).lower(*arguments).compile()
     else:

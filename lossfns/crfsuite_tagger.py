@@ -5,11 +5,17 @@
 `probability`, `marginal`, `info`, `dump`, `close`. Items are feature dicts
 (or lists of attribute names), read as the estimator reads them; the scores
 come from the library's chain functions on the model's potentials.
+
+CRFsuite's own data files (`crfsuite tag`'s input: a label and attributes
+per line) are read by `read_attribute_file` and labelled by an
+`AttributeFileTagger`, which is how `lossfns label` applies a CRFsuite model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -17,12 +23,13 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from . import crfsuite_model, model_file
+from . import corpora, crfsuite_model, model_file
+from .features.corpus import check_sentences
 from .features.dicts import flatten_corpus
 from .lattices import chain
 from .tagger import Tagger
 
-__all__ = ["CrfsuiteTagger", "ModelInfo"]
+__all__ = ["AttributeFileTagger", "CrfsuiteTagger", "ModelInfo", "read_attribute_file"]
 
 
 class ModelInfo(NamedTuple):
@@ -170,3 +177,111 @@ class CrfsuiteTagger:
         else:
             with open(filename, "w", encoding="utf-8") as file:
                 file.write(text)
+
+
+# -- CRFsuite's data files ------------------------------------------------------
+
+
+def _unescaped(field: str, start: int) -> tuple[str, int]:
+    """The text of `field` from `start` to the next unescaped colon (`\\:` is
+    a colon, `\\\\` a backslash, any other backslash itself), and where it
+    stopped, as CRFsuite's reader (frontend/iwa.c) reads a name or value."""
+    out, i = [], start
+    while i < len(field) and field[i] != ":":
+        if field[i] == "\\" and i + 1 < len(field) and field[i + 1] in ":\\":
+            i += 1
+        out.append(field[i])
+        i += 1
+    return "".join(out), i
+
+
+def parse_attribute(field: str) -> tuple[str, float]:
+    """`(name, value)` of one attribute field of a CRFsuite data file:
+    `name` or `name:value` (a missing or empty value is 1), escapes as CRFsuite's
+    reader; a value that is not a finite number is a ValueError."""
+    name, end = _unescaped(field, 0)
+    if end == len(field):
+        return name, 1.0
+    text, _ = _unescaped(field, end + 1)
+    if not text:
+        return name, 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"attribute {name!r} has value {text!r}, not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"attribute {name!r} has value {text!r}: attribute values must be finite")
+    return name, value
+
+
+def read_attribute_file(path, *, labelled: bool = False, encoding: str = "utf-8") -> corpora.ColumnFile:
+    """A data file in CRFsuite's format, as `crfsuite tag` reads it
+    (frontend/iwa.c): one item (token) per line, its fields separated by tabs
+    (consecutive tabs are one), the first field the item's label and the
+    others its attributes, `name` or `name:value` (value 1 when missing;
+    `\\:` and `\\\\` escape a colon and a backslash); an empty line ends a
+    sequence. Attribute names are sklearn-crfsuite's feature dicts flattened
+    (`{"word": "the"}` is `word:the`, written `word\\:the`; `{"len": 0.75}`
+    is `len:0.75`).
+
+    The result is a `corpora.ColumnFile` (every line kept, for
+    `labelled_output`): each token row is the line's fields, label first,
+    which `AttributeFileTagger` reads; with `labelled` (`--check`) the first
+    field is also the sentence's gold label, else it is ignored (CRFsuite
+    requires it; tagging, it only reads it with `-t`). A line of tabs only
+    ends a sequence, a carriage return before the line end is dropped, and
+    an attribute value that is not a finite number is a ValueError naming
+    `path:line`."""
+    path = os.fspath(path)
+    lines = [line.rstrip("\r") for line in corpora.read_lines(path, encoding).read().split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line end
+    sentences, rows, tokens, numbers = [], [], [], []
+    for number, line in enumerate([*lines, ""]):
+        fields = tuple(field for field in line.split("\t") if field)
+        if fields:
+            for field in fields[1:]:
+                try:
+                    parse_attribute(field)
+                except ValueError as problem:
+                    raise ValueError(f"{path}:{number + 1}: {problem}") from None
+            tokens.append(fields)
+            numbers.append(number)
+        elif tokens:
+            labels = tuple(row[0] for row in tokens) if labelled else ()
+            sentences.append(corpora.Sentence(tuple(tokens), labels))
+            rows.append(tuple(numbers))
+            tokens, numbers = [], []
+    return corpora.ColumnFile(tuple(lines), tuple(sentences), tuple(rows), path)
+
+
+def attribute_items(rows: Sequence[Sequence[str]]) -> list[dict]:
+    """The items of one sequence of `read_attribute_file` as feature dicts
+    `{attribute: value}` (the fields after each row's label; the values of a
+    repeated attribute summed, as CRFsuite sums its scores)."""
+    items = []
+    for row in rows:
+        item: dict = {}
+        for field in row[1:]:
+            name, value = parse_attribute(field)
+            item[name] = item.get(name, 0.0) + value
+        items.append(item)
+    return items
+
+
+class AttributeFileTagger(Tagger):
+    """A `Tagger` of a CRFsuite model (`crfsuite_model.to_saved_model`, preset
+    `feature_dicts`) whose sentences are `read_attribute_file`'s: `predict`,
+    `predict_kbest`, `predict_marginals` read each token row's attributes
+    (the fields after its label; attributes the model does not know are
+    ignored, as by CRFsuite). Open it with `iob_constraints=False` to
+    decode as CRFsuite does. `output_separator`: what `lossfns label`
+    appends its labels with (the files' own, a tab)."""
+
+    output_separator = "\t"
+
+    def _decode(self, sentences, decode, *arguments):
+        check_sentences(sentences, labelled=False)
+        _, index = self._require_model()
+        corpus = flatten_corpus([attribute_items(s.tokens) for s in sentences]).pack(index, None, None)
+        return corpus, self.decode_packed(corpus, decode, *arguments)

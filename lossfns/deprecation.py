@@ -56,14 +56,17 @@ def renamed_arguments(**renames: str) -> Callable:
 def moved_names(package: str, moved: dict[str, str]) -> Callable[[str], object]:
     """A module `__getattr__` for `package` (its `__name__`): each name in
     `moved` (name -> the public module that now holds it, relative to
-    `package`, e.g. `"minimize"`) is still found as `package.name`, with a
-    `DeprecationWarning` saying where it lives now."""
+    `package`: `"minimize"` for `package.minimize`, or with leading dots as
+    in a relative import, `"..training"` for a sibling package) is still
+    found as `package.name`, with a `DeprecationWarning` saying where it
+    lives now. The module is imported only when an old name is read."""
 
     def __getattr__(name: str):
         if name not in moved:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module = importlib.import_module(f"{package}.{moved[name]}")
-        warn_renamed(package, name, f"{package}.{moved[name]}.{name}")
+        target = moved[name]
+        module = importlib.import_module(target if target.startswith(".") else f".{target}", package)
+        warn_renamed(package, name, f"{module.__name__}.{name}")
         return getattr(module, name)
 
     return __getattr__

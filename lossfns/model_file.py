@@ -37,6 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -268,9 +269,8 @@ def _model(arrays: dict, header: dict, K: int, K2: int, L: int, dtype) -> Linear
     transitions, start = check("transitions", (L, L)), check("start", (L,))
     if any(a.dtype != dtype for a in (weights, transitions, start, arrays["pair_weights"])):
         raise ValueError(f"weights are not all {dtype}")
-    model = LinearChainModel(
-        jnp.asarray(emission), jnp.asarray(transitions), jnp.asarray(start), jnp.asarray(pair.reshape(K2, L, L))
-    )
+    # device_put, not jnp.asarray: that compiles a copy program per table shape (every model's differs).
+    model = LinearChainModel(*jax.device_put((emission, transitions, start, pair.reshape(K2, L, L))))
     if header["pair_masked"]:
         mask = np.zeros(K2 * L * L, bool)
         mask[check("pair_mask_index", kind="i", bound=K2 * L * L)] = True

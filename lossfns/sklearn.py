@@ -23,9 +23,9 @@ history. `algorithm="l2sgd"` (SGD on `sum -log p + c2 ||w||^2`, one
 sentence per step, CRFsuite's rate `1 / (lambda (t0 + t))` with `eta_0`
 calibrated on `calibration_samples` sentences) runs
 `optimizers.epoch_step_fn` with `optimizers.sgd_l1` (no L1) and
-`optimizers.calibrate_learning_rate`; `algorithm="ap"` (the averaged
+`training.calibrate_learning_rate`; `algorithm="ap"` (the averaged
 perceptron, stopping when the epoch's mistake rate falls below `epsilon`)
-runs `optimizers.perceptron_epoch_fn`; both through `optimizers.drive`,
+runs `training.perceptron_epoch_fn`; both through `optimizers.drive`,
 one padded sentence per row (they are per-sentence algorithms). For
 every algorithm, `all_possible_states=False` keeps only the (attribute,
 label) weights seen in training and `all_possible_transitions=False`
@@ -43,9 +43,11 @@ compile once.
 
 from __future__ import annotations
 
+import fractions
 import functools
 import itertools
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -63,33 +65,36 @@ from .features.dicts import flatten_corpus
 from .features.index import ragged_rows
 from .models import LinearChainModel, packed
 from .optimizers import (
-    MeanLossBelow,
-    SequenceData,
     Status,
-    arow_epoch_fn,
-    arow_init,
-    arow_params,
-    averaged_params,
-    calibrate_learning_rate,
     crfsuite_elastic_net,
     drive,
     elastic_net_penalty,
     epoch_step_fn,
     init_loop,
+    relative_improvement_below,
+    sgd_l1,
+)
+from .optimizers.elastic_net import elastic_net_record
+from .optimizers.minimize import float_dtype
+from .optimizers.owlqn import OwlqnState, pseudo_gradient
+from .tagger import Tagger
+from .training import (
+    MeanLossBelow,
+    SequenceData,
+    arow_epoch_fn,
+    arow_init,
+    arow_params,
+    averaged_params,
+    calibrate_learning_rate,
     pa_epoch_fn,
     pa_init,
     pa_params,
     perceptron_epoch_fn,
     perceptron_init,
-    relative_improvement_below,
-    sgd_l1,
 )
-from .optimizers.minimize import check_scalar, float_dtype
-from .optimizers.owlqn import OwlqnState, pseudo_gradient
-from .tagger import Tagger
-from .validation import check_allocation, check_int
+from .validation import check_allocation, check_int, check_scalar
 
-__all__ = ["CRF", "TrainingLog"]
+__all__ = ["CRF", "LabelScore", "TrainingLog"]
 
 #: What CRFsuite's trainers run when a setting is None (its `-p` defaults), per algorithm.
 DEFAULTS = {
@@ -169,20 +174,156 @@ LBFGS_ACCEPTED = ("linesearch", "max_linesearch")
 ROW_WIDTH = 128
 
 
+class LabelScore(NamedTuple):
+    """One label's scores on the development set, as pycrfsuite's log
+    parser gives them: `match` (tokens of the label predicted right),
+    `model` (tokens predicted as it), `ref` (tokens of it in `y_dev`),
+    `precision`, `recall`, `f1` (None for a label neither in `y_dev` nor
+    predicted)."""
+
+    match: int
+    model: int
+    ref: int
+    precision: float | None
+    recall: float | None
+    f1: float | None
+
+
 class TrainingLog(NamedTuple):
-    """What `CRF.training_log_` holds: `iterations`, one dict per iteration
-    (`num`, `loss`: the objective, penalties included, after it); `status`,
-    why training stopped; `seconds`, compilation and iterations; `dev`, the
-    token accuracy on `X_dev`/`y_dev` after training (or None)."""
+    """What `CRF.training_log_` holds: the fields of sklearn-crfsuite's
+    (pycrfsuite's `TrainLogParser`, which reads CRFsuite's log) that lossfns
+    computes, with the same names and meanings, recorded in the compiled
+    training loop (no extra pass over the data).
+
+    iterations: one dict per iteration with CRFsuite's keys: `num` (1, 2,
+      ...); `loss` (lbfgs, l2sgd: the objective after it, penalties
+      included; pa, arow: the epoch's summed cost, as CRFsuite; ap: the
+      sentences decoded with a mistake in the epoch, where CRFsuite sums
+      each sentence's fraction of wrong labels); `feature_norm` (`||w||`
+      after it, of the model's weights: the averaged ones for ap; for pa,
+      as CRFsuite, of the current weights, not the averaged ones);
+      `error_norm` (lbfgs: the norm of the objective's gradient, with `c1 >
+      0` OWL-QN's pseudo-gradient, as liblbfgs; None for the others);
+      `active_features` (the model's non-zero weights); `linesearch_trials`,
+      `linesearch_step` (lbfgs: the objective evaluations of its line
+      search and the step it accepted along the search direction; L-BFGS,
+      `c1 = 0`, is optax's, whose first direction has unit length, so its
+      first step reads 1 where CRFsuite's reads `1 / ||g||`; None for the
+      others); `time` (the iteration's seconds, compilation apart); and
+      `scores` ({} except as below). With `X_dev`, every iteration also has
+      `avg_precision`, `avg_recall`, `avg_f1`, `item_accuracy`,
+      `item_accuracy_float`, `instance_accuracy`, `instance_accuracy_float`:
+      CRFsuite's evaluation (`scores` {label: `LabelScore`}, macro averages
+      over the model's labels, token and sentence accuracies as Fractions
+      and floats, unrounded) of the final model, at the last iteration
+      only; the earlier iterations have None there (CRFsuite decodes the
+      development set after every iteration; lossfns decodes it once).
+    status: why training stopped (a `optimizers.Status` name).
+    seconds: compilation and iterations (also `training_seconds`).
+    dev: the token accuracy on `X_dev` (`item_accuracy_float`), or None.
+    featgen_num_features: the weights the model may use, CRFsuite's
+      "Number of features" ((attribute, label) pairs and transitions).
+    featgen_seconds: reading `X` and building them.
+    storing_seconds: writing `model_filename`, or None.
+    featgen_percent: 100 (pycrfsuite's progress counter, at its end).
+    last_iteration: the last of `iterations` ({} when there is none).
+    """
 
     iterations: list
     status: str
     seconds: float
     dev: float | None = None
+    featgen_num_features: int | None = None
+    featgen_seconds: float | None = None
+    storing_seconds: float | None = None
 
     @property
     def last_iteration(self) -> dict:
         return self.iterations[-1] if self.iterations else {}
+
+    @property
+    def training_seconds(self) -> float:
+        return self.seconds
+
+    @property
+    def featgen_percent(self) -> int:
+        return 100
+
+
+#: Per-iteration values recorded in the training loop, in CRFsuite's log order (None where an algorithm has none).
+_RECORDED = ("feature_norm", "error_norm", "active_features", "linesearch_trials", "linesearch_step")
+#: The development-set keys of an iteration (CRFsuite's evaluation).
+_DEV_KEYS = (
+    "avg_precision",
+    "avg_recall",
+    "avg_f1",
+    "item_accuracy",
+    "item_accuracy_float",
+    "instance_accuracy",
+    "instance_accuracy_float",
+)
+
+
+def _iterations(records: dict, dev: dict | None) -> list[dict]:
+    """`TrainingLog.iterations` from a Tagger's `iteration_records` (the
+    steps with a finite objective) and the development set's evaluation."""
+    objective, seconds = records["objective"], records["seconds"]
+    steps = np.flatnonzero(np.isfinite(objective))
+    iterations = []
+    for step in steps.tolist():
+        iteration = {"num": step + 1, "scores": {}, "loss": float(objective[step])}
+        for name in _RECORDED:
+            iteration[name] = records[name][step].item() if name in records else None
+        iteration["time"] = float(seconds[step]) if seconds is not None and np.isfinite(seconds[step]) else None
+        if dev is not None:
+            iteration.update(dict.fromkeys(_DEV_KEYS))
+        iterations.append(iteration)
+    if dev is not None and iterations:
+        iterations[-1].update(dev)
+    return iterations
+
+
+def _dev_evaluation(labels: Sequence[str], gold: list, predicted: list) -> dict:
+    """CRFsuite's evaluation of `predicted` against `gold` (label sequences)
+    over the model's `labels` (crfsuite.c, `crfsuite_evaluation_*`), as
+    pycrfsuite's log parser reads it: per label `LabelScore` (a label not in
+    `gold` is `(0, 0, 0, None, None, None)` when never predicted, and left
+    out when predicted, as the parser reads CRFsuite's line for it); macro
+    precision, recall and F1 summed over the labels in `gold`, divided by
+    all labels; token and sentence accuracies."""
+    lookup = {label: i for i, label in enumerate(labels)}
+    unknown = len(labels)  # gold labels the model does not know
+    reference = np.fromiter((lookup.get(a, unknown) for a in itertools.chain.from_iterable(gold)), np.int64)
+    model = np.fromiter((lookup[a] for a in itertools.chain.from_iterable(predicted)), np.int64, len(reference))
+    right = reference == model
+    match = np.bincount(reference[right], minlength=unknown + 1)
+    made = np.bincount(model, minlength=unknown + 1)
+    ref = np.bincount(reference, minlength=unknown + 1)
+    scores, sums = {}, np.zeros(3)
+    for i, label in enumerate(labels):
+        if ref[i] == 0:
+            if made[i] == 0:
+                scores[label] = LabelScore(0, 0, 0, None, None, None)
+            continue
+        precision = match[i] / made[i] if made[i] else 0.0
+        recall = match[i] / ref[i]
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+        scores[label] = LabelScore(int(match[i]), int(made[i]), int(ref[i]), float(precision), float(recall), float(f1))
+        sums += (precision, recall, f1)
+    macro = sums / max(len(labels), 1)
+    whole = sum(list(a) == list(b) for a, b in zip(gold, predicted))
+    item = fractions.Fraction(int(right.sum()), max(len(reference), 1))
+    instance = fractions.Fraction(int(whole), max(len(gold), 1))
+    return {
+        "scores": scores,
+        "avg_precision": float(macro[0]),
+        "avg_recall": float(macro[1]),
+        "avg_f1": float(macro[2]),
+        "item_accuracy": item,
+        "item_accuracy_float": float(item),
+        "instance_accuracy": instance,
+        "instance_accuracy_float": float(instance),
+    }
 
 
 def _listed(value) -> Any:
@@ -389,8 +530,10 @@ class CRF(BaseEstimator):
 
     def fit(self, X, y, X_dev=None, y_dev=None) -> CRF:
         """Train on `X` (sentences of token feature dicts) and `y` (label
-        sequences); `X_dev`, `y_dev`: a held-out set, scored (token
-        accuracy) into `training_log_.dev` after training."""
+        sequences); `X_dev`, `y_dev`: a held-out set, evaluated after
+        training into `training_log_` (its last iteration's `scores`, ...,
+        and `dev`, the token accuracy)."""
+        start = time.perf_counter()
         tagger = self._tagger()
         X, y, X_dev, y_dev = (_listed(value) for value in (X, y, X_dev, y_dev))  # generators are read once
         corpus = flatten_corpus(X)
@@ -398,7 +541,7 @@ class CRF(BaseEstimator):
         if (X_dev is None) != (y_dev is None):
             raise ValueError("X_dev and y_dev must be given together")
         if X_dev is not None:  # checked before training, not after it
-            _label_sequences(y_dev, flatten_corpus(X_dev).sentence_lengths, "y_dev")
+            y_dev = _label_sequences(y_dev, flatten_corpus(X_dev).sentence_lengths, "y_dev")
         if not y:
             raise ValueError("X must hold at least one sentence, got 0")
         labels = tuple(dict.fromkeys(itertools.chain.from_iterable(y)))
@@ -406,12 +549,18 @@ class CRF(BaseEstimator):
         index = corpus.index(tagger.min_count)
         ids = [[lookup[label] for label in sequence] for sequence in y]
         algorithm = self._algorithm()
+        model = _crfsuite_model(tagger, corpus, index, ids, len(labels), self._min_freq())
+        featgen_seconds = time.perf_counter() - start
         if algorithm == "lbfgs":
             stop = GradientNormBelow(self._setting("epsilon"), tagger.l1, tagger.l2)
             callback = functools.partial(_after_iteration, self.verbose, stop) if stop.epsilon or self.verbose else None
-            model = _crfsuite_model(tagger, corpus, index, ids, len(labels), self._min_freq())
             tagger.fit_packed(
-                corpus.pack_rows(index, ids, width=ROW_WIDTH), labels, index, callback=callback, model=model
+                corpus.pack_rows(index, ids, width=ROW_WIDTH),
+                labels,
+                index,
+                callback=callback,
+                model=model,
+                record=elastic_net_record,
             )
         else:
             _fit_sentences(
@@ -423,18 +572,24 @@ class CRF(BaseEstimator):
                 ids,
                 self._calibration(algorithm),
                 self._report if self.verbose else None,
-                _crfsuite_model(tagger, corpus, index, ids, len(labels), self._min_freq()),
+                model,
             )
         _check_trained(tagger, corpus, algorithm)
         self._crfsuite_tagger = CrfsuiteTagger(tagger)
+        storing_seconds = None
         if self.model_filename is not None:  # CRFsuite's format, as sklearn-crfsuite writes it
+            start = time.perf_counter()
             crfsuite_model.write(self.model_filename, crfsuite_model.from_saved_model(tagger.saved()))
-        dev = None if X_dev is None else self.score(X_dev, y_dev)
+            storing_seconds = time.perf_counter() - start
+        dev = None if X_dev is None else _dev_evaluation(labels, y_dev, self.predict(X_dev))
         self.training_log_ = TrainingLog(
-            [{"num": i + 1, "loss": loss} for i, loss in enumerate(tagger.history)],
+            _iterations(tagger.iteration_records, dev),
             tagger.status.name,
             tagger.training_seconds,
-            dev,
+            None if dev is None else dev["item_accuracy_float"],
+            model.num_parameters(),
+            featgen_seconds,
+            storing_seconds,
         )
         return self
 
@@ -626,7 +781,7 @@ def _sentence_loss(structure, pair_support, loss, params, batch) -> jax.Array:
 
 class PerceptronEpochs(NamedTuple):
     """`drive`'s `make_step` for the averaged perceptron: one epoch over
-    `data = (SequenceData, ChainStructure)` (`optimizers.perceptron_epoch_fn`)."""
+    `data = (SequenceData, ChainStructure)` (`training.perceptron_epoch_fn`)."""
 
     pair_support: tuple | None = None
 
@@ -647,7 +802,7 @@ class OnlineMarginEpochs(NamedTuple):
     """`drive`'s `make_step` for CRFsuite's passive-aggressive (`algorithm`
     "pa": `pa_type`, `c`, `error_sensitive`) and AROW ("arow": `gamma`): one
     shuffled epoch over `data = (SequenceData, ChainStructure)`
-    (`optimizers.pa_epoch_fn`, `optimizers.arow_epoch_fn`)."""
+    (`training.pa_epoch_fn`, `training.arow_epoch_fn`)."""
 
     algorithm: str
     pair_support: tuple | None = None
@@ -684,6 +839,30 @@ class SgdEpochs(NamedTuple):
         sentences, structure = data
         fun = functools.partial(_sentence_loss, structure, self.pair_support, losses.sequence_log_loss)
         return epoch_step_fn(fun, self.optimizer, sentences, batch_size=1, penalty=self.penalty)
+
+
+class SentenceRecord(NamedTuple):
+    """`drive`'s `record` for the per-sentence algorithms, after each epoch:
+    `active_features`, the non-zero weights of the model it would give (ap:
+    the averaged weights; pa: averaged with `averaging`; arow: the mean;
+    l2sgd: the current weights), and `feature_norm`, their norm `||w||`, as
+    CRFsuite logs it (so for pa the current weights', not the averaged ones')."""
+
+    algorithm: str
+    averaging: bool = True
+
+    def __call__(self, inner, data) -> dict:
+        if self.algorithm == "ap":
+            params = averaged_params(inner)
+        elif self.algorithm == "pa":
+            params = pa_params(inner, averaging=self.averaging)
+        elif self.algorithm == "arow":
+            params = arow_params(inner)
+        else:  # l2sgd: (params, opt_state, key)
+            params = inner[0]
+        theta = ravel_pytree(params)[0]
+        logged = ravel_pytree(inner.params)[0] if self.algorithm == "pa" else theta  # train_passive_aggressive.c
+        return {"feature_norm": jnp.linalg.norm(logged), "active_features": jnp.count_nonzero(theta).astype(jnp.int32)}
 
 
 def _sentence_data(corpus, index, ids: list) -> SequenceData:
@@ -760,7 +939,7 @@ def _fit_sentences(
     tagger: Tagger, algorithm: str, corpus, index, labels: tuple, ids: list, settings: dict, callback, model
 ) -> None:
     """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"pa"`,
-    `"arow"`, `"l2sgd"`) on the library's loops (`optimizers.perceptron_epoch_fn`,
+    `"arow"`, `"l2sgd"`) on the library's loops (`training.perceptron_epoch_fn`,
     `pa_epoch_fn`, `arow_epoch_fn`, `epoch_step_fn` with `sgd_l1`), run by `optimizers.drive`."""
     sentences = _sentence_data(corpus, index, ids)
     data, weights = (sentences, model.structure()), model.weights()
@@ -796,7 +975,8 @@ def _fit_sentences(
             (weights, optimizer.init(weights), jax.random.PRNGKey(0)),
         )
     loop = init_loop(inner, tagger.max_iterations, float_dtype(weights))
-    result = drive(make_step, loop, data, stop=stop, callback=callback, progress=False)
+    record = SentenceRecord(algorithm, bool(settings.get("averaging", True)))
+    result = drive(make_step, loop, data, stop=stop, callback=callback, progress=False, record=record)
     final = result.loop
     if algorithm == "ap":
         params = averaged_params(final.inner)
@@ -811,10 +991,11 @@ def _fit_sentences(
     tagger.model = model.with_weights(params, model.structure())
     tagger.history = [float(value) for value in trace if np.isfinite(value)]
     tagger.status, tagger.training_seconds = Status(int(final.status)), result.compile_seconds + result.run_seconds
+    tagger.iteration_records = {"objective": trace, "seconds": result.step_seconds, **(result.records or {})}
 
 
 def _calibrated_rate(l2: float, weights, data, settings: dict, pair_support) -> float:
-    """CRFsuite's l2sgd calibration by `optimizers.calibrate_learning_rate`:
+    """CRFsuite's l2sgd calibration by `training.calibrate_learning_rate`:
     the initial rate `eta_0` among `calibration_eta` times powers of
     `calibration_rate` (up `calibration_candidates`, then down, at most
     `calibration_max_trials` in all) that does best over one epoch of

@@ -4,7 +4,7 @@
     tagger.fit(corpora.conll2002("esp.train"))
     tagger.evaluate(corpora.conll2002("esp.testb"))   # {"token_accuracy": ..., "f1": ...}
 
-A facade: `features` extract, index and pack, `optimizers.train_linear_chain`
+A facade: `features` extract, index and pack, `training.train_linear_chain`
 trains, `models.packed` decodes and `model_file` saves.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.typing import DTypeLike
 
 from . import compilation_cache, features, metrics, model_file
@@ -27,11 +27,13 @@ from .lattices.constraints import allowed_transitions, scheme_of
 from .models import packed
 from .models.linear_chain import LinearChainModel
 from .models.packed import TrainingData, weights_objective
-from .optimizers import Status, crfsuite_elastic_net, relative_improvement_below, train_linear_chain
-from .optimizers.linear_chain_training import check_training
-from .optimizers.minimize import check_scalar
 from .parallel import num_shards
-from .validation import check_int
+from .validation import check_int, check_scalar
+
+if TYPE_CHECKING:  # imported where training needs them: optax and the trainers cost labelling 0.1-0.3 s
+    import optax
+
+    from .optimizers import Status, crfsuite_elastic_net
 
 __all__ = ["Tagger", "TrainingData", "crfsuite_elastic_net"]
 
@@ -69,7 +71,8 @@ class Tagger:
 
     After `fit` (or `load`): `model`, `labels`, `index`, and of the last fit
     `history` (the objective after each iteration), `training_seconds` (the
-    driver's compilation and iterations, those of resumed runs included) and `status` (why it stopped).
+    driver's compilation and iterations, those of resumed runs included), `status` (why it stopped),
+    `iteration_records` ({name: [steps]}: `objective`, `seconds`, what `record=` recorded).
     """
 
     features: str | Extractor = "crfsuite_ner"
@@ -96,10 +99,15 @@ class Tagger:
     index: FeatureIndex | None = dataclasses.field(default=None, init=False, repr=False)
     history: list[float] = dataclasses.field(default_factory=list, init=False, repr=False)
     training_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
+    iteration_records: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     status: Status | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
-        check_training(**{name: getattr(self, name) for name in _TRAINING_FIELDS})
+        defaults = {f.name: f.default for f in dataclasses.fields(Tagger)}  # they pass: a loaded tagger skips
+        if any(getattr(self, name) is not defaults[name] for name in _TRAINING_FIELDS):  # the trainers' import
+            from .training.linear_chain import check_training
+
+            check_training(**{name: getattr(self, name) for name in _TRAINING_FIELDS})
         check_scalar("tol", self.tol, 0)
         for name in ("period", "min_count", "hash_size", "num_buckets"):
             if getattr(self, name) is not None:
@@ -130,18 +138,22 @@ class Tagger:
         log-loss, buckets for a custom `loss`), its label ids indexing
         `labels`, its feature ids `index`.
 
-        options (`optimizers.train_linear_chain`):
+        options (`training.train_linear_chain`):
           checkpoint_dir: save the training state there every `checkpoint_every`
             (default 10) iterations and at the end; a later fit with the same
             directory, corpus and settings resumes and ends bit-identical to an
             uninterrupted run; one of another corpus or settings is refused.
           callback: `optimizers.Report -> bool | None` after each iteration; True stops.
+          record: per-iteration values computed in the loop (`optimizers.drive`), into `iteration_records`.
           shards, mesh: data-parallel training over `mesh`'s data axis.
         """
         if packed_corpus.labels is None:
             raise ValueError("packed_corpus must be labelled (packed with labels)")
         self.labels, self.index = tuple(labels), index
         options.setdefault("checkpoint_every", 10)
+        from .optimizers import Status, relative_improvement_below
+        from .training import train_linear_chain
+
         self.model, result = train_linear_chain(
             packed_corpus,
             len(self.labels),
@@ -157,6 +169,7 @@ class Tagger:
         trace = np.asarray(result.trace)[: int(result.num_steps)]
         self.history = [float(value) for value in trace if np.isfinite(value)]
         self.status, self.training_seconds = Status(int(result.status)), result.compile_seconds + result.run_seconds
+        self.iteration_records = {"objective": trace, "seconds": result.step_seconds, **(result.records or {})}
         return self
 
     def training_data(self, sentences: Sequence[Sentence]) -> TrainingData:
@@ -193,7 +206,7 @@ class Tagger:
         """`(packed corpus, per-bucket results)` of `decode_packed` for unlabelled `sentences`."""
         check_sentences(sentences, labelled=False)
         _, index = self._require_model()
-        corpus = features.pack(features.encode(index, self.extractor, sentences), None, None)
+        corpus = features.pack_sentences(index, self.extractor, sentences, None, None)
         return corpus, self.decode_packed(corpus, decode, *arguments)
 
     def decode_packed(self, corpus: PackedCorpus, decode: Callable, *arguments) -> tuple:
@@ -247,3 +260,12 @@ class Tagger:
         """What `save` writes (`model_file.to_bytes` gives its bytes)."""
         model, index = self._require_model()
         return model_file.SavedModel(self.labels, self.extractor, index, model, self.num_buckets)
+
+
+def __getattr__(name: str):
+    """`crfsuite_elastic_net`, from the optimizers when first read (they import optax)."""
+    if name != "crfsuite_elastic_net":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .optimizers import crfsuite_elastic_net
+
+    return crfsuite_elastic_net

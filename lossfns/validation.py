@@ -5,6 +5,7 @@ answer or an XLA error deep inside a trace."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
@@ -23,10 +24,24 @@ def concrete(x):
         return None
 
 
+def traced(tree) -> bool:
+    """Whether any leaf of `tree` is a tracer (its value unknown now)."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def on_device(x) -> jax.Array:
+    """`x` as a JAX array, placed by `jax.device_put` (same dtype rules as
+    `jnp.asarray`, which in JAX 0.10 compiles a copy program for each new
+    shape of a host array); JAX arrays and tracers are returned unchanged."""
+    if isinstance(x, jax.Array):
+        return x
+    return jax.device_put(x if isinstance(x, (bool, int, float, complex)) else np.asarray(x))
+
+
 def as_float_array(name: str, x, min_rank: int, shape_doc: str) -> jax.Array:
     """`x` as a floating array of rank >= `min_rank`, or a clear error."""
     try:
-        x = jnp.asarray(x)
+        x = on_device(x)
     except TypeError as error:
         raise TypeError(f"{name} must be a floating-point array {shape_doc}, got {type(x).__name__}: {error}") from None
     except ValueError:  # numpy's "inhomogeneous shape" for nested lists of uneven lengths
@@ -111,7 +126,7 @@ def as_int_array(name: str, x, value) -> jax.Array:
                     f"{name} must fit in {target.name} (JAX's integer type; jax_enable_x64 is off), "
                     f"got {value[where].item()} at index {where}"
                 )
-    return jnp.asarray(x)
+    return on_device(x)
 
 
 def as_integer_array(name: str, x, expected: str) -> jax.Array:
@@ -125,7 +140,7 @@ def as_lengths(lengths, batch_shape: tuple[int, ...], max_length: int, name: str
     """Lengths `[*batch_shape]` of ints in `[0, max_length]`; `None` means full length.
     Values are checked before the cast to int32, so none wraps around."""
     if lengths is None:
-        return jnp.full(batch_shape, max_length, jnp.int32)
+        return on_device(np.full(batch_shape, max_length, np.int32))
     value = integer_values(name, lengths, f"an integer array of shape {tuple(batch_shape)}")
     shape = tuple(np.shape(lengths)) if value is None else value.shape
     if shape != tuple(batch_shape):
@@ -247,8 +262,6 @@ def check_allocation(name: str, shape: tuple[int, ...], dtype, copies: int = 1) 
     """Raise `MemoryError` naming `name` before allocating `copies` dense arrays
     of `shape` that cannot fit in the memory available now, rather than let the
     process be killed by the kernel mid-allocation."""
-    import math
-
     needed = math.prod(shape) * np.dtype(dtype).itemsize * copies
     available = available_memory_bytes()
     if available is not None and needed > available:
@@ -270,3 +283,66 @@ def check_float_dtype(name: str, dtype) -> None:
             f"{name} must be a floating-point dtype (jnp.float32 or jnp.float64), "
             f"got {given.name if given is not None else repr(dtype)}"
         )
+
+
+def _interval(low, high, low_open, high_open) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False) -> None:
+    """Reject a concrete `value` that is not a finite real scalar inside the
+    interval (NaN, +-inf and bools included); a traced value (under
+    `jit`/`vmap`) is left unchecked."""
+    expected = f"a number {_interval(low, high, low_open, high_open)}"
+    array = concrete(value)
+    if array is None:
+        return
+    if array.dtype.kind not in "iuf":  # bool refused: True is not a learning rate
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+    if array.ndim != 0:
+        raise ValueError(f"{name} must be {expected} (a scalar), got an array of shape {array.shape}")
+    number = array.item()
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and (number >= high if high_open else number > high)
+    if math.isnan(number) or below or above:
+        raise ValueError(f"{name} must be {expected}, got {number!r}")
+    if number in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be {expected} and finite, got {number!r}")
+
+
+def check_optimizer(optimizer, name: str = "optimizer") -> None:
+    """Reject anything but an optax transformation (e.g. `optax.adam` not called)."""
+    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        given = getattr(optimizer, "__name__", None)
+        hint = f" (call the constructor: {given}(...), not {given})" if callable(optimizer) and given else ""
+        raise TypeError(
+            f"{name} must be an optax GradientTransformation (with .init and .update){hint}, "
+            f"got {type(optimizer).__name__}{' ' + given if given else ''}"
+        )
+
+
+def check_float_params(params, name: str = "params") -> None:
+    """Refuse parameters that are not floating point (an int array cannot take
+    a fractional step: optax would fail deep inside with `OverflowError:
+    cannot convert float infinity to integer`)."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    if not leaves:
+        raise ValueError(f"{name} must hold at least one floating-point array, got {type(params).__name__} {params!r}")
+    for path, leaf in leaves:
+        dtype = jnp.result_type(leaf)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            where = f" at {jax.tree_util.keystr(path)}" if path else ""
+            raise TypeError(
+                f"{name} must be floating point (the optimizers take fractional steps), got dtype "
+                f"{dtype}{where}; pass e.g. jnp.asarray(params, jnp.float32)"
+            )
+
+
+def check_callable(name: str, value) -> None:
+    """Refuse a `value` that is not callable (an objective, a step function)."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")

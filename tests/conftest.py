@@ -10,7 +10,8 @@ import tempfile
 # them: LLVM's optimisation passes are skipped, and fusions are emitted by
 # XLA:CPU's classic elemental emitter instead of the MLIR fusion emitters
 # (measured: 40% less time on compilation-bound test files). Set before the
-# backend starts; experiments run as subprocesses inherit it. Semantics are
+# backend starts; subprocesses inherit it (`subprocess_environment(optimised=True)`
+# leaves it out for those that run more than they compile). Semantics are
 # unchanged (both are XLA's own code generators for the same HLO).
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
@@ -29,6 +30,9 @@ from hypothesis import HealthCheck, settings
 from lossfns import compilation_cache
 
 jax.config.update("jax_enable_x64", True)
+
+# The flags set above (before the imports, where no constant may stand first).
+QUICK_COMPILATION = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 settings.register_profile(
     "ci",
@@ -62,13 +66,19 @@ def pytest_unconfigure(config):
         shutil.rmtree(config.stash[_RUN_CACHE], ignore_errors=True)
 
 
-def subprocess_environment(**variables) -> dict:
+def subprocess_environment(*, optimised: bool = False, **variables) -> dict:
     """`os.environ` with `variables`, and JAX's cache folder of this run named
     (a child does not turn JAX's cache on by itself: only the library's
-    entry points do, `compilation_cache.enable`)."""
+    entry points do, `compilation_cache.enable`). `optimised`: XLA_FLAGS
+    without QUICK_COMPILATION, for a child whose programs run longer than
+    they take to compile (measured: smith_eisner2005's quick run, 121 s of
+    CPU with the flags, 80 s without)."""
     environment = dict(os.environ)
     if jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue]
         environment["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
+    if optimised:
+        flags = [flag for flag in environment["XLA_FLAGS"].split() if flag not in QUICK_COMPILATION]
+        environment["XLA_FLAGS"] = " ".join(flags)
     return environment | variables
 
 

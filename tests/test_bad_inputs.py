@@ -38,6 +38,7 @@ from lossfns import (
     optimizers,
     parallel,
     semirings,
+    training,
 )
 from lossfns.checkpoint import CheckpointError, ModelFileError
 from lossfns.corpora import Sentence
@@ -49,9 +50,9 @@ from lossfns.lattices.chain import FactoredPotentials
 from lossfns.lattices.sparse_chain import SparsePotentials
 from lossfns.models import LinearChainModel
 from lossfns.nn import CRF, possible_tags
-from lossfns.optimizers import reranking
 from lossfns.sklearn import CRF as EstimatorCRF
 from lossfns.tagger import Tagger
+from lossfns.training import reranking
 
 T, L = 3, 2
 
@@ -127,7 +128,7 @@ _FEATURE_BATCH = FeatureBatch(
 
 def _lazy_step(model, segments=1):
     sgd = optimizers.lazy_sgd_l1(0.1, 0.1)
-    step = optimizers.lazy_epoch_step_fn(
+    step = training.lazy_epoch_step_fn(
         _squares, sgd, _FEATURE_BATCH, batch_size=2, max_rows=(1, 0), segments_per_epoch=segments
     )
     return step((model, None, jax.random.key(0)), jnp.zeros((), jnp.int32))
@@ -139,11 +140,11 @@ def _bcd_corpus(ids=(0, 1, 0), labels=(0, 1, 0)):
 
 
 def _bcd_data():
-    return optimizers.bcd_data(_bcd_corpus(), LinearChainModel.zeros(2, L))
+    return training.bcd_data(_bcd_corpus(), LinearChainModel.zeros(2, L))
 
 
 def _sequence_data():
-    return optimizers.SequenceData(jnp.zeros((2, T, L)), jnp.zeros((2, T), jnp.int32), jnp.array([T, T]))
+    return training.SequenceData(jnp.zeros((2, T, L)), jnp.zeros((2, T), jnp.int32), jnp.array([T, T]))
 
 
 def _unary_model(theta, inputs):
@@ -911,7 +912,7 @@ CASES = [
     (
         "calibrate-candidates",
         "no candidate learning rates to calibrate",
-        lambda _: optimizers.calibrate_learning_rate(
+        lambda _: training.calibrate_learning_rate(
             _squares, jnp.zeros(2), _EXAMPLES, 0.1, key=jax.random.key(0), candidates=()
         ),
         ValueError,
@@ -920,7 +921,7 @@ CASES = [
     (
         "calibrate-sample-size",
         "a calibration sample of 0 examples",
-        lambda _: optimizers.calibrate_learning_rate(
+        lambda _: training.calibrate_learning_rate(
             _squares, jnp.zeros(2), _EXAMPLES, 0.1, key=jax.random.key(0), sample_size=0
         ),
         ValueError,
@@ -943,14 +944,14 @@ CASES = [
     (
         "train-linear-chain-model-shape",
         "a starting model of other shapes than the corpus's counts",
-        lambda _: optimizers.train_linear_chain(_bcd_corpus(), 2, 2, model=LinearChainModel.zeros(3, 2)),
+        lambda _: training.train_linear_chain(_bcd_corpus(), 2, 2, model=LinearChainModel.zeros(3, 2)),
         ValueError,
         ["model", "emission [K, L] = (2, 2)", "(3, 2)"],
     ),
     (
         "lazy-sgd-max-rows-batch",
         "batch_size = 0 to bound the rows of a minibatch",
-        lambda _: optimizers.max_rows_per_batch(_FEATURE_BATCH, 0),
+        lambda _: training.max_rows_per_batch(_FEATURE_BATCH, 0),
         ValueError,
         ["batch_size", ">= 1", "0"],
     ),
@@ -1198,115 +1199,113 @@ CASES = [
     (
         "bcd-num-sweeps",
         "num_sweeps = 0 for BCD",
-        lambda _: optimizers.bcd(_bcd_data(), LinearChainModel.zeros(2, L), 0.1, num_sweeps=0),
+        lambda _: training.bcd(_bcd_data(), LinearChainModel.zeros(2, L), 0.1, num_sweeps=0),
         ValueError,
         ["num_sweeps", ">= 1", "0"],
     ),
     (
         "bcd-corpus",
         "a padded id array instead of a PackedCorpus for BCD",
-        lambda _: optimizers.bcd_data(np.zeros((1, T, 1), np.int32), LinearChainModel.zeros(2, L)),
+        lambda _: training.bcd_data(np.zeros((1, T, 1), np.int32), LinearChainModel.zeros(2, L)),
         TypeError,
         ["corpus", "PackedCorpus", "ndarray"],
     ),
     (
         "bcd-model",
         "a parameter dict instead of a LinearChainModel for BCD",
-        lambda _: optimizers.bcd_data(_bcd_corpus(), {"emission": jnp.zeros((2, L))}),
+        lambda _: training.bcd_data(_bcd_corpus(), {"emission": jnp.zeros((2, L))}),
         TypeError,
         ["model", "LinearChainModel", "dict"],
     ),
     (
         "bcd-feature-ids",
         "a feature id past the model's rows for BCD",
-        lambda _: optimizers.bcd_data(_bcd_corpus(ids=(0, 2, 0)), LinearChainModel.zeros(2, L)),
+        lambda _: training.bcd_data(_bcd_corpus(ids=(0, 2, 0)), LinearChainModel.zeros(2, L)),
         ValueError,
         ["corpus.unigram_ids", "[-1, 2)", "[0, 2]"],
     ),
     (
         "bcd-labels",
         "a label past the model's labels for BCD",
-        lambda _: optimizers.bcd_data(_bcd_corpus(labels=(0, 2, 0)), LinearChainModel.zeros(2, L)),
+        lambda _: training.bcd_data(_bcd_corpus(labels=(0, 2, 0)), LinearChainModel.zeros(2, L)),
         ValueError,
         ["labels", "[0, 2)", "got 2"],
     ),
     (
         "sparse-perceptron-ids",
         "a fractional feature id for the sparse perceptron",
-        lambda _: optimizers.sparse_sequence_data([[[0, 1.5], [2]]], [[0, 1]], 3),
+        lambda _: training.sparse_sequence_data([[[0, 1.5], [2]]], [[0, 1]], 3),
         TypeError,
         ["feature_ids[0][0]", "integer", "1.5"],
     ),
     (
         "sparse-perceptron-id-range",
         "a feature id equal to num_features (the padding id)",
-        lambda _: optimizers.sparse_sequence_data([[[0, 3], [2]]], [[0, 1]], 3),
+        lambda _: training.sparse_sequence_data([[[0, 3], [2]]], [[0, 1]], 3),
         ValueError,
         ["feature ids", "[0, 3)", "got 3"],
     ),
     (
         "perceptron-num-epochs",
         "num_epochs = 0 for the perceptron",
-        lambda _: optimizers.perceptron(_unary_model, jnp.zeros(L + L * L), _sequence_data(), num_epochs=0),
+        lambda _: training.perceptron(_unary_model, jnp.zeros(L + L * L), _sequence_data(), num_epochs=0),
         ValueError,
         ["num_epochs", ">= 1", "0"],
     ),
     (
         "perceptron-data",
         "a plain tuple instead of SequenceData",
-        lambda _: optimizers.perceptron(_unary_model, jnp.zeros(L + L * L), tuple(_sequence_data()), num_epochs=1),
+        lambda _: training.perceptron(_unary_model, jnp.zeros(L + L * L), tuple(_sequence_data()), num_epochs=1),
         TypeError,
         ["data", "SequenceData", "tuple"],
     ),
     (
         "boosting-max-rounds",
         "max_rounds = 0 for sequence boosting",
-        lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, max_rounds=0),
+        lambda _: training.sequence_boosting(_unary_model, _sequence_data(), L + L * L, max_rounds=0),
         ValueError,
         ["max_rounds", ">= 1", "0"],
     ),
     (
         "boosting-step",
         "an unknown boosting step rule",
-        lambda _: optimizers.sequence_boosting(_unary_model, _sequence_data(), L + L * L, max_rounds=2, step="newton"),
+        lambda _: training.sequence_boosting(_unary_model, _sequence_data(), L + L * L, max_rounds=2, step="newton"),
         ValueError,
         ["step", "line_search", "'newton'"],
     ),
     (
         "chain-boosting-labels",
         "a label equal to num_labels for sparse sequence boosting",
-        lambda _: optimizers.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.array([[0, 2, 1]]), [3], 2, 2),
+        lambda _: training.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.array([[0, 2, 1]]), [3], 2, 2),
         ValueError,
         ["labels", "[0, 2)", "got 2"],
     ),
     (
         "chain-boosting-ids",
         "an observation id equal to num_features for sparse sequence boosting",
-        lambda _: optimizers.chain_boosting_data(
-            np.full((1, T, 1), 4, np.int32), np.zeros((1, T), np.int32), [3], 4, 2
-        ),
+        lambda _: training.chain_boosting_data(np.full((1, T, 1), 4, np.int32), np.zeros((1, T), np.int32), [3], 4, 2),
         ValueError,
         ["ids", "[-1, 4)", "got 4"],
     ),
     (
         "chain-boosting-lengths",
         "a length longer than the sequences for sparse sequence boosting",
-        lambda _: optimizers.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), [5], 2, 2),
+        lambda _: training.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), [5], 2, 2),
         ValueError,
         ["lengths", "[0, 3]", "got 5"],
     ),
     (
         "boost-data",
         "a SequenceData instead of a boosting layout for boost",
-        lambda _: optimizers.boost(_sequence_data(), _unary_model, max_rounds=2),
+        lambda _: training.boost(_sequence_data(), _unary_model, max_rounds=2),
         TypeError,
         ["data", "BoostingData", "ChainBoostingData", "SequenceData"],
     ),
     (
         "boost-potentials",
         "a potentials_fn with the sparse boosting layout",
-        lambda _: optimizers.boost(
-            optimizers.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), [3], 2, 2),
+        lambda _: training.boost(
+            training.chain_boosting_data(np.zeros((1, T, 1), np.int32), np.zeros((1, T), np.int32), [3], 2, 2),
             _unary_model,
             max_rounds=2,
         ),
@@ -1317,45 +1316,43 @@ CASES = [
     (
         "rerank-shrinkage",
         "shrinkage = 0",
-        lambda _: optimizers.boosting_with_shrinkage_step_fn(_reranking_data(), 0.0),
+        lambda _: training.boosting_with_shrinkage_step_fn(_reranking_data(), 0.0),
         ValueError,
         ["shrinkage", "(0, 1]", "0.0"],
     ),
     (
         "fslr-epsilon",
         "a negative FSLR step epsilon",
-        lambda _: optimizers.fslr_step_fn(_reranking_data(), -0.1),
+        lambda _: training.fslr_step_fn(_reranking_data(), -0.1),
         ValueError,
         ["epsilon", "> 0", "-0.1"],
     ),
     (
         "blasso-epsilon",
         "BLasso step epsilon = 0",
-        lambda _: optimizers.blasso_step_fn(_reranking_data(), 0.0),
+        lambda _: training.blasso_step_fn(_reranking_data(), 0.0),
         ValueError,
         ["epsilon", "> 0", "0.0"],
     ),
     (
         "blasso-tolerance",
         "a negative BLasso tolerance",
-        lambda _: optimizers.blasso_step_fn(_reranking_data(), 0.1, tolerance=-1.0),
+        lambda _: training.blasso_step_fn(_reranking_data(), 0.1, tolerance=-1.0),
         ValueError,
         ["tolerance", ">= 0", "-1.0"],
     ),
     (
         "rerank-max-steps",
         "max_steps = 0 for a reranker",
-        lambda _: optimizers.run_reranker(
-            optimizers.fslr_step_fn(_reranking_data(), 0.1), _reranking_data(), max_steps=0
-        ),
+        lambda _: training.run_reranker(training.fslr_step_fn(_reranking_data(), 0.1), _reranking_data(), max_steps=0),
         ValueError,
         ["max_steps", ">= 1", "0"],
     ),
     (
         "rerank-data",
         "raw features instead of RerankingData",
-        lambda _: optimizers.run_reranker(
-            optimizers.fslr_step_fn(_reranking_data(), 0.1), jnp.zeros((2, 3, 4)), max_steps=5
+        lambda _: training.run_reranker(
+            training.fslr_step_fn(_reranking_data(), 0.1), jnp.zeros((2, 3, 4)), max_steps=5
         ),
         TypeError,
         ["data", "RerankingData", "got "],
@@ -1391,7 +1388,7 @@ CASES = [
     (
         "rerank-weights",
         "weights that do not match the features",
-        lambda _: optimizers.lasso_loss(_reranking_data(), jnp.zeros(5), 0.1),
+        lambda _: training.lasso_loss(_reranking_data(), jnp.zeros(5), 0.1),
         ValueError,
         ["weights", "(4,)", "(5,)"],
     ),
@@ -2107,17 +2104,16 @@ def test_bad_values_under_jit_give_nan_values_and_gradients(case_id, description
 
 
 def count_phrase() -> str:
-    """How the README's feature table counts the table: `(N bad inputs tested)`."""
-    return f"({len(CASES) + len(UNDER_JIT_CASES)} bad inputs tested)"
+    """How the reliability page counts the table: `(N kinds,` (the README carries no count)."""
+    return f"({len(CASES) + len(UNDER_JIT_CASES)} kinds,"
 
 
 def test_the_table_is_large_enough_and_the_docs_count_it():
     assert len(CASES) >= 100
-    root = Path(__file__).parent.parent
-    readme = (root / "README.md").read_text(encoding="utf-8")  # the feature table
-    reliability = (root / "docs" / "reliability.md").read_text(encoding="utf-8")
-    assert count_phrase() in readme, f"README.md must say {count_phrase()} (python tests/test_bad_inputs.py --count)"
-    assert f"({len(CASES) + len(UNDER_JIT_CASES)} kinds," in reliability
+    reliability = (Path(__file__).parent.parent / "docs" / "reliability.md").read_text(encoding="utf-8")
+    assert count_phrase() in reliability, (
+        f"docs/reliability.md must say {count_phrase()} (python tests/test_bad_inputs.py --count)"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -2206,7 +2202,7 @@ if __name__ == "__main__":
 
     jax.config.update("jax_enable_x64", True)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `experiments`, as pytest's pythonpath
-    if sys.argv[1:] == ["--count"]:  # the README's phrase
+    if sys.argv[1:] == ["--count"]:  # the reliability page's phrase
         sys.stdout.write(count_phrase() + "\n")
     else:
         with tempfile.TemporaryDirectory() as directory:

@@ -157,6 +157,49 @@ def test_a_new_process_reuses_the_stored_programs_and_survives_damaged_entries(t
     assert (damaged["loss"], damaged["labels"]) == (first["loss"], first["labels"])
 
 
+_CRF_CHILD = textwrap.dedent(
+    """
+    import json
+    import jax
+    import numpy as np
+    from lossfns import nn
+    lowered = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _, **info: lowered.append(info.get("fun_name"))
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" else None
+    )
+    crf = nn.CRF(5, key=jax.random.key(0))
+    rng = np.random.default_rng(0)
+    emissions = rng.normal(size=(3, 7, 5)).astype(np.float32)
+    tags = rng.integers(0, 5, (3, 7))
+    mask = np.arange(7) < np.array([7, 4, 1])[:, None]
+    before = len(lowered)  # the key and the parameters are the caller's and the constructor's
+    values = {
+        "log_likelihood": crf.log_likelihood(emissions, tags, mask).tolist(),
+        "decode": crf.decode(emissions, mask)[1].tolist(),
+        "marginals": crf.marginals(emissions, mask).tolist(),
+        "kbest": crf.kbest(emissions, 2, mask)[0].tolist(),
+    }
+    print(json.dumps({"values": values, "lowered": lowered[before:]}))
+    """
+)
+
+
+def test_a_new_process_calls_nn_crf_at_a_seen_shape_without_tracing(tmp_path):
+    """nn.CRF's methods on known arrays run stored executables: a second
+    process lowers nothing for them, not even the input checks."""
+    environment = dict(os.environ, LOSSFNS_CACHE_DIR=str(tmp_path / "cache"))
+    run = lambda: json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _CRF_CHILD], capture_output=True, text=True, env=environment, check=True
+        ).stdout.splitlines()[-1]
+    )
+    first, second = run(), run()
+    assert first["lowered"].count("jit(stored_program)") == 4
+    assert second["lowered"] == [], f"traced again in a new process: {second['lowered']}"
+    assert second["values"] == first["values"]
+
+
 def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv(compilation_cache.ENVIRONMENT_VARIABLE, "off")
     assert compilation_cache.cache_directory() is None

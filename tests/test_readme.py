@@ -1,9 +1,9 @@
 """Every Python example of the README and of the documentation site
 (docs/**/*.md) runs as written, each in a fresh namespace. Examples that need
 a corpus are left to the tests of what they call: the CoNLL training example,
-which takes minutes, is exercised by tests/test_tagger.py, and the
+which takes minutes, is exercised by tests/applications/test_tagger.py, and the
 sklearn-crfsuite drop-in, whose `X_train` comes from CoNLL-2002
-(docs/getting-started.md shows how), by tests/test_sklearn.py."""
+(docs/getting-started.md shows how), by tests/applications/test_sklearn.py."""
 
 import pathlib
 import re

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -35,9 +36,9 @@ import numpy as np
 
 from .design import SparseDesign, bucket_design
 from .extraction import TokenFeatures
-from .index import PADDING_ID, FeatureBatch, FeatureIndex, PackedCorpus, pack_rows
+from .index import PADDING_ID, FeatureBatch, FeatureIndex, PackedCorpus, pack, pack_rows, pack_tokens, ragged_rows
 from .presets import PRESETS, Preset, preset
-from .templates import Templates, parse_templates
+from .templates import TemplateColumn, Templates, apply_templates_to_corpus, expand_templates, parse_templates
 
 Extractor = Preset | Templates
 """What turns a sentence into features: a `Preset` or parsed `Templates`."""
@@ -140,10 +141,52 @@ def _cycle_collector_paused(function: Callable) -> Callable:
     return paused
 
 
+def extract(features: Extractor, sentences) -> list[TokenFeatures]:
+    """`features(tokens)` of every sentence; templates are expanded over the
+    whole corpus at once (`templates.apply_templates_to_corpus`: the same
+    strings, faster than sentence by sentence)."""
+    if isinstance(features, Templates):
+        return apply_templates_to_corpus(features, [s.tokens for s in sentences])
+    return [features(s.tokens) for s in sentences]
+
+
 @_cycle_collector_paused
 def encode(index: FeatureIndex, features: Extractor, sentences) -> list:
     """`index.encode(features(tokens))` of every sentence."""
-    return [index.encode(features(s.tokens)) for s in sentences]
+    return [index.encode(f) for f in extract(features, sentences)]
+
+
+@_cycle_collector_paused
+def pack_sentences(
+    index: FeatureIndex,
+    features: Extractor,
+    sentences,
+    labels: Sequence[Sequence[int]] | None = None,
+    num_buckets: int | None = 6,
+) -> PackedCorpus:
+    """`index.pack(encode(index, features, sentences), labels, num_buckets)`:
+    the same arrays. Templates over an index of strings go straight to the
+    token stack: each template's strings over the corpus
+    (`templates.expand_templates`) are looked up once per distinct string,
+    and no per-token lists are built (the command line's labelling)."""
+    if not isinstance(features, Templates) or index.unigram is None or index.pair is None:
+        return pack(encode(index, features, sentences), labels, num_buckets)
+    unigram, pair = expand_templates(features, [s.tokens for s in sentences])
+    lengths = [len(s.tokens) for s in sentences]
+    count = sum(lengths)
+    unigram_ids, pair_ids = _id_stack(index.unigram, unigram, count), _id_stack(index.pair, pair, count)
+    return pack_tokens(unigram_ids, lengths, labels, num_buckets, pair_ids=pair_ids)
+
+
+def _id_stack(table: dict, columns: Sequence[TemplateColumn], count: int) -> np.ndarray:
+    """`[N, F]` int32: per token the ids of its known strings, in template
+    order, then `PADDING_ID` (as `pack` lays out `FeatureIndex.encode`'s lists)."""
+    ids = np.empty((count, len(columns)), np.int32)
+    for j, column in enumerate(columns):
+        known = np.fromiter(map(table.get, column.strings, itertools.repeat(PADDING_ID)), np.int32, len(column.strings))
+        ids[:, j] = known[column.codes]
+    kept = ids != PADDING_ID
+    return ragged_rows(ids[kept], kept.sum(axis=1), PADDING_ID)
 
 
 @_cycle_collector_paused
@@ -152,7 +195,7 @@ def index_corpus(
 ) -> tuple[FeatureIndex, list, list[list[int]]]:
     """A labelled training corpus extracted, indexed (`build_index`) and
     encoded: `(index, encoded [N], label ids [N][T] in labels)`."""
-    extracted = [features(s.tokens) for s in sentences]
+    extracted = extract(features, sentences)
     index = build_index(extracted, min_count=min_count, hash_size=hash_size)
     return index, [index.encode(f) for f in extracted], label_ids(sentences, labels)
 

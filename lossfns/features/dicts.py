@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .extraction import TokenFeatures
-from .index import FeatureIndex, PackedCorpus, _stable_hash, _vocabulary, pack_token_rows, pack_tokens, ragged_rows
+from .index import FeatureIndex, PackedCorpus, pack_token_rows, pack_tokens, ragged_rows, stable_hash, vocabulary
 
 _SEQUENCES = (list, tuple, set, frozenset)
 _NUMBERS = (bool, np.bool_, numbers.Real)  # numpy's bool is no `numbers.Real`; python-crfsuite takes it
@@ -149,14 +149,14 @@ class AttributeCorpus(NamedTuple):
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         counts = np.bincount(self.attributes, minlength=len(self.names))
-        kept = _vocabulary(itertools.compress(self.names, (counts >= min_count).tolist()), 1)
+        kept = vocabulary(itertools.compress(self.names, (counts >= min_count).tolist()), 1)
         return FeatureIndex(kept, {}, len(kept), 0)
 
     def encode(self, index: FeatureIndex) -> np.ndarray:
         """`[A]` int64 feature ids of the occurrences under `index` (-1 where
         the attribute is unknown to it)."""
         if index.hashed:
-            lookup = [_stable_hash(name, index.num_unigram) for name in self.names]
+            lookup = [stable_hash(name, index.num_unigram) for name in self.names]
         else:
             lookup = [index.unigram.get(name, -1) for name in self.names]
         return np.asarray(lookup, dtype=np.int64)[self.attributes] if lookup else np.zeros(0, np.int64)
@@ -271,7 +271,7 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpu
         for k, v in zip(key_of.tolist(), value_of.tolist())
     ]
     # Different codes can spell one name (key "a:b" with a number, key "a" with "b"): one attribute, as in CRFsuite.
-    table = _vocabulary(names, 1)
+    table = vocabulary(names, 1)
     if len(table) < len(names):
         attributes = np.asarray([table[name] for name in names], np.int64)[attributes]
         names = list(table)

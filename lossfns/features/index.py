@@ -52,8 +52,9 @@ class FeatureBatch(NamedTuple):
     unigram_values: np.ndarray | None = None
 
 
-def _stable_hash(text: str, buckets: int) -> int:
-    # Python's hash() is salted per process; crc32 is the same everywhere.
+def stable_hash(text: str, buckets: int) -> int:
+    """The bucket in `[0, buckets)` of a feature name, the same in every
+    process (Python's `hash()` is salted per process; crc32 is not)."""
     return zlib.crc32(text.encode("utf-8")) % buckets
 
 
@@ -78,10 +79,8 @@ class FeatureIndex(NamedTuple):
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         features = list(features)
-        unigram = _vocabulary(
-            (name for sentence in features for token in sentence.unigram for name in token), min_count
-        )
-        pair = _vocabulary((name for sentence in features for token in sentence.pair for name in token), min_count)
+        unigram = vocabulary((name for sentence in features for token in sentence.unigram for name in token), min_count)
+        pair = vocabulary((name for sentence in features for token in sentence.pair for name in token), min_count)
         return FeatureIndex(unigram, pair, len(unigram), len(pair))
 
     @staticmethod
@@ -93,7 +92,7 @@ class FeatureIndex(NamedTuple):
 
     def _ids(self, names: Sequence[str], table: dict | None, size: int) -> list[int]:
         if self.hashed:
-            return sorted({_stable_hash(name, size) for name in names}) if size else []
+            return sorted({stable_hash(name, size) for name in names}) if size else []
         return [i for i in map(table.get, names) if i is not None]
 
     def encode(self, features: TokenFeatures) -> tuple:
@@ -111,7 +110,7 @@ class FeatureIndex(NamedTuple):
         unigram, values = [], []
         for names, token_values in zip(features.unigram, features.unigram_values):
             if self.hashed:
-                ids = [_stable_hash(name, self.num_unigram) for name in names]
+                ids = [stable_hash(name, self.num_unigram) for name in names]
                 kept = list(token_values)
             else:
                 found = [(i, value) for i, value in zip(map(self.unigram.get, names), token_values) if i is not None]
@@ -131,7 +130,7 @@ def _known_ids(table: dict, tokens: Sequence[Sequence[str]]) -> list[list[int]]:
     return [ids[start:end] for start, end in zip([0, *ends], ends)]
 
 
-def _vocabulary(names: Iterable[str], min_count: int) -> dict:
+def vocabulary(names: Iterable[str], min_count: int) -> dict:
     """name -> id for the names seen at least `min_count` times, ids in order
     of first appearance (one C-level pass: dicts and Counters keep that order)."""
     if min_count == 1:

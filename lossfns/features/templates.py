@@ -46,9 +46,12 @@ weights.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from ..corpora import read_lines
 from .extraction import TokenFeatures
@@ -277,55 +280,158 @@ def _column(tokens: Sequence[Sequence[str]], index: int, column: int, template: 
 
 def _transformed(part: Macro, values: list[str]) -> list[str]:
     """`%t` (does the regex match: "true"/"false"), `%m` (its first match) and
-    the upper-case commands' lower-casing, applied once per distinct value."""
-    kind = part.kind.lower()
-    if kind == "x" and not part.kind.isupper():
-        return values
-    cache = dict.fromkeys(values, "")
-    for value in cache:
-        if kind == "t":
-            out = "true" if part.pattern.search(value) else "false"  # pyright: ignore[reportOptionalMemberAccess]
-        elif kind == "m":
-            found = part.pattern.search(value)  # pyright: ignore[reportOptionalMemberAccess]
-            out = found.group(0) if found else ""
-        else:
-            out = value
-        # Wapiti's upper-case commands lower-case what they produce.
-        cache[value] = out.lower() if part.kind.isupper() else out
-    return list(map(cache.__getitem__, values))
+    the upper-case commands' lower-casing, of each of `values`."""
+    kind, pattern = part.kind.lower(), part.pattern
+    if kind == "t" and pattern is not None:
+        values = ["true" if pattern.search(value) else "false" for value in values]
+    elif kind == "m" and pattern is not None:
+        values = [found.group(0) if found else "" for found in map(pattern.search, values)]
+    # Wapiti's upper-case commands lower-case what they produce.
+    return [value.lower() for value in values] if part.kind.isupper() else values
 
 
-def _macro_values(part: Macro, template: Template, tokens: Sequence[Sequence[str]], columns: dict) -> list[str]:
-    """The cell `part` reads at every position of the sentence; `columns`
-    caches each column's values (None when a token is too short for it)."""
-    length, row = len(tokens), part.row
-    if part.column not in columns:
-        column = part.column
-        columns[column] = [token[column] for token in tokens] if all(len(t) > column for t in tokens) else None
-    cells = columns[part.column]
-    if part.mode or cells is None:  # absolute rows, offsets read from a column, short tokens: per position
-        return [_cell(tokens, position, part, template) for position in range(length)]
-    if row >= 0:  # then the boundary markers _B+1, _B+2, ... past the end
-        return cells[row:] + [f"_B+{index - length + 1}" for index in range(max(length, row), length + row)]
-    return [f"_B{index}" for index in range(row, min(0, length + row))] + cells[: max(length + row, 0)]
+def _factorize(values: list) -> tuple[list, np.ndarray]:
+    """`(distinct, codes)`: the distinct values in order of first appearance,
+    and each value's index among them (`values[i] == distinct[codes[i]]`)."""
+    index = {value: i for i, value in enumerate(dict.fromkeys(values))}
+    return list(index), np.fromiter(map(index.__getitem__, values), np.int64, len(values))
 
 
-def _expand_all(template: Template, tokens: Sequence[Sequence[str]], columns: dict) -> list[str]:
-    """`template`'s observation string at every position of the sentence, one
-    template at a time (a cell's transform runs once per distinct value)."""
-    pieces = [
-        itertools.repeat(part, len(tokens))
-        if isinstance(part, str)
-        else _transformed(part, _macro_values(part, template, tokens, columns))
-        for part in template.parts
-    ]
-    return list(map("".join, zip(*pieces)))
+class TemplateColumn(NamedTuple):
+    """One template's observation strings over a corpus, factorized: token i
+    reads `strings[codes[i]]` (`codes` `[N]` int64 over the corpus's tokens,
+    sentence after sentence). Each string is built once, however many tokens
+    read it, and a lookup (the feature index) needs one per string."""
+
+    strings: list[str]
+    codes: np.ndarray
+
+    def tolist(self) -> list[str]:
+        """The string of every token."""
+        return list(map(self.strings.__getitem__, self.codes.tolist()))
+
+
+def expand_templates(
+    templates: Templates, sentences: Sequence[Sequence[Sequence[str]]]
+) -> tuple[list[TemplateColumn], list[TemplateColumn]]:
+    """`(unigram, pair)`: per template (`templates.unigram`, then
+    `templates.pair`), its observation strings over every token of
+    `sentences` (`TemplateColumn`); `apply_templates` gives one sentence's
+    strings token by token.
+
+    One template at a time over the whole corpus: the sentences are laid end
+    to end, each between its boundary rows (`_B-2`, `_B-1` before, `_B+1`,
+    ... after, as many as the farthest relative row reaches), so that a cell
+    `%x[r,c]` of every token is one slice of column `c`'s codes; a transform
+    (`%t`, `%m`, upper case) runs once per distinct value, and a string is
+    built once per distinct combination of a template's cells. Absolute rows,
+    offsets read from a column and tokens too short for a column are read
+    position by position (`_cell`, whose errors name the template and token)."""
+    return _Expansion(templates, sentences).columns()
+
+
+class _Expansion:
+    """The corpus laid out for `expand_templates`: `frame` holds every
+    sentence's token rows between `reach` boundary rows on each side; the
+    aligned positions are `frame[reach:-reach]` (each token, and between two
+    sentences their boundary rows, which `tokens` leaves out)."""
+
+    def __init__(self, templates: Templates, sentences: Sequence[Sequence[Sequence[str]]]):
+        self.templates, self.sentences = templates, sentences
+        macros = [p for t in templates.unigram + templates.pair for p in t.parts if isinstance(p, Macro)]
+        self.reach = reach = max((abs(p.row) for p in macros if not p.mode), default=0)
+        width = 1 + max((p.column for p in macros), default=0)
+        before = [(f"_B{i}",) * width for i in range(-reach, 0)]
+        after = [(f"_B+{i}",) * width for i in range(1, reach + 1)]
+        self.frame: list = []
+        for tokens in sentences:
+            self.frame += before
+            self.frame += tokens
+            self.frame += after
+        self.span = max(len(self.frame) - 2 * reach, 0)
+        lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+        self.count = int(lengths.sum())
+        self.tokens = None  # the aligned positions of the tokens (None: all of them)
+        if self.count != self.span:
+            starts = np.cumsum(lengths + 2 * reach) - lengths - 2 * reach  # each sentence's first aligned position
+            self.tokens = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(self.count)
+        self._columns: dict = {}  # column -> (distinct cells, codes over the frame), or None: a token too short
+        self._transforms: dict = {}  # (kind, pattern, column) -> (distinct transformed cells, code map)
+
+    def columns(self) -> tuple[list[TemplateColumn], list[TemplateColumn]]:
+        return [self._expand(t) for t in self.templates.unigram], [self._expand(t) for t in self.templates.pair]
+
+    def _column(self, column: int):
+        if column not in self._columns:
+            try:
+                cells = list(map(operator.itemgetter(column), self.frame))
+            except IndexError:
+                self._columns[column] = None
+            else:
+                self._columns[column] = _factorize(cells)
+        return self._columns[column]
+
+    def _cells(self, part: Macro, template: Template) -> tuple[list[str], np.ndarray]:
+        """`(distinct, codes)`: the (transformed) cell `part` reads, at every token."""
+        column = None if part.mode else self._column(part.column)
+        if column is None:  # position by position
+            raw = [
+                _cell(tokens, position, part, template) for tokens in self.sentences for position in range(len(tokens))
+            ]
+            return _factorize(_transformed(part, raw))
+        distinct, codes = column
+        start = self.reach + part.row
+        codes = codes[start : start + self.span]
+        if self.tokens is not None:
+            codes = codes[self.tokens]
+        if part.kind == "x":
+            return distinct, codes
+        key = (part.kind, part.pattern, part.column)
+        if key not in self._transforms:
+            transformed, code_map = _factorize(_transformed(part, distinct))
+            self._transforms[key] = transformed, code_map
+        transformed, code_map = self._transforms[key]
+        return transformed, code_map[codes]
+
+    def _expand(self, template: Template) -> TemplateColumn:
+        parts = template.parts
+        macros = [self._cells(part, template) for part in parts if isinstance(part, Macro)]
+        if not macros:  # a constant
+            return TemplateColumn(["".join(part for part in parts if isinstance(part, str))], np.zeros(self.count, int))
+        if len(macros) == 1:
+            (distinct, codes), cells = macros[0], [macros[0][0]]
+            if len(parts) == 2 and isinstance(parts[0], str):  # `name:%x[r,c]`, the usual template
+                return TemplateColumn(list(map(parts[0].__add__, distinct)), codes)
+        else:  # the distinct combinations of the cells, and each one's cells
+            combinations, codes = _factorize(list(zip(*(codes.tolist() for _, codes in macros))))
+            columns = list(zip(*combinations)) or [()] * len(macros)  # each macro's cells, per combination
+            cells = [list(map(values.__getitem__, column)) for (values, _), column in zip(macros, columns)]
+        pieces, at = [], 0
+        for part in parts:
+            if isinstance(part, str):
+                pieces.append(itertools.repeat(part))
+            else:
+                pieces.append(cells[at])
+                at += 1
+        return TemplateColumn(list(map("".join, zip(*pieces))), codes)
 
 
 def apply_templates(templates: Templates, tokens: Sequence[Sequence[str]]) -> TokenFeatures:
     """Observation strings per token: `TokenFeatures(unigram [T][...], pair [T][...])`."""
-    columns: dict = {}
-    unigram = [_expand_all(t, tokens, columns) for t in templates.unigram]
-    pair = [_expand_all(t, tokens, columns) for t in templates.pair]
-    by_token = lambda strings: [list(token) for token in zip(*strings)] if strings else [[] for _ in tokens]
-    return TokenFeatures(by_token(unigram), by_token(pair))
+    return apply_templates_to_corpus(templates, [tokens])[0]
+
+
+def apply_templates_to_corpus(
+    templates: Templates, sentences: Sequence[Sequence[Sequence[str]]]
+) -> list[TokenFeatures]:
+    """`apply_templates` of every sentence (each one's tokens), expanded over
+    the whole corpus at once (`expand_templates`): faster than sentence by
+    sentence, the same strings."""
+    unigram, pair = expand_templates(templates, sentences)
+    count = sum(map(len, sentences))
+    by_token = lambda columns: (
+        list(map(list, zip(*(c.tolist() for c in columns)))) if columns else [[] for _ in range(count)]
+    )
+    unigram_rows, pair_rows = by_token(unigram), by_token(pair)
+    ends = list(itertools.accumulate(map(len, sentences)))
+    return [TokenFeatures(unigram_rows[start:end], pair_rows[start:end]) for start, end in zip([0, *ends], ends)]

@@ -80,10 +80,14 @@ ALGORITHMS = ("auto", "sequential", "parallel")
 # ---------------------------------------------------------------------------
 
 
-def _prepare(potentials, lengths):
-    """Validate; return `(form, lengths, batch_shape, T, L)` (`lattices.forms`)."""
+def prepare_inputs(potentials, lengths):
+    """Validate; return `(form, lengths, batch_shape, T, L)` (`lattices.forms`).
+
+    The checks every chain function runs on its arguments (`prefix`'s too):
+    `potentials` as a form (an array `[..., T, L, L]` becomes
+    `DensePotentials`), `lengths` `[...]` (None: every chain `T` long)."""
     if isinstance(potentials, SparsePotentials):
-        form, lengths, batch_shape, T, L = sparse_chain._prepare(potentials, lengths)
+        form, lengths, batch_shape, T, L = sparse_chain.prepare_inputs(potentials, lengths)
         _check_scores_inside(form, lengths)
         return form, lengths, tuple(batch_shape), T, L
     if isinstance(potentials, FactoredPotentials):
@@ -146,13 +150,13 @@ def _check_scores_inside(potentials, lengths) -> None:
 
 @functools.cache
 def _instance(fn, *static):
-    """One stable callable per static configuration, so `_map_batch`'s jit
+    """One stable callable per static configuration, so `map_batch`'s jit
     cache is hit on every later call with the same shapes."""
     return functools.partial(fn, *static) if static else fn
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _map_batch(fn, potentials, lengths, *batched):
+def map_batch(fn, potentials, lengths, *batched):
     """Apply the unbatched `fn(potentials, length, *batched)` over the batch
     shape of `lengths`, compiled once per (fn, shapes).
 
@@ -210,8 +214,10 @@ def _check_algorithm(algorithm):
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-def _resolve_algorithm(algorithm: str, T: int, L: int) -> str:
-    """`"auto"`: the backend's choice (`kernel.Tuning.prefers_parallel`)."""
+def resolve_algorithm(T: int, L: int, *, algorithm: str = "auto") -> str:
+    """The scan a chain of `T` positions and `L` labels runs: `algorithm`
+    (one of `ALGORITHMS`) checked, `"auto"` resolved to the backend's choice
+    (`kernel.Tuning.prefers_parallel`)."""
     _check_algorithm(algorithm)
     if algorithm != "auto":
         return algorithm
@@ -257,9 +263,9 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "a
     if not isinstance(semiring, Semiring):
         raise TypeError(f"semiring must be a lossfns.semirings.Semiring (e.g. semirings.Log), got {semiring!r}")
     _check_algorithm(algorithm)
-    potentials, lengths, _, T, L = _prepare(potentials, lengths)
-    algorithm = _resolve_algorithm(algorithm, T, L)
-    return _map_batch(_instance(_forward_instance, _log_semiring(semiring), algorithm), potentials, lengths)
+    potentials, lengths, _, T, L = prepare_inputs(potentials, lengths)
+    algorithm = resolve_algorithm(T, L, algorithm=algorithm)
+    return map_batch(_instance(_forward_instance, _log_semiring(semiring), algorithm), potentials, lengths)
 
 
 def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
@@ -275,7 +281,9 @@ def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Lo
 # ---------------------------------------------------------------------------
 
 
-def _as_starts(starts, shape: tuple) -> jax.Array:
+def as_starts(starts, shape: tuple) -> jax.Array:
+    """`starts` checked as the chain starts of rows of potentials: a bool
+    array of `shape` (`[..., T]`), else a `ValueError` naming it."""
     starts = jnp.asarray(starts)
     if starts.dtype != jnp.bool_ or starts.shape != tuple(shape):
         raise ValueError(
@@ -306,9 +314,9 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
     """
     if not (_computes_log_z(semiring) or type(semiring) is semirings.MaxSemiring):
         raise ValueError(f"semiring must be semirings.Log, Real or Max for row_forward, got {semiring!r}")
-    potentials, lengths, batch_shape, T, _ = _prepare(potentials, lengths)
-    starts = _as_starts(starts, batch_shape + (T,))
-    return _map_batch(_instance(_forward_instance, _log_semiring(semiring), "sequential"), potentials, lengths, starts)
+    potentials, lengths, batch_shape, T, _ = prepare_inputs(potentials, lengths)
+    starts = as_starts(starts, batch_shape + (T,))
+    return map_batch(_instance(_forward_instance, _log_semiring(semiring), "sequential"), potentials, lengths, starts)
 
 
 def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = semirings.Log):
@@ -322,10 +330,10 @@ def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = 
 def row_score(potentials, labels, starts, lengths=None):
     """Per row `[...]`, the sum of the scores of the label sequences
     `labels [..., T]` of its chains (`starts` as in `row_forward`)."""
-    potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
+    potentials, lengths, batch_shape, T, L = prepare_inputs(potentials, lengths)
     labels = as_labels(labels, batch_shape + (T,), L, lengths)
-    starts = _as_starts(starts, batch_shape + (T,))
-    return _map_batch(_row_score_instance, potentials, lengths, labels, starts)
+    starts = as_starts(starts, batch_shape + (T,))
+    return map_batch(_row_score_instance, potentials, lengths, labels, starts)
 
 
 def _marginals_instance(semiring, algorithm, potentials, length):
@@ -343,9 +351,9 @@ def log_partition_and_marginals(potentials, lengths=None, *, algorithm: str = "a
     and its derivative with respect to the potentials, as `marginals` gives
     it (for callers that need both, e.g. sequence boosting's weights and
     feature masses)."""
-    form, lengths, _, T, L = _prepare(potentials, lengths)
-    algorithm = _resolve_algorithm(algorithm, T, L)
-    log_z, per_chain = _map_batch(_instance(_marginals_instance, semirings.Log, algorithm), form, lengths)
+    form, lengths, _, T, L = prepare_inputs(potentials, lengths)
+    algorithm = resolve_algorithm(T, L, algorithm=algorithm)
+    log_z, per_chain = map_batch(_instance(_marginals_instance, semirings.Log, algorithm), form, lengths)
     return log_z, form.from_gradient(per_chain)
 
 
@@ -370,7 +378,7 @@ def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.L
     """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
     if isinstance(potentials, (FactoredPotentials, SparsePotentials)):
         # The unary derivatives alone: shared transitions keep one (summed) derivative.
-        form, lengths, _, _, _ = _prepare(potentials, lengths)
+        form, lengths, _, _, _ = prepare_inputs(potentials, lengths)
         total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
         return jax.grad(total, allow_int=True)(form).unary
     return jnp.sum(marginals(potentials, lengths, semiring=semiring, algorithm=algorithm), axis=-2)
@@ -386,9 +394,9 @@ def score(potentials, labels, lengths=None):
 
     Positions at or past each length are ignored (their labels may be -1).
     """
-    potentials, lengths, batch_shape, T, L = _prepare(potentials, lengths)
+    potentials, lengths, batch_shape, T, L = prepare_inputs(potentials, lengths)
     labels = as_labels(labels, batch_shape + (T,), L, lengths)
-    return _map_batch(_score_instance, potentials, lengths, labels)
+    return map_batch(_score_instance, potentials, lengths, labels)
 
 
 def _score_instance(potentials, length, labels):
@@ -423,8 +431,8 @@ def viterbi(potentials, lengths=None):
     each length, and everywhere when no sequence has a finite score (then
     the score is -inf).
     """
-    potentials, lengths, _, _, _ = _prepare(potentials, lengths)
-    return _map_batch(_viterbi_instance, potentials, lengths)
+    potentials, lengths, _, _, _ = prepare_inputs(potentials, lengths)
+    return map_batch(_viterbi_instance, potentials, lengths)
 
 
 def kbest(potentials, lengths=None, k: int = 1):
@@ -436,9 +444,9 @@ def kbest(potentials, lengths=None, k: int = 1):
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    potentials, lengths, _, _, _ = _prepare(potentials, lengths)
+    potentials, lengths, _, _, _ = prepare_inputs(potentials, lengths)
     k = int(k)
-    return _map_batch(_instance(decode.best_paths, k), potentials, lengths)
+    return map_batch(_instance(decode.best_paths, k), potentials, lengths)
 
 
 def _sample_instance(potentials, length, key):
@@ -471,6 +479,6 @@ def sample(key, potentials, lengths=None):
     sampling), `labels [..., T]` int32 with -1 past each length, and -1
     everywhere for a chain with no allowed sequence (as `viterbi`)."""
     check_key("key", key)
-    potentials, lengths, batch_shape, _, _ = _prepare(potentials, lengths)
+    potentials, lengths, batch_shape, _, _ = prepare_inputs(potentials, lengths)
     keys = jax.random.split(key, math.prod(batch_shape)).reshape(batch_shape + key.shape)
-    return _map_batch(_sample_instance, potentials, lengths, keys)
+    return map_batch(_sample_instance, potentials, lengths, keys)

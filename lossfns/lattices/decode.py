@@ -1,6 +1,6 @@
 """The one back-pointer decoder: the k best label sequences of a chain
 (Viterbi is k = 1), for `chain.viterbi`, `chain.kbest` and the sparse
-perceptron's exact integer decoders (`optimizers.sparse_perceptron`).
+perceptron's exact integer decoders (`training.sparse_perceptron`).
 
 The forward pass keeps, for each position and label, the k best scores of
 partial sequences ending there (`history [T, L, k]`), not their pointers;

@@ -232,7 +232,7 @@ def safe_log(x):
     return jnp.where(positive, jnp.log(jnp.where(positive, x, 1.0)), jnp.where(jnp.isnan(x), jnp.nan, -jnp.inf))
 
 
-def _normalized(x):
+def normalized(x):
     """`x [L]` divided by its sum (left as is where that sum is 0)."""
     total = jnp.sum(x)
     return x / jnp.where(total > 0, total, 1.0)
@@ -475,7 +475,7 @@ def log_partition(tangent_rule, potentials, length, starts=None):
     return _log_partition(tangent_rule, _batch(), potentials, length, starts)
 
 
-class _Chains(NamedTuple):
+class ChainSpans(NamedTuple):
     """Where one row's chains start, continue and end, `[T]` each."""
 
     starts: jax.Array
@@ -484,14 +484,16 @@ class _Chains(NamedTuple):
     continues: jax.Array  # position t + 1 continues t's chain
 
 
-def _chains(length, starts, T) -> _Chains:
+def chain_spans(length, starts, T) -> ChainSpans:
+    """The `ChainSpans` of one row of `T` positions: its first `length` are
+    valid, and chains start at `starts [T]` (None: none) and at position 0."""
     valid = jnp.arange(T) < length
     starts = row_starts(jnp.zeros((T,), bool) if starts is None else starts, length)
     next_starts, next_valid = _following(starts, True), _following(valid, False)
-    return _Chains(starts, valid, valid & (next_starts | ~next_valid), next_valid & ~next_starts)
+    return ChainSpans(starts, valid, valid & (next_starts | ~next_valid), next_valid & ~next_starts)
 
 
-def _exact_conditional(log_alpha, shifted_scores, log_sums):
+def exact_conditional(log_alpha, shifted_scores, log_sums):
     """`P(y_{t-1} = i | y_t = j) = exp(la(i) + A(i, j) - c(j) - log s(j))` in log
     space, `[L, L]`; 0 where `s(j) = 0`."""
     finite = jnp.isfinite(log_sums)
@@ -499,7 +501,7 @@ def _exact_conditional(log_alpha, shifted_scores, log_sums):
     return jnp.where(finite[None], jnp.exp(exponent), 0.0)
 
 
-def _next_step(log_sums, recovered, continues, t):
+def next_step(log_sums, recovered, continues, t):
     """What the backward pass at `t` needs of step `t + 1` (read in place):
     its log column sums, whether it was recovered, and `1 / s_{t+1}` where it
     continues a chain through an ordinary step (finite there: `s >= tau`),
@@ -515,14 +517,14 @@ def _next_step(log_sums, recovered, continues, t):
     return log_sums_next, recovered_next, inverse
 
 
-def _contract(tangent, weights):
+def contract(tangent, weights):
     """`sum(tangent * weights)` over two `[L, L]` arrays as a dot product: mapped
     over a batch with a shared tangent, reverse mode then sums the batch's
     weights with one product rather than a reduction over a broadcast."""
     return jnp.tensordot(tangent, weights, 2)
 
 
-def _masked(weights, tangent):
+def masked_tangent(weights, tangent):
     """A tangent where its weight (a marginal) is zero may be infinite (a -inf
     score's): 0 * inf must not leak in. A NaN weight (NaN scores inside the
     chain) is kept, so the derivative is NaN as the value is."""
@@ -537,7 +539,7 @@ def factored_tangent(potentials, length, starts, forward: Forward, tangent):
     [L, L]`, `start [L]`); forward: the scan's with `factored_log_steps`.
     """
     T, L = potentials.unary.shape
-    chains = _chains(length, starts, T)
+    chains = chain_spans(length, starts, T)
     log_alphas = forward.values
     log_sums, recovered = forward.aux
     steps = forward.inputs
@@ -550,15 +552,15 @@ def factored_tangent(potentials, length, starts, forward: Forward, tangent):
     def step(carry, inputs):
         following, edge_sums = carry  # the marginals at t + 1
         t, alpha_t, log_alpha_t, end_t, valid_t, continues_t = inputs
-        log_sums_next, recovered_next, inverse_sums = _next_step(log_sums, recovered, continues_t, t)
+        log_sums_next, recovered_next, inverse_sums = next_step(log_sums, recovered, continues_t, t)
         ratio = following * inverse_sums
 
         def exact():
-            conditional = _exact_conditional(log_alpha_t, steps.shifted, log_sums_next)
+            conditional = exact_conditional(log_alpha_t, steps.shifted, log_sums_next)
             return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
 
         backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _vecmat(ratio, transposed_factors))
-        nodes_t = jnp.where(valid_t, _normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
+        nodes_t = jnp.where(valid_t, normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
         if in_scan:
             return (nodes_t, edge_sums + alpha_t[:, None] * ratio[None, :]), nodes_t
         return (nodes_t, edge_sums), (nodes_t, ratio)
@@ -576,7 +578,7 @@ def factored_tangent(potentials, length, starts, forward: Forward, tangent):
     transitions_tangent = jnp.where(allowed, tangent.transitions, 0.0)
     weighted = steps.factors * transitions_tangent
     if in_scan:
-        edges = _contract(weighted, edge_sums)
+        edges = contract(weighted, edge_sums)
     else:
         edges = jnp.sum((alphas @ weighted) * ratios)
     exact_edges = jax.lax.cond(
@@ -586,14 +588,14 @@ def factored_tangent(potentials, length, starts, forward: Forward, tangent):
     )
     firsts = jnp.sum(jnp.where(chains.starts[:, None], nodes, 0.0), 0)  # pyright: ignore[reportArgumentType]  # a scan output
     return (
-        jnp.sum(nodes * _masked(nodes, tangent.unary))  # pyright: ignore[reportArgumentType]  # a scan output
+        jnp.sum(nodes * masked_tangent(nodes, tangent.unary))  # pyright: ignore[reportArgumentType]  # a scan output
         + edges
-        + _contract(transitions_tangent, exact_edges)
-        + jnp.sum(firsts * _masked(firsts, tangent.start))
+        + contract(transitions_tangent, exact_edges)
+        + jnp.sum(firsts * masked_tangent(firsts, tangent.start))
     )
 
 
-def _factored_exact_edges(forward: Forward, chains: _Chains, nodes):
+def _factored_exact_edges(forward: Forward, chains: ChainSpans, nodes):
     """Expected transition counts `[L, L]` of the recovered steps, in log
     space (run only when a step was recovered)."""
     log_sums, recovered = forward.aux
@@ -601,7 +603,7 @@ def _factored_exact_edges(forward: Forward, chains: _Chains, nodes):
 
     def step(edges, inputs):
         log_alpha_previous, log_sums_t, nodes_t, taken_t = inputs
-        conditional = _exact_conditional(log_alpha_previous, forward.inputs.shifted, log_sums_t)
+        conditional = exact_conditional(log_alpha_previous, forward.inputs.shifted, log_sums_t)
         return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
 
     L = nodes.shape[-1]
@@ -622,7 +624,7 @@ def dense_tangent(potentials, length, starts, forward: Forward, tangent):
     """
     scores = tangent.scores
     T, L, _ = scores.shape
-    chains = _chains(length, starts, T)
+    chains = chain_spans(length, starts, T)
     log_alphas = forward.values
     log_sums, recovered = forward.aux
     blocks = forward.inputs
@@ -630,16 +632,16 @@ def dense_tangent(potentials, length, starts, forward: Forward, tangent):
 
     def step(following, inputs):
         t, alpha_t, log_alpha_t, valid_t, continues_t = inputs
-        log_sums_next, recovered_next, inverse_sums = _next_step(log_sums, recovered, continues_t, t)
+        log_sums_next, recovered_next, inverse_sums = next_step(log_sums, recovered, continues_t, t)
         ratio = following * inverse_sums
         after = jnp.minimum(t + 1, T - 1)
 
         def exact():
-            conditional = _exact_conditional(log_alpha_t, blocks.shifted(after), log_sums_next)
+            conditional = exact_conditional(log_alpha_t, blocks.shifted(after), log_sums_next)
             return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
 
         backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _block_matvec(blocks.block(after), ratio))
-        nodes_t = jnp.where(valid_t, _normalized(jnp.where(continues_t, backward, alpha_t)), 0.0)
+        nodes_t = jnp.where(valid_t, normalized(jnp.where(continues_t, backward, alpha_t)), 0.0)
         return nodes_t, (nodes_t, ratio)
 
     inputs = (jnp.arange(T), alphas, log_alphas, chains.valid, chains.continues)
@@ -650,10 +652,10 @@ def dense_tangent(potentials, length, starts, forward: Forward, tangent):
     marginals = jnp.concatenate([jnp.zeros((1, L, L), edges.dtype), edges])
     heads = jnp.zeros((T, L, L), edges.dtype).at[:, 0].set(jnp.where(chains.starts[:, None], nodes, 0.0))
     marginals = jnp.where(chains.starts[:, None, None], heads, marginals)
-    return jnp.sum(marginals * _masked(marginals, scores))
+    return jnp.sum(marginals * masked_tangent(marginals, scores))
 
 
-def _dense_exact_edges(forward: Forward, chains: _Chains, nodes, edges):
+def _dense_exact_edges(forward: Forward, chains: ChainSpans, nodes, edges):
     """`edges [T - 1, L, L]` with the recovered steps' entries recomputed in
     log space (run only when a step was recovered)."""
     log_sums, recovered = forward.aux

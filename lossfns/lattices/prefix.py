@@ -4,7 +4,7 @@ the exact log node marginals they give with the reversed chain's
 
 `chain.forward` returns only each chain's total; a truncated
 forward-backward (Lavergne et al. 2010, section 4.1, used by
-`optimizers.bcd`) needs the forward scores at every position, so that a
+`training.bcd`) needs the forward scores at every position, so that a
 chain can be resumed from stored scores and the backward scores are the
 forward scores of the reversed chain. They come from the one chain scan
 (`kernel.scan`, its exact log steps) as `chain.forward`'s do, split into a max-normalised shape
@@ -74,12 +74,12 @@ def forward_scores(potentials, lengths=None, starts=None) -> ForwardScores:
     Returns:
       `ForwardScores(scores [..., T, L], log_scale [..., T])`.
     """
-    form, lengths, batch_shape, T, L = chain._prepare(potentials, lengths)
-    starts = jnp.zeros(batch_shape + (T,), bool) if starts is None else chain._as_starts(starts, batch_shape + (T,))
+    form, lengths, batch_shape, T, L = chain.prepare_inputs(potentials, lengths)
+    starts = jnp.zeros(batch_shape + (T,), bool) if starts is None else chain.as_starts(starts, batch_shape + (T,))
     if T == 0 or math.prod(batch_shape) == 0:
         dtype = form.dtype
         return ForwardScores(jnp.zeros(batch_shape + (T, L), dtype), jnp.zeros(batch_shape + (T,), dtype))
-    return chain._map_batch(_forward_scores_instance, form, lengths, starts)
+    return chain.map_batch(_forward_scores_instance, form, lengths, starts)
 
 
 def _reversed_in_time(x, lengths, batch_ndim: int, offset: int):
@@ -169,8 +169,8 @@ def log_node_marginals(potentials, lengths=None, *, algorithm: str = "auto") -> 
       lengths: `[...]` ints in `[0, T]`, default `T`.
       algorithm: "sequential", "parallel" or "auto", as `chain.forward`.
     """
-    form, lengths, batch_shape, T, L = chain._prepare(potentials, lengths)
-    algorithm = chain._resolve_algorithm(algorithm, T, L)
+    form, lengths, batch_shape, T, L = chain.prepare_inputs(potentials, lengths)
+    algorithm = chain.resolve_algorithm(T, L, algorithm=algorithm)
     potentials = form.scores if isinstance(form, DensePotentials) else form
     if T == 0 or math.prod(batch_shape) == 0:
         return jnp.full(batch_shape + (T, L), -jnp.inf, form.dtype)

@@ -217,7 +217,7 @@ class SparseSteps(NamedTuple):
 
     def scores_at(self, t):
         """`[L, L]`: step `t`'s log edge scores less `c` and `s`, those the
-        column sums `log_sums` of the step add up (`kernel._exact_conditional`)."""
+        column sums `log_sums` of the step add up (`kernel.exact_conditional`)."""
         previous, following, _ = self.support_at(t)
         L = self.shifted.shape[-1]
         pairs = _scatter_last(kernel.at_position(self.pair_weights, t), previous * L + following, L * L)
@@ -303,7 +303,7 @@ def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel
     """
     T, L = potentials.unary.shape
     rank_one = potentials.transitions is None
-    chains = kernel._chains(length, starts, T)
+    chains = kernel.chain_spans(length, starts, T)
     log_alphas = forward.values
     log_sums, recovered = forward.aux
     steps: SparseSteps = forward.inputs
@@ -312,12 +312,12 @@ def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel
 
     def step(following, inputs):
         t, alpha_t, log_alpha_t, end_t, valid_t, continues_t = inputs
-        log_sums_next, recovered_next, inverse_sums = kernel._next_step(log_sums, recovered, continues_t, t)
+        log_sums_next, recovered_next, inverse_sums = kernel.next_step(log_sums, recovered, continues_t, t)
         ratio = following * inverse_sums
         after = jnp.minimum(t + 1, T - 1)
 
         def exact():
-            conditional = kernel._exact_conditional(log_alpha_t, steps.scores_at(after), log_sums_next)
+            conditional = kernel.exact_conditional(log_alpha_t, steps.scores_at(after), log_sums_next)
             return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
 
         def ordinary():
@@ -330,7 +330,7 @@ def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel
             return alpha_t * (dense * spread + _sum_by_label(sparse, previous, L))
 
         backward = jax.lax.cond(recovered_next, exact, ordinary)
-        nodes_t = jnp.where(valid_t, kernel._normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
+        nodes_t = jnp.where(valid_t, kernel.normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
         return nodes_t, (nodes_t, ratio)
 
     inputs = (jnp.arange(T), alphas, log_alphas, chains.ends, chains.valid, chains.continues)
@@ -358,9 +358,9 @@ def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel
     pairs = jnp.concatenate([heads[:1], pairs + heads[1:]])
     firsts = jnp.where(chains.starts[:, None], nodes, 0.0)
     out = (
-        jnp.sum(nodes * kernel._masked(nodes, tangent.unary))
-        + jnp.sum(pairs * kernel._masked(pairs, tangent.pair_weights))
-        + jnp.sum(firsts.sum(0) * kernel._masked(firsts.sum(0), tangent.start))
+        jnp.sum(nodes * kernel.masked_tangent(nodes, tangent.unary))
+        + jnp.sum(pairs * kernel.masked_tangent(pairs, tangent.pair_weights))
+        + jnp.sum(firsts.sum(0) * kernel.masked_tangent(firsts.sum(0), tangent.start))
     )
     if rank_one:
         return out
@@ -379,9 +379,9 @@ def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel
     )
     return (
         out
-        + kernel._contract(steps.dense_factors * transitions_tangent, outer)
+        + kernel.contract(steps.dense_factors * transitions_tangent, outer)
         + jnp.sum(corrections * transitions_tangent[previous[1:], following[1:]])
-        + kernel._contract(transitions_tangent, exact_edges)
+        + kernel.contract(transitions_tangent, exact_edges)
     )
 
 
@@ -409,7 +409,7 @@ def _sparse_exact_edges(forward: kernel.Forward, chains, nodes, taken):
 
     def step(edges, inputs):
         t, log_alpha_previous, log_sums_t, nodes_t, taken_t = inputs
-        conditional = kernel._exact_conditional(log_alpha_previous, steps.scores_at(t), log_sums_t)
+        conditional = kernel.exact_conditional(log_alpha_previous, steps.scores_at(t), log_sums_t)
         return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
 
     L = nodes.shape[-1]
@@ -487,7 +487,7 @@ def _check_distinct_pairs(previous, following, pair_weights, num_labels: int) ->
         )
 
 
-def _prepare(potentials: SparsePotentials, lengths):
+def prepare_inputs(potentials: SparsePotentials, lengths):
     """Validate; return `(potentials, lengths, batch_shape, T, L)`."""
     if not isinstance(potentials, SparsePotentials):
         raise TypeError(f"potentials must be a SparsePotentials, got {type(potentials).__name__}")
@@ -556,7 +556,7 @@ def to_dense(potentials: SparsePotentials) -> jax.Array:
 
     Materialises `T L^2` scores: for tests and for the dense baseline.
     """
-    potentials, _, _, T, _ = _prepare(potentials, None)
+    potentials, _, _, T, _ = prepare_inputs(potentials, None)
     dense = potentials.edge_scores()
     if T == 0:
         return dense

@@ -14,7 +14,7 @@ from ..deprecation import renamed_arguments
 from ..lattices import chain
 from ..semirings import Semiring
 from ..validation import as_integer_array, as_lengths
-from ._chain_inputs import chain_inputs
+from .chain_inputs import chain_inputs
 
 
 @renamed_arguments(gold="labels")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..lattices import chain
-from ._chain_inputs import add_to_label_scores, chain_inputs, excess_over_gold
+from .chain_inputs import add_to_label_scores, chain_inputs, excess_over_gold
 
 
 def _decoded_score(potentials, lengths):

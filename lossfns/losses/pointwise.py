@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from .. import semirings
 from ..lattices import prefix
 from ..semirings import Semiring
-from ._chain_inputs import chain_inputs, gold_label_scores
+from .chain_inputs import chain_inputs, gold_label_scores
 
 
 def gold_log_marginals(

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from .. import semirings
 from ..lattices import chain
 from ..semirings import Semiring
-from ._chain_inputs import excess_over_gold
+from .chain_inputs import excess_over_gold
 
 
 def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):

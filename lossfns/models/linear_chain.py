@@ -194,8 +194,8 @@ class LinearChainModel(eqx.Module):
             rank = np.arange(tests.size) - np.repeat(np.cumsum(counts) - counts, counts)
             table = np.full((K2, widest), -1, np.int32)
             table[tests, rank] = flat_pairs
-            slots = jnp.asarray(table)
-        return dataclasses.replace(self, pair_mask=jnp.asarray(mask), pair_support=support, pair_slots=slots)
+            slots = jax.device_put(table)  # not jnp.asarray: that compiles a copy program per shape
+        return dataclasses.replace(self, pair_mask=jax.device_put(mask), pair_support=support, pair_slots=slots)
 
     def with_transition_mask(self, transition_mask) -> LinearChainModel:
         """The model with the transition weights outside `transition_mask

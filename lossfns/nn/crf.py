@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import losses
+from .. import compilation_cache, losses
 from ..lattices import chain, constraints
 from ..lattices.chain import FactoredPotentials
 from ..lattices.constraints import AllowedTransitions
@@ -67,6 +67,8 @@ from ..validation import (
     check_finite_or_neg_inf,
     check_int,
     concrete,
+    on_device,
+    traced,
 )
 
 
@@ -135,11 +137,9 @@ class CRF(eqx.Module):
         transitions (`allowed[i, j]`: `j` may follow `i`) or
         `lattices.constraints.AllowedTransitions` (with start and end)."""
         num_tags = check_int("num_tags", num_tags)
-        start_key, end_key, transitions_key = jax.random.split(key, 3)
-        uniform = lambda k, shape: jax.random.uniform(k, shape, dtype, -0.1, 0.1)
-        self.start_transitions = uniform(start_key, (num_tags,))
-        self.end_transitions = uniform(end_key, (num_tags,))
-        self.transitions = uniform(transitions_key, (num_tags, num_tags))
+        compilation_cache.enable()  # a new process re-uses the programs of earlier ones
+        parameters = _call(_initial_parameters, key, num_tags=num_tags, dtype=jnp.dtype(dtype).name)
+        self.start_transitions, self.end_transitions, self.transitions = parameters
         self.allowed = _as_allowed(allowed, num_tags)
 
     @classmethod
@@ -215,7 +215,7 @@ class CRF(eqx.Module):
             return as_lengths(lengths, batch_shape, T), None
         if lengths is not None:
             raise ValueError("give mask or lengths, not both")
-        mask = jnp.asarray(mask)
+        mask = on_device(mask)
         if mask.dtype != jnp.bool_:
             raise TypeError(
                 f"mask must be a bool array of shape {batch_shape + (T,)} ([..., T], True on each "
@@ -225,21 +225,23 @@ class CRF(eqx.Module):
             raise ValueError(
                 f"mask must have shape {batch_shape + (T,)} (the [..., T] of emissions), got shape {mask.shape}"
             )
-        lengths = jnp.sum(mask, -1, dtype=jnp.int32)
-        prefix = jnp.all(mask == (jnp.arange(T) < lengths[..., None]), -1)
-        known = concrete(prefix)
-        if known is None:
-            return lengths, prefix
+        known_mask = concrete(mask)
+        if known_mask is None:
+            lengths = jnp.sum(mask, -1, dtype=jnp.int32)
+            return lengths, jnp.all(mask == (jnp.arange(T) < lengths[..., None]), -1)
+        # A known mask is read on the host: no program is compiled for its shape.
+        known_lengths = known_mask.sum(-1, dtype=np.int32)
+        known = np.all(known_mask == (np.arange(T) < known_lengths[..., None]), -1)
         if not known.all():
             row = tuple(int(i) for i in np.argwhere(~known)[0])
-            holes = np.asarray(mask)[row]
+            holes = known_mask[row]
             t = int(np.argmax(holes[1:] & ~holes[:-1])) + 1
             raise ValueError(
                 f"mask must be a prefix mask (True on a sequence's first positions, then False), got a "
                 f"True after a False at index {row + (t,)}: a chain cannot skip positions; put padding "
                 "at the end, or leave positions unlabelled with partial_log_likelihood"
             )
-        return lengths, None
+        return on_device(known_lengths), None
 
     def _potentials(self, emissions, lengths) -> FactoredPotentials:
         """The chain: `end_transitions` join the unary scores at each last position."""
@@ -261,7 +263,7 @@ class CRF(eqx.Module):
 
     def log_partition(self, emissions, mask=None, *, lengths=None) -> jax.Array:
         """`log Z`, the log of the summed exponentiated scores of every tag sequence, `[...]`."""
-        return _log_partition(self, *self._prepare(emissions, mask, lengths))
+        return _call(_log_partition, self, *self._prepare(emissions, mask, lengths))
 
     def log_likelihood(self, emissions, tags, mask=None, *, lengths=None, reduction: str = "none") -> jax.Array:
         """`log P(tags | emissions)` (pytorch-crf's `forward`): per sequence
@@ -277,7 +279,7 @@ class CRF(eqx.Module):
             raise ValueError(f"reduction must be one of {REDUCTIONS} (pytorch-crf's), got {reduction!r}")
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         tags = as_labels(tags, emissions.shape[:-1], self.num_tags, lengths, name="tags")
-        per_sequence = _log_likelihood(self, emissions, lengths, prefix, tags)
+        per_sequence = _call(_log_likelihood, self, emissions, lengths, prefix, tags)
         if reduction == "none":
             return per_sequence
         if reduction == "sum":
@@ -292,18 +294,18 @@ class CRF(eqx.Module):
         Returns `(scores [...], tags [..., T] int32)`, tags -1 past each
         sequence (and everywhere when no sequence is allowed: score -inf).
         """
-        return _decode(self, *self._prepare(emissions, mask, lengths))
+        return _call(_decode, self, *self._prepare(emissions, mask, lengths))
 
     def kbest(self, emissions, k: int, mask=None, *, lengths=None):
         """The `k` best tag sequences, best first: `(scores [..., k], tags
         [..., k, T])`; scores -inf and tags -1 where fewer than `k` exist."""
         k = check_int("k", k)
-        return _kbest(self, *self._prepare(emissions, mask, lengths), k=k)
+        return _call(_kbest, self, *self._prepare(emissions, mask, lengths), k=k)
 
     def marginals(self, emissions, mask=None, *, lengths=None) -> jax.Array:
         """`P(y_t = j | emissions)`, `[..., T, L]` (0 past each sequence):
         the derivative of `log Z` with respect to the emissions."""
-        return _marginals(self, *self._prepare(emissions, mask, lengths))
+        return _call(_marginals, self, *self._prepare(emissions, mask, lengths))
 
     def sample(self, emissions, mask=None, *, key, lengths=None) -> jax.Array:
         """One exact sample from `P(tags | emissions)` per sequence, `[..., T]`
@@ -312,7 +314,7 @@ class CRF(eqx.Module):
 
     def entropy(self, emissions, mask=None, *, lengths=None) -> jax.Array:
         """Entropy of `P(tags | emissions)` in nats, `[...]`."""
-        return _entropy(self, *self._prepare(emissions, mask, lengths))
+        return _call(_entropy, self, *self._prepare(emissions, mask, lengths))
 
     # -- training options -------------------------------------------------------
 
@@ -329,20 +331,23 @@ class CRF(eqx.Module):
         everywhere this is `log_likelihood`; with all, 0.
         """
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
-        possible = jnp.asarray(possible)
+        possible = on_device(possible)
         if possible.dtype != jnp.bool_ or possible.shape != emissions.shape:
             raise ValueError(
                 f"possible must be a bool array of shape {emissions.shape} ([..., T, L], like "
                 f"emissions), got dtype {possible.dtype} and shape {possible.shape}"
             )
-        inside = jnp.arange(emissions.shape[-2]) < lengths[..., None]
-        empty = concrete(inside & ~jnp.any(possible, -1))
+        known_possible, known_lengths = concrete(possible), concrete(lengths)
+        if known_possible is not None and known_lengths is not None:  # checked on the host
+            empty = (np.arange(emissions.shape[-2]) < known_lengths[..., None]) & ~known_possible.any(-1)
+        else:
+            empty = None
         if empty is not None and empty.any():
             raise ValueError(
                 f"possible must allow at least one tag at every position inside a sequence, got none "
                 f"at index {tuple(int(i) for i in np.argwhere(empty)[0])}"
             )
-        return _partial_log_likelihood(self, emissions, lengths, prefix, possible)
+        return _call(_partial_log_likelihood, self, emissions, lengths, prefix, possible)
 
     def softmax_margin_loss(self, emissions, tags, mask=None, *, lengths=None, cost=1.0) -> jax.Array:
         """Softmax-margin (Gimpel & Smith 2010), `[...]`: `log sum_y
@@ -360,7 +365,31 @@ class CRF(eqx.Module):
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         tags = as_labels(tags, emissions.shape[:-1], self.num_tags, lengths, name="tags")
         matrix = _cost_matrix(cost, self.num_tags, emissions.dtype)
-        return _softmax_margin_loss(self, emissions, lengths, prefix, tags, matrix)
+        return _call(_softmax_margin_loss, self, emissions, lengths, prefix, tags, matrix)
+
+
+def _call(function, *arguments, **static):
+    """`function(*arguments, **static)`: inlined under a caller's trace; on
+    known arrays, the executable of these shapes, kept across processes
+    (`compilation_cache.compiled`): a shape seen before, even by another
+    process, is neither traced nor compiled again."""
+    if traced(arguments):
+        return function(*arguments, **static)
+    program = functools.partial(function, **static) if static else function
+    executable, _ = compilation_cache.compiled((function, tuple(sorted(static.items()))), arguments, program)
+    return executable(*arguments)
+
+
+@functools.partial(jax.jit, static_argnames=("num_tags", "dtype"))
+def _initial_parameters(key, num_tags: int, dtype: str) -> tuple:
+    """`(start [L], end [L], transitions [L, L])` drawn from `U[-0.1, 0.1]`."""
+    start_key, end_key, transitions_key = jax.random.split(key, 3)
+    uniform = lambda k, shape: jax.random.uniform(k, shape, dtype, -0.1, 0.1)
+    return (
+        uniform(start_key, (num_tags,)),
+        uniform(end_key, (num_tags,)),
+        uniform(transitions_key, (num_tags, num_tags)),
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -8,27 +8,29 @@ objective trace fires. Gradient-based ones are optax
 runs go through the one driver (`driver.drive`, `driver.train`: jitted
 chunks of the same loop, progress, checkpoints, a device mesh).
 
-The functions `minimize`, `bcd`, `perceptron`, `owlqn`, `sgd_l1` and
-`sequence_boosting` exported here share their names with their modules;
-use them from this package (`lossfns.optimizers.minimize(...)`).
+Nothing here knows a particular model: the trainers for the linear-chain
+CRF, BCD, the perceptrons, boosting and reranking are in `lossfns.training`
+(read from this package, they still work for one release, with a
+`DeprecationWarning`).
 
-`__all__` is the public surface: each optimizer's entry point, the data
-and result types it takes and returns, and the pieces a custom run with the
-driver needs (`init_loop`, the step functions, the stop rules). The loop's
-own machinery (`advance`, `run_loop_jit`, `optimizer_update`, the status
-constants behind `Status`, the optimizers' state classes, the per-round
-helpers of boosting) stays in its module, for the library and its tests:
-`from lossfns.optimizers.minimize import advance`. Reading one of those
-from this package still works for one release, with a `DeprecationWarning`.
+The functions `minimize`, `finetune`, `owlqn` and `sgd_l1` exported here
+share their names with their modules; use them from this package
+(`lossfns.optimizers.minimize(...)`).
+
+`__all__` is the public surface: each optimizer's entry point, the result
+types, and the pieces a custom run with the driver needs (`init_loop`, the
+step functions, the stop rules). The loop's own machinery (`advance`,
+`run_loop_jit`, `optimizer_update`, the status constants behind `Status`,
+the optimizers' state classes) stays in its module, for the library and
+its tests: `from lossfns.optimizers.minimize import advance`. Reading one of
+those from this package still works for one release, with a
+`DeprecationWarning`.
 """
 
 from ..deprecation import moved_names
-from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_objective, bcd_sweep_fn
-from .chain_boosting import ChainBoostingData, chain_boosting_data, chain_boosting_model, sequence_pieces
 from .driver import DriveResult, Report, TrainResult, drive, train
 from .elastic_net import ElasticNetTraining, crfsuite_elastic_net, elastic_net_training
 from .finetune import finetune, train_finetune
-from .linear_chain_training import initial_chain_model, train_linear_chain
 from .minimize import (
     GradientSteps,
     LoopState,
@@ -47,50 +49,8 @@ from .minimize import (
     run_loop,
     status_name,
 )
-from .online_margin import (
-    MeanLossBelow,
-    arow,
-    arow_epoch_fn,
-    arow_init,
-    arow_params,
-    pa_epoch_fn,
-    pa_init,
-    pa_params,
-    passive_aggressive,
-)
 from .owlqn import elastic_net_penalty, owlqn
-from .perceptron import SequenceData, averaged_params, no_mistakes, perceptron, perceptron_epoch_fn, perceptron_init
-from .reranking import (
-    RerankingData,
-    SparseRerankingData,
-    blasso_step_fn,
-    boosting_with_shrinkage_step_fn,
-    exp_loss,
-    fslr_step_fn,
-    lasso_loss,
-    reranking_data,
-    reranking_init,
-    run_reranker,
-    sparse_reranking_data,
-)
-from .sequence_boosting import BoostingData, BoostingRun, boost, boosting_data, sequence_boosting
-from .sgd_l1 import (
-    calibrate_learning_rate,
-    chain_batch_rows,
-    decaying_schedule,
-    lazy_epoch_step_fn,
-    lazy_sgd_l1,
-    max_rows_per_batch,
-    sgd_l1,
-    take_rows,
-)
-from .sparse_perceptron import (
-    SparseSequenceData,
-    sparse_averaged_params,
-    sparse_perceptron_epoch,
-    sparse_perceptron_init,
-    sparse_sequence_data,
-)
+from .sgd_l1 import decaying_schedule, lazy_sgd_l1, sgd_l1, take_rows
 
 __all__ = [
     # the driver and the loop a run is made of
@@ -121,75 +81,78 @@ __all__ = [
     "owlqn",
     "elastic_net_penalty",
     "sgd_l1",
-    "calibrate_learning_rate",
     "decaying_schedule",
     "lazy_sgd_l1",
-    "lazy_epoch_step_fn",
-    "max_rows_per_batch",
-    "chain_batch_rows",
     "take_rows",
     "elastic_net_training",
     "ElasticNetTraining",
     "crfsuite_elastic_net",
-    "train_linear_chain",
-    "initial_chain_model",
-    # block coordinate descent (Lavergne et al. 2010)
-    "bcd",
-    "bcd_data",
-    "BcdData",
-    "bcd_objective",
-    "bcd_sweep_fn",
-    "bcd_block_statistics",
-    # perceptrons
-    "perceptron",
-    "SequenceData",
-    "perceptron_init",
-    "perceptron_epoch_fn",
-    "averaged_params",
-    "no_mistakes",
-    "sparse_sequence_data",
-    "SparseSequenceData",
-    "sparse_perceptron_init",
-    "sparse_perceptron_epoch",
-    "sparse_averaged_params",
-    # CRFsuite's passive-aggressive and AROW
-    "passive_aggressive",
-    "pa_init",
-    "pa_epoch_fn",
-    "pa_params",
-    "arow",
-    "arow_init",
-    "arow_epoch_fn",
-    "arow_params",
-    "MeanLossBelow",
-    # reranking with L1 (Gao et al. 2006)
-    "reranking_data",
-    "RerankingData",
-    "sparse_reranking_data",
-    "SparseRerankingData",
-    "reranking_init",
-    "boosting_with_shrinkage_step_fn",
-    "fslr_step_fn",
-    "blasso_step_fn",
-    "run_reranker",
-    "exp_loss",
-    "lasso_loss",
-    # sequence boosting (Altun et al. 2003)
-    "sequence_boosting",
-    "boost",
-    "BoostingRun",
-    "boosting_data",
-    "BoostingData",
-    "chain_boosting_data",
-    "ChainBoostingData",
-    "chain_boosting_model",
-    "sequence_pieces",
 ]
 
-# Internal since 0.2 (name -> its module); still found here for one release.
+# Moved since 0.2 (name -> the module that holds it now, relative to this
+# package: `..training` is `lossfns.training`); still found here for one release.
 __getattr__ = moved_names(
     __name__,
     {
+        # the trainers for particular models, now in lossfns.training
+        **dict.fromkeys(
+            [
+                "train_linear_chain",
+                "initial_chain_model",
+                "lazy_epoch_step_fn",
+                "max_rows_per_batch",
+                "chain_batch_rows",
+                "calibrate_learning_rate",
+                "bcd",
+                "bcd_data",
+                "BcdData",
+                "bcd_objective",
+                "bcd_sweep_fn",
+                "bcd_block_statistics",
+                "perceptron",
+                "SequenceData",
+                "perceptron_init",
+                "perceptron_epoch_fn",
+                "averaged_params",
+                "no_mistakes",
+                "sparse_sequence_data",
+                "SparseSequenceData",
+                "sparse_perceptron_init",
+                "sparse_perceptron_epoch",
+                "sparse_averaged_params",
+                "passive_aggressive",
+                "pa_init",
+                "pa_epoch_fn",
+                "pa_params",
+                "arow",
+                "arow_init",
+                "arow_epoch_fn",
+                "arow_params",
+                "MeanLossBelow",
+                "reranking_data",
+                "RerankingData",
+                "sparse_reranking_data",
+                "SparseRerankingData",
+                "reranking_init",
+                "boosting_with_shrinkage_step_fn",
+                "fslr_step_fn",
+                "blasso_step_fn",
+                "run_reranker",
+                "exp_loss",
+                "lasso_loss",
+                "sequence_boosting",
+                "boost",
+                "BoostingRun",
+                "boosting_data",
+                "BoostingData",
+                "chain_boosting_data",
+                "ChainBoostingData",
+                "chain_boosting_model",
+                "sequence_pieces",
+            ],
+            "..training",
+        ),
+        # internal since 0.2
         **dict.fromkeys(
             [
                 "advance",
@@ -216,15 +179,15 @@ __getattr__ = moved_names(
                 "sequence_boosting_step_fn",
                 "sequence_exp_loss",
             ],
-            "sequence_boosting",
+            "..training.sequence_boosting",
         ),
         **dict.fromkeys(["OwlqnState", "pseudo_gradient"], "owlqn"),
-        **dict.fromkeys(["PerceptronState", "perceptron_update"], "perceptron"),
-        "bcd_loss": "bcd",
+        **dict.fromkeys(["PerceptronState", "perceptron_update"], "..training.perceptron"),
+        "bcd_loss": "..training.bcd",
         "active_mask": "finetune",
         "check_elastic_net": "elastic_net",
-        "RerankingState": "reranking",
-        "SparsePerceptronState": "sparse_perceptron",
+        "RerankingState": "..training.reranking",
+        "SparsePerceptronState": "..training.sparse_perceptron",
         "SgdL1State": "sgd_l1",
     },
 )

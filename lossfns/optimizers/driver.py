@@ -45,16 +45,13 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import checkpoint, compilation_cache, parallel
-from ..validation import check_int
+from ..validation import check_callable, check_float_params, check_int, check_optimizer
 from .minimize import (
     GradientSteps,
     LoopState,
     MinimizeResult,
     StopRule,
     advance,
-    check_callable,
-    check_float_params,
-    check_optimizer,
     float_dtype,
     init_loop,
     minimize_result,
@@ -78,16 +75,23 @@ class DriveResult(NamedTuple):
     """loop: the final `LoopState`; compile_seconds: compiling the chunk (0
     when cached or nothing was left to run); run_seconds: the chunks, callbacks
     and checkpoints excluded, summed over the runs that wrote the checkpoint
-    this run resumed from (so a resumed run reports its whole time)."""
+    this run resumed from (so a resumed run reports its whole time);
+    step_seconds: `[steps]` numpy, each step's share of its chunk's time (a
+    chunk of one step: that step's time; NaN for the steps a resumed
+    checkpoint holds); records: with `drive(record=)`, `{name: [steps]}`
+    numpy, the recorded values after each step, else None."""
 
     loop: LoopState
     compile_seconds: float
     run_seconds: float
+    step_seconds: np.ndarray | None = None
+    records: dict | None = None
 
 
 class TrainResult(NamedTuple):
     """`MinimizeResult`'s fields (params, state, trace `[max_steps]`,
-    num_steps, status) and the driver's timings."""
+    num_steps, status), the driver's timings and its `records`
+    (`DriveResult`'s)."""
 
     params: Any
     state: Any
@@ -96,6 +100,8 @@ class TrainResult(NamedTuple):
     status: jax.Array
     compile_seconds: float
     run_seconds: float
+    step_seconds: np.ndarray | None = None
+    records: dict | None = None
 
 
 def describe(value):
@@ -138,6 +144,60 @@ def _strong(tree):
     """`tree` without weakly typed leaves (optax's initial states hold some;
     a chunk returns strong ones, which a compiled chunk would refuse)."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, tree)
+
+
+class Recorded(NamedTuple):
+    """`drive`'s `make_step` with `record`: the loop's inner state is the
+    step's own tuple with `{name: [max_steps]}` arrays appended last (so
+    `inner[0]`, `inner[1]`, what `minimize.halt_on_failure` reads, stay the
+    params and the optimizer state), and after each step `record(inner,
+    data)`'s scalars are written at that step's index, in the compiled loop.
+
+    kind: the step's inner tuple type (a NamedTuple), None for a plain tuple."""
+
+    make_step: Callable
+    record: Callable
+    kind: type | None = None
+
+    def __call__(self, data):
+        step_fn = self.make_step(data)
+
+        def recorded(state, step):
+            inner, value = step_fn(_without_records(state, self.kind), step)
+            values = self.record(inner, data)
+            records = {
+                name: column.at[step].set(jnp.asarray(values[name], column.dtype)) for name, column in state[-1].items()
+            }
+            return (*inner, records), value
+
+        return recorded
+
+
+def _without_records(inner, kind: type | None):
+    """The step's own inner state of a recorded loop's (`Recorded`)."""
+    fields = inner[:-1]
+    return tuple(fields) if kind is None else kind(*fields)
+
+
+def _with_records(make_step, record: Callable, loop: LoopState, data) -> tuple[Recorded, LoopState]:
+    """`(Recorded(make_step, record, kind), loop)` with `{name: [max_steps]}`
+    arrays (NaN, or -1 for integers, until recorded) appended to its inner
+    tuple, their dtypes those of `record(inner, data)`'s scalars."""
+    inner = loop.inner
+    if not isinstance(inner, tuple):
+        raise TypeError(f"record needs a loop whose inner state is a tuple, got {type(inner).__name__}")
+    kind = type(inner) if hasattr(inner, "_fields") else None
+    shapes = jax.eval_shape(lambda inner, data: record(inner, data), inner, data)  # a NamedTuple takes no weakref
+    if not isinstance(shapes, dict) or any(getattr(v, "shape", None) != () for v in shapes.values()):
+        raise TypeError(f"record must return a dict of scalars, got {shapes!r:.200}")
+    max_steps = loop.trace.shape[0]
+    records = {
+        str(name): jnp.full(
+            (max_steps,), jnp.nan if jnp.issubdtype(shape.dtype, jnp.inexact) else -1, jnp.dtype(shape.dtype)
+        )
+        for name, shape in shapes.items()
+    }
+    return Recorded(make_step, record, kind), loop._replace(inner=(*inner, records))
 
 
 def _compiled_chunk(make_step, stop, loop, data, mesh):
@@ -205,6 +265,7 @@ def drive(
     callback: Callable | None = None,
     mesh=None,
     description: str | None = None,
+    record: Callable | None = None,
 ) -> DriveResult:
     """Run `loop` to its end: `advance(make_step, stop, loop, until, data)`
     in jitted chunks of `chunk_steps` steps.
@@ -224,7 +285,13 @@ def drive(
       (the loop is `done`: status `CONVERGED`).
     mesh: split `data` along its leading axis over the mesh's data axis
       (`parallel.shard_leading_axis`); the loop is replicated.
-    Returns `DriveResult(loop, compile_seconds, run_seconds)`.
+    record: `(inner, data) -> {name: scalar}` of the state after each step
+      (e.g. `elastic_net.ElasticNetRecord`: the weights' norm, the gradient's),
+      run in the compiled loop and kept on the device until the end (no
+      per-step transfer); a value or module-level function, as `make_step`.
+      It needs a tuple inner state; callbacks and the result see the loop
+      without the records, and a checkpoint holds them.
+    Returns `DriveResult(loop, compile_seconds, run_seconds, step_seconds, records)`.
     """
     check_callable("make_step", make_step)
     check_callable("stop", stop)
@@ -235,6 +302,11 @@ def drive(
         check_callable("callback", callback)
     max_steps = loop.trace.shape[0]
     until = max_steps if until is None else min(check_int("until", until, 0), max_steps)
+    unwrapped = None  # the loop without its records (`Recorded`)
+    if record is not None:
+        check_callable("record", record)
+        recorded, loop = _with_records(make_step, record, loop, data)
+        make_step, unwrapped = recorded, functools.partial(_without_records, kind=recorded.kind)
     loop = _strong(loop)
     # One writer per checkpoint directory (`checkpoint.DirectoryLock`, which
     # creates it): a second run on it gets a CheckpointError naming it.
@@ -248,6 +320,7 @@ def drive(
         else:
             data, loop = parallel.shard_leading_axis(data, mesh), parallel.replicate(loop, mesh)
         step, saved = int(loop.step), int(loop.step)
+        step_seconds = np.full(max_steps, np.nan)
         bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
         executable, compile_seconds = None, 0.0
         while step < until and not bool(loop.done):
@@ -256,13 +329,20 @@ def drive(
             start = time.perf_counter()
             loop = executable(loop, jnp.asarray(min(step + chunk_steps, until), jnp.int32), data)
             before, step = step, int(loop.step)  # int() waits for the chunk
-            run_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            run_seconds += seconds
+            step_seconds[before:step] = seconds / max(step - before, 1)
             if bar is not None:
                 bar.update(step - before)
                 bar.set_postfix(objective=float(loop.value))
             # The trace is sliced on the host: a device slice per step length compiles a program each.
             if callback is not None and callback(
-                Report(step, float(loop.value), np.asarray(loop.trace)[:step], loop.inner)
+                Report(
+                    step,
+                    float(loop.value),
+                    np.asarray(loop.trace)[:step],
+                    loop.inner if unwrapped is None else unwrapped(loop.inner),
+                )
             ):
                 done = jnp.ones((), bool)
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
@@ -276,7 +356,11 @@ def drive(
                 saved = step
         if bar is not None:
             bar.close()
-    return DriveResult(loop, compile_seconds, run_seconds)
+    records = None
+    if unwrapped is not None:
+        records = {name: np.asarray(column)[:step] for name, column in loop.inner[-1].items()}
+        loop = loop._replace(inner=unwrapped(loop.inner))
+    return DriveResult(loop, compile_seconds, run_seconds, step_seconds[:step], records)
 
 
 def train(
@@ -304,7 +388,7 @@ def train(
     stop: default `relative_change_below(1e-9)`.
     drive_options: `until`, `chunk_steps`, `checkpoint_dir`,
       `checkpoint_every`, `keep`, `settings`, `progress`, `callback`,
-      `description` (see `drive`).
+      `description`, `record` (see `drive`).
     Returns `TrainResult(params, state, trace [max_steps], num_steps, status,
     compile_seconds, run_seconds)`; a run that stopped on a failure (status
     `NON_FINITE_OBJECTIVE`, `LINE_SEARCH_FAILED`) warns.
@@ -341,4 +425,4 @@ def train_steps(
     stop = relative_change_below(1e-9) if stop is None else stop
     run = drive(make_step, loop, data, stop=stop, mesh=mesh, **drive_options)
     result: MinimizeResult = minimize_result(run.loop)
-    return TrainResult(*result, run.compile_seconds, run.run_seconds)
+    return TrainResult(*result, run.compile_seconds, run.run_seconds, run.step_seconds, run.records)

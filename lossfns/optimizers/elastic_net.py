@@ -18,9 +18,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
-from .minimize import check_callable, check_int, check_optimizer, check_scalar, gradient_step_fn
-from .owlqn import elastic_net_penalty, owlqn
+from ..validation import check_callable, check_int, check_optimizer, check_scalar
+from .minimize import gradient_step_fn
+from .owlqn import OwlqnState, elastic_net_penalty, owlqn, pseudo_gradient
 
 
 def crfsuite_elastic_net(c1: float, c2: float) -> dict:
@@ -137,3 +139,34 @@ class ElasticNetSteps(NamedTuple):
 
         penalty = elastic_net_penalty(l1, l2) if self.owlqn else None
         return gradient_step_fn(fun, self.optimizer(l1, l2), penalty)
+
+
+def elastic_net_record(inner, data) -> dict:
+    """`driver.drive`'s `record` for an `ElasticNetSteps` loop (`inner =
+    (params, opt_state)`, `data = (objective's data, penalties)`): CRFsuite's
+    (liblbfgs') progress values at the point each iteration reached, in the
+    compiled loop. `feature_norm`: `||w||`; `error_norm`: the norm of the
+    gradient of the whole objective (with OWL-QN, its orthant-wise
+    pseudo-gradient, as liblbfgs); `active_features`: the non-zero weights;
+    `linesearch_trials`: the objective evaluations of the iteration's line
+    search; `linesearch_step`: the step it accepted along the search
+    direction (`optax.lbfgs` scales its first direction to unit length, so its
+    first step reads 1 where liblbfgs' reads `1 / ||g||`)."""
+    params, opt_state = inner[0], inner[1]
+    theta = ravel_pytree(params)[0]
+    if isinstance(opt_state, OwlqnState):  # its gradient is the smooth part's, the elastic net apart
+        l1, l2 = jnp.reshape(data[1], (-1, 2))[0]
+        smooth = ravel_pytree(opt_state.grad)[0] + l2 * theta
+        gradient = pseudo_gradient(theta, smooth, l1, jnp.ones_like(theta))
+        trials, step = opt_state.trials, opt_state.step_size
+    else:  # optax.lbfgs: the smooth objective's gradient (the L2 term included), its zoom line search
+        gradient = ravel_pytree(optax.tree.get(opt_state, "grad"))[0]
+        trials = optax.tree.get(opt_state, "num_linesearch_steps")
+        step = optax.tree.get(opt_state, "learning_rate")
+    return {
+        "feature_norm": jnp.linalg.norm(theta),
+        "error_norm": jnp.linalg.norm(gradient),
+        "active_features": jnp.count_nonzero(theta).astype(jnp.int32),
+        "linesearch_trials": jnp.asarray(trials, jnp.int32),
+        "linesearch_step": jnp.asarray(step, theta.dtype),
+    }

@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ..validation import check_callable, check_int, check_scalar
 from .driver import TrainResult, train
 from .elastic_net import L2Regularizer, lbfgs
-from .minimize import MinimizeResult, StopRule, check_callable, check_int, check_scalar, minimize
+from .minimize import MinimizeResult, StopRule, minimize
 
 
 def active_mask(params):

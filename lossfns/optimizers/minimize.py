@@ -25,7 +25,6 @@ that take `value=`, `grad=`, `value_fn=` (`optax.lbfgs`, `owlqn`).
 from __future__ import annotations
 
 import enum
-import math
 import numbers
 import warnings
 from collections.abc import Callable
@@ -35,72 +34,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .. import validation
-from ..validation import check_key, concrete
-
-# ---------------------------------------------------------------------------
-# Argument checks shared by the optimizers (static values only: Python
-# scalars and concrete arrays; traced values pass unchecked)
-# ---------------------------------------------------------------------------
-
-check_int = validation.check_int  # ints, numpy ints included; bool refused
-
-
-def _interval(low, high, low_open, high_open) -> str:
-    if high is None:
-        return f"{'>' if low_open else '>='} {low}"
-    if low is None:
-        return f"{'<' if high_open else '<='} {high}"
-    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-
-
-def check_scalar(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False) -> None:
-    """Reject a concrete `value` that is not a finite real scalar inside the
-    interval (NaN, +-inf and bools included); a traced value (under
-    `jit`/`vmap`) is left unchecked."""
-    expected = f"a number {_interval(low, high, low_open, high_open)}"
-    array = concrete(value)
-    if array is None:
-        return
-    if array.dtype.kind not in "iuf":  # bool refused: True is not a learning rate
-        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
-    if array.ndim != 0:
-        raise ValueError(f"{name} must be {expected} (a scalar), got an array of shape {array.shape}")
-    number = array.item()
-    below = low is not None and (number <= low if low_open else number < low)
-    above = high is not None and (number >= high if high_open else number > high)
-    if math.isnan(number) or below or above:
-        raise ValueError(f"{name} must be {expected}, got {number!r}")
-    if number in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be {expected} and finite, got {number!r}")
-
-
-def check_optimizer(optimizer, name: str = "optimizer") -> None:
-    """Reject anything but an optax transformation (e.g. `optax.adam` not called)."""
-    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
-        given = getattr(optimizer, "__name__", None)
-        hint = f" (call the constructor: {given}(...), not {given})" if callable(optimizer) and given else ""
-        raise TypeError(
-            f"{name} must be an optax GradientTransformation (with .init and .update){hint}, "
-            f"got {type(optimizer).__name__}{' ' + given if given else ''}"
-        )
-
-
-def check_float_params(params, name: str = "params") -> None:
-    """Refuse parameters that are not floating point (an int array cannot take
-    a fractional step: optax would fail deep inside with `OverflowError:
-    cannot convert float infinity to integer`)."""
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    if not leaves:
-        raise ValueError(f"{name} must hold at least one floating-point array, got {type(params).__name__} {params!r}")
-    for path, leaf in leaves:
-        dtype = jnp.result_type(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            where = f" at {jax.tree_util.keystr(path)}" if path else ""
-            raise TypeError(
-                f"{name} must be floating point (the optimizers take fractional steps), got dtype "
-                f"{dtype}{where}; pass e.g. jnp.asarray(params, jnp.float32)"
-            )
+from ..validation import (
+    check_callable,
+    check_float_params,
+    check_int,
+    check_key,
+    check_optimizer,
+    check_scalar,
+    concrete,
+)
 
 
 class Status(enum.IntEnum):
@@ -191,11 +133,6 @@ def warn_on_failure(status) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
-
-
-def check_callable(name: str, value) -> None:
-    if not callable(value):
-        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
 
 
 def check_objective(name: str, fun: Callable, *arguments) -> None:

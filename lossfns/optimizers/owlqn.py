@@ -30,8 +30,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from .. import losses
-from ..validation import as_mask
-from .minimize import LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE, check_float_params, check_int, check_scalar
+from ..validation import as_mask, check_float_params, check_int, check_scalar
+from .minimize import LINE_SEARCH_FAILED, NON_FINITE_OBJECTIVE
 
 
 class OwlqnState(NamedTuple):
@@ -41,7 +41,10 @@ class OwlqnState(NamedTuple):
     there (the params' pytree structure); status: `[]` int32, 0 when the last
     update moved (or none was made), `minimize.NON_FINITE_OBJECTIVE` when the
     objective at its start was NaN or +-inf (no trial evaluated, params
-    unchanged), `minimize.LINE_SEARCH_FAILED` when no trial was accepted."""
+    unchanged), `minimize.LINE_SEARCH_FAILED` when no trial was accepted;
+    trials: `[]` int32, the trial points the last line search evaluated;
+    step_size: `[]` the step it accepted along its direction (0 when none
+    was), CRFsuite's (liblbfgs') "Line search trials" and "Line search step"."""
 
     count: jax.Array
     params_diffs: jax.Array
@@ -49,6 +52,8 @@ class OwlqnState(NamedTuple):
     value: jax.Array
     grad: optax.Params
     status: jax.Array
+    trials: jax.Array
+    step_size: jax.Array
 
     # `update(None, state, params, value_fn=f)` evaluates f itself (see `owlqn`).
     evaluates_objective = True
@@ -196,6 +201,8 @@ def owlqn(
             jnp.asarray(jnp.inf, flat.dtype),
             jax.tree_util.tree_map(jnp.zeros_like, params),
             jnp.zeros((), jnp.int32),
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((), flat.dtype),
         )
 
     def update(grads, state, params=None, *, value=None, grad=None, value_fn=None, **extra_args):
@@ -274,7 +281,7 @@ def owlqn(
             jnp.zeros((), bool),
             known,
         )
-        search, _, _, x, f_value, f_grad, accept, _ = jax.lax.while_loop(cond, body, initial)
+        search, trials, step_size, x, f_value, f_grad, accept, _ = jax.lax.while_loop(cond, body, initial)
         x = jnp.where(accept, x, theta)
         f_value = jnp.where(accept, f_value, search.value)
         f_grad = jnp.where(accept, f_grad, search.f_grad)
@@ -287,7 +294,14 @@ def owlqn(
             jnp.where(accept, jnp.int32(0), jnp.int32(LINE_SEARCH_FAILED)),
         )
         new_state = OwlqnState(
-            state.count + 1, params_diffs, grad_diffs, f_value, ravel_pytree(grads)[1](f_grad), status
+            state.count + 1,
+            params_diffs,
+            grad_diffs,
+            f_value,
+            ravel_pytree(grads)[1](f_grad),
+            status,
+            trials,
+            jnp.where(accept, step_size, 0.0).astype(theta.dtype),
         )
         return unravel(x - theta), new_state
 

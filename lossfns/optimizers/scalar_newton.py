@@ -14,7 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from .minimize import check_int, check_scalar
+from ..validation import check_int, check_scalar
 
 
 def newton_minimize(
