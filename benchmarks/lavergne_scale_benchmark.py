@@ -411,6 +411,7 @@ def main() -> None:
     parser.add_argument("--rates", default="2.5e-4,6e-5", help="sgd-gap: fixed SGD-L1 rates beside the calibrated one")
     args = parser.parse_args()
     if args.part == "probe" and not args.all:
+        os.makedirs(args.out or ".", exist_ok=True)  # before the probe's minutes: it crashed after them
         result = probe_part(args.task, args.optimizer, args.iterations, args.limit_gib)
         with open(os.path.join(args.out or ".", "probe.json"), "w") as handle:
             json.dump(result, handle, indent=1)

@@ -4,6 +4,8 @@ float32 tests build float32 arrays explicitly."""
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 
 # The suite's cost is XLA's compilation of many small programs, not running
@@ -80,6 +82,19 @@ def subprocess_environment(*, optimised: bool = False, **variables) -> dict:
         flags = [flag for flag in environment["XLA_FLAGS"].split() if flag not in QUICK_COMPILATION]
         environment["XLA_FLAGS"] = " ".join(flags)
     return environment | variables
+
+
+def quick_experiment(name: str, out, *options: str, optimised: bool = False, timeout: int = 600) -> None:
+    """`python -m experiments NAME --quick --no-progress --out OUT *options`
+    in the checkout, with this run's compilation caches
+    (`subprocess_environment(optimised=...)`); fails with its error output."""
+    command = [sys.executable, "-m", "experiments", name, "--quick", "--no-progress", "--out", str(out), *options]
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment = subprocess_environment(optimised=optimised)
+    finished = subprocess.run(
+        command, cwd=repository, env=environment, capture_output=True, check=False, text=True, timeout=timeout
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
 
 
 def corpus_or_fail(path_parts):

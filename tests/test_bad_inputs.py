@@ -1062,6 +1062,13 @@ CASES = [
         ["fun", "scalar", "shape (2,)", "jnp.sum"],
     ),
     (
+        "train-vector-objective",
+        "the driver's objective returns a vector (found while tracing the first chunk, at no cost)",
+        lambda _: optimizers.train(lambda p, d: (p - d) ** 2, jnp.ones(2), optax.sgd(0.1), jnp.zeros(2), max_steps=3),
+        ValueError,
+        ["objective", "scalar", "shape (2,)", "jnp.sum"],
+    ),
+    (
         "stochastic-vector-objective",
         "a minibatch objective that returns a vector",
         lambda _: optimizers.minimize_stochastic(

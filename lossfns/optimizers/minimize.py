@@ -140,7 +140,12 @@ def check_objective(name: str, fun: Callable, *arguments) -> None:
     (e.g. a vector of per-example losses, which `jax.grad` refuses deep in the
     loop): its output is found by tracing it once (`jax.eval_shape`), before
     any step."""
-    out = jax.eval_shape(fun, *arguments)
+    check_scalar_output(name, jax.eval_shape(fun, *arguments))
+
+
+def check_scalar_output(name: str, out) -> None:
+    """Refuse `out` (a value, a tracer or a shape) unless it is a real scalar:
+    inside a traced step its shape is known, so the check costs nothing."""
     shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
     if shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.floating):
         return
@@ -408,6 +413,7 @@ class GradientSteps(NamedTuple):
 
         def fun(params):
             value = objective(params, data)
+            check_scalar_output("objective", value)  # a vector would fail deep in jax.grad
             return value if regularizer is None else value + regularizer(params)
 
         return gradient_step_fn(fun, self.optimizer, self.penalty)

@@ -6,42 +6,22 @@ tests/training/test_chain_boosting.py.)
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import corpus_or_fail, subprocess_environment
+from conftest import corpus_or_fail, quick_experiment
 
 from lossfns.optimizers.minimize import init_loop, relative_change_below, run_loop
 from lossfns.training import reranking
 
 from experiments import altun2002, gao2006
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _quick(name: str, tasks: str, out) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "experiments",
-        name,
-        "--quick",
-        "--tasks",
-        tasks,
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
-    environment = subprocess_environment()  # this run's compilation caches
-    finished = subprocess.run(
-        command, cwd=REPOSITORY, env=environment, capture_output=True, check=False, text=True, timeout=600
-    )
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    quick_experiment(name, out, "--tasks", tasks)
 
 
 # ---------------------------------------------------------------------------

@@ -7,13 +7,12 @@ Uses the real corpora when NLTK_DATA has them (CI), else synthetic data.
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import quick_experiment
 
 from lossfns import checkpoint, optimizers, testing, training
 from lossfns.lattices import chain
@@ -33,16 +32,12 @@ from experiments.harness import (
     verdict,
 )
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """The README's `python -m experiments altun2003 --quick` (its NER slice), once."""
     out = tmp_path_factory.mktemp("altun2003-quick")
-    command = [sys.executable, "-m", "experiments", "altun2003", "--quick", "--no-progress", "--out", str(out)]
-    finished = subprocess.run(command, cwd=REPOSITORY, capture_output=True, check=False, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    quick_experiment("altun2003", out)
     return out
 
 

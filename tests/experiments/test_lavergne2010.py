@@ -12,20 +12,17 @@ import itertools
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import corpus_or_fail, subprocess_environment
+from conftest import corpus_or_fail, quick_experiment
 
 from lossfns import corpora, features, models
 
 from experiments import lavergne2010
 from experiments.harness import RunDirectory
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The full quick mode also runs `pairs` (the rows of `pos` with pair
 # features) and `joint` (another label set, and the BCD probe): each adds
 # 30-60 s of compilation.
@@ -39,23 +36,7 @@ POS_ROWS = {f"{o}{s}" for o in lavergne2010.OPTIMIZERS for s in ("", " + fine-tu
 def quick_run(tmp_path_factory):
     """`python -m experiments lavergne2010 --quick` on QUICK_TASKS, once."""
     out = tmp_path_factory.mktemp("lavergne2010-quick")
-    command = [
-        sys.executable,
-        "-m",
-        "experiments",
-        "lavergne2010",
-        "--quick",
-        "--tasks",
-        ",".join(QUICK_TASKS),
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
-    environment = subprocess_environment()  # this run's compilation caches
-    finished = subprocess.run(
-        command, cwd=REPOSITORY, env=environment, capture_output=True, check=False, text=True, timeout=600
-    )
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    quick_experiment("lavergne2010", out, "--tasks", ",".join(QUICK_TASKS))
     return out
 
 

@@ -7,9 +7,6 @@ synthetic fallback; the corpus test fails in CI when the corpus is missing.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,12 +15,11 @@ import pytest
 
 from lossfns import corpora, hmm
 from lossfns.lattices import dag, neighbourhoods, tagging
-from tests.conftest import corpus_or_fail, subprocess_environment
+from tests.conftest import corpus_or_fail, quick_experiment
 
 from experiments import smith_eisner2005 as se
 from experiments import synthetic
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K, V = 2, 4
 WORDS = ["the", "Dog", "runs-in", "42"]
 
@@ -142,12 +138,9 @@ def test_synthetic_fallback_without_corpus(no_corpora):
 def quick_run(tmp_path_factory):
     """`python -m experiments smith_eisner2005 --quick`, once."""
     out = tmp_path_factory.mktemp("smith_eisner2005-quick")
-    command = [sys.executable, "-m", "experiments", "smith_eisner2005", "--quick", "--no-progress", "--out", str(out)]
-    environment = subprocess_environment(optimised=True)  # its L-BFGS loops run longer than they compile
-    finished = subprocess.run(
-        command, cwd=REPOSITORY, env=environment, capture_output=True, check=False, text=True, timeout=900
-    )
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    quick_experiment(
+        "smith_eisner2005", out, optimised=True, timeout=900
+    )  # its L-BFGS loops run longer than they compile
     return out
 
 
