@@ -7,6 +7,8 @@ import importlib
 import os
 import sys
 
+from lossfns import compilation_cache
+
 from . import EXPERIMENTS
 from .harness import RunDirectory, UsageError
 
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     arguments = parser.parse_args(argv)
+    compilation_cache.enable()  # a second run (the README's main job again) re-uses the first one's programs
     default = os.path.join(os.path.dirname(__file__), "results", arguments.name + ("-quick" if arguments.quick else ""))
     out = arguments.out or default
     # The command that computes what is written: a report of finished units
