@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent import futures
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -388,22 +389,38 @@ def load_and_encode(task: str, config: dict) -> tuple:
     return data, tagging.encode_task(data, config["feature_sets"], config["num_buckets"])
 
 
-def _run_task(run: RunDirectory, task: str, config: dict, progress: bool, boosting: dict | None = None) -> dict:
-    data, encoded = load_and_encode(task, config)
+def _sequential_rows(run: RunDirectory, task: str, data, encoded, config: dict, progress: bool) -> list:
+    """The L-BFGS rows of every (feature set, loss), then the perceptron's."""
     rows = [
         train_unit(run, f"{task}-{set_name}-{loss}".replace(" ", "_"), data, encoded, set_name, loss, config, progress)
         for set_name in config["feature_sets"]
         for loss in LOSSES
     ]
-    rows += [
+    return rows + [
         _perceptron_unit(run, f"{task}-{set_name}-perceptron", data, encoded, set_name, config, progress)
         for set_name in config["feature_sets"]
     ]
-    if boosting is not None:
-        rows += [
-            boosting_unit(run, f"{task}-{set_name}-boosting", data, encoded, set_name, boosting, progress)
-            for set_name in config["feature_sets"]
-        ]
+
+
+def _run_task(
+    run: RunDirectory, task: str, config: dict, progress: bool, boosting: dict | None = None, concurrent=False
+) -> dict:
+    """`concurrent`: the boosting units in a second thread beside the others
+    (a quick run, which is mostly compiling: XLA compiles one program per
+    core, and the units share no state); their rows come last either way."""
+    data, encoded = load_and_encode(task, config)
+    boosting_rows = lambda: [
+        boosting_unit(run, f"{task}-{set_name}-boosting", data, encoded, set_name, boosting, progress)
+        for set_name in config["feature_sets"]
+    ]
+    concurrent = concurrent and boosting is not None and run.compute_missing and run.only is None
+    with futures.ThreadPoolExecutor(max_workers=1) as pool:
+        boosting_future = pool.submit(boosting_rows) if concurrent else None
+        rows = _sequential_rows(run, task, data, encoded, config, progress)
+    if boosting_future is not None:
+        rows += boosting_future.result()
+    elif boosting is not None:
+        rows += boosting_rows()
     rows = [row for row in rows if row is not None]  # None: unfinished (--report-only)
     # Learning curves: each subset is a fresh training set (its own feature
     # index, as in the paper): the first `size` sentences of a fixed shuffle.
@@ -681,7 +698,10 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
     chosen = QUICK_TASKS if quick and tasks is None else tasks
     configs = {task: base[task] for task in select_tasks("altun2003", chosen, tuple(base))}
     boosting = BOOSTING_QUICK if quick else BOOSTING
-    results = {task: _run_task(run, task, config, progress, boosting.get(task)) for task, config in configs.items()}
+    results = {
+        task: _run_task(run, task, config, progress, boosting.get(task), concurrent=quick)
+        for task, config in configs.items()
+    }
     for task, result in results.items():
         for row in result["rows"] + result["learning_curve"]:
             row["convergence"] = row_convergence(row, configs[task])

@@ -1,40 +1,13 @@
 """Atomic, self-checking checkpoints of any pytree of arrays.
 
-A training state (parameters, optimizer state, RNG key, data position) is a
-pytree; `save` writes its leaves to one file and `load` reads them back into
-the structure of a template (`like`), as `equinox.tree_deserialise_leaves`
-does, so nothing is unpickled and no code runs on load.
-
-File layout (all integers little-endian)::
-
-    b"LOSSFNS-CHECKPOINT\\n"          magic
-    uint64                          header size in bytes
-    header                          UTF-8 JSON, see below
-    payload                         the leaves' raw bytes, C order, one after another
-
-The header holds the format version, the structure description (one entry
-per leaf: its key path, shape, dtype, and whether it is a PRNG key), the
-payload size and a SHA-256 of the rest of the header and the payload. A file cut short or altered
-anywhere fails one of these checks on load, with a `CheckpointError` that
-names the file; it is never loaded as garbage. A file is read in that order
-(`read_file`): only a regular file is opened (a FIFO would block the read
-forever), and the sizes are checked against the file's before the payload
-is read, so a foreign file of any size is refused after its first bytes.
-
-Saving writes a temporary file in the same directory, fsyncs it, and
-renames it over the target with `os.replace` (atomic on POSIX), then fsyncs
-the directory: a process killed at any point leaves either the old file or
-the new one, never a partial one under the final name. `Tagger.save`
-writes its model files through the same helpers (`write_atomically`,
-`pack_file`, `unpack_file`), with their own magic and `ModelFileError`.
-
-One writer per checkpoint directory: `DirectoryLock(directory)` holds an
-advisory `fcntl.flock` on `directory/.lossfns.lock` while a training run
-writes there (`Tagger.fit(checkpoint_dir=)` and
-`optimizers.driver.drive` take it); a second run on the same directory
-gets a `CheckpointError` naming it instead of racing the first. Taking the
-lock also removes the temporary files that a save killed before its rename
-left behind.
+`save` writes a training state's leaves to one file (magic bytes, a JSON header
+describing every leaf, with a SHA-256, then the raw bytes) and `load` reads them
+back into the structure of a template (`like`), so nothing is unpickled and no
+code runs on load; a truncated or altered file raises a `CheckpointError` naming
+it. Saves are atomic (temporary file, fsync, `os.replace`), `DirectoryLock` keeps
+one writer per directory, and model files share the helpers (`write_atomically`,
+`pack_file`, `unpack_file`, `read_file`).
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

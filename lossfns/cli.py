@@ -1,30 +1,13 @@
-"""The `lossfns` command line: train and apply a CRF tagger on CoNLL column
-files, with Wapiti's conventions (its option letters, CRF++/Wapiti pattern
-files, its labelled output).
+"""The `lossfns` command line: train and apply a CRF tagger on CoNLL column files, with
+Wapiti's conventions (its option letters, CRF++/Wapiti pattern files, its labelled output).
 
     lossfns train -p examples/ner.pattern esp.train ner.model
     lossfns label -m ner.model --check esp.testb labelled.txt
 
-`train` reads a column file (tokens one per line, columns separated by
-spaces or tabs, the label last, blank lines between sentences,
-`-DOCSTART-` lines ignored), extracts the pattern's features, trains a
-`Tagger` (OWL-QN, or L-BFGS when `-1 0`, on `sum_i loss_i + rho1 ||w||_1 +
-rho2 / 2 ||w||^2`, Wapiti's objective) with a progress bar and the
-objective after each iteration on stderr, and writes the model file.
-`label` writes each input line with the predicted label appended as a last
-column (`labelled_output`); `--check` reads the last column as the gold
-label and prints token accuracy and conlleval's per-type precision,
-recall and F1 (`metrics.conlleval_report`) on stderr. Given a CRFsuite model
-(told by its magic bytes), `label` reads CRFsuite's data files instead, as
-`crfsuite tag` does (`crfsuite_tagger.read_attribute_file`: a label, then
-tab-separated attributes, per token line) and decodes as CRFsuite.
-
-Everything is the library's public pieces (`corpora`, `features.templates`,
-`Tagger`, `labelled_output`, `metrics`); this module parses options and
-checks every path and argument before any work, in one place per mode
-(`_checked_train`, `_checked_label`): a refusal is `lossfns: error: ...`
-naming the argument, exit status 2, no traceback, and nothing written (an
-output that is one of the inputs, also through a link, is refused).
+Built from the library's public pieces; this module parses options and checks
+every path and argument before any work (`_checked_train`, `_checked_label`): a
+refusal is `lossfns: error: ...`, exit status 2, no traceback, nothing written.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

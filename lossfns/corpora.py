@@ -2,14 +2,11 @@
 search path (plain or zipped, as NLTK's downloader leaves them), the
 universal tagset, and batching into padded length buckets.
 
-A corpus is a list of `Sentence`s: observation columns per token (word,
-POS, ...) and one label per token, all plain strings. Nothing here depends
-on JAX; featurisation and arrays come later (`lossfns.features`).
-
-A file inside a zip archive has a path through it, as NLTK writes such
-paths: `.../corpora/conll2002.zip/conll2002/esp.train`. Every reader here
-(`read_lines`, `read_conll`, `read_column_file`, and so
-`features.read_templates`) takes such a path and reads the member in place,
+A corpus is a list of `Sentence`s: observation columns per token (word, POS,
+...) and one label per token, plain strings; nothing here depends on JAX. Every
+reader (`read_lines`, `read_conll`, `read_column_file`, so `features.read_templates`)
+also takes a path through a zip archive, as NLTK writes them
+(`.../corpora/conll2002.zip/conll2002/esp.train`), and reads the member in place,
 without unzipping, with the same errors (file:line) as for a plain file.
 """
 

@@ -3,12 +3,11 @@ python-crfsuite reads it), read and written in numpy, and converted to and
 from lossfns' `model_file.SavedModel` (preset `feature_dicts`).
 
 The file is little-endian: a 48-byte header (b"lCRF", the file size, counts,
-offsets), the features (type, source, target, float64 weight), the labels'
-and attributes' CQDB string databases (id -> string, and lookup3 hash tables
-that CRFsuite's tagger finds attributes by), and per label and attribute the
-ids of its features. `CrfsuiteModel` holds only what tagging reads, as
-arrays, so that both directions are vectorised; reading checks every size and
-offset before using it and raises `checkpoint.ModelFileError` naming the file.
+offsets), the features (type, source, target, float64 weight), the labels' and
+attributes' CQDB string databases (with the lookup3 hash tables that CRFsuite's
+tagger finds attributes by), and per label and attribute the ids of its features.
+`CrfsuiteModel` holds only what tagging reads, as arrays, so both directions are
+vectorised; reading checks every size and offset first (`checkpoint.ModelFileError`).
 """
 
 from __future__ import annotations

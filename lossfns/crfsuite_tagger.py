@@ -4,11 +4,10 @@
 `open` (a CRFsuite model file or a lossfns one), `labels`, `set`, `tag`,
 `probability`, `marginal`, `info`, `dump`, `close`. Items are feature dicts
 (or lists of attribute names), read as the estimator reads them; the scores
-come from the library's chain functions on the model's potentials.
-
-CRFsuite's own data files (`crfsuite tag`'s input: a label and attributes
-per line) are read by `read_attribute_file` and labelled by an
-`AttributeFileTagger`, which is how `lossfns label` applies a CRFsuite model.
+come from the library's chain functions on the model's potentials. CRFsuite's
+own data files (`crfsuite tag`'s input: a label and attributes per line) are
+read by `read_attribute_file` and labelled by an `AttributeFileTagger`, which
+is how `lossfns label` applies a CRFsuite model.
 """
 
 from __future__ import annotations

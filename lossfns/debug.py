@@ -1,19 +1,13 @@
 """Opt-in value checks inside `jit` (a debug mode), with `jax.experimental.checkify`.
 
-The public functions validate shapes and dtypes always, and values (NaN or
-`+inf` scores, lengths outside `[0, T]`, labels outside `[0, L)`) only when
-the values are concrete. Under `jit` they are traced, so those checks are
-skipped: a NaN potential then flows silently into the result. Wrapping the
-jitted computation with `checked` puts the value checks into the compiled
-program and raises a `ValueError` naming the argument after it runs::
+The public functions check shapes and dtypes always, values (NaN or `+inf` scores,
+lengths outside `[0, T]`, labels outside `[0, L)`) only when concrete: under `jit` a
+NaN potential flows silently into the result. `checked` compiles the value checks
+into the program (a `ValueError` naming the argument after it runs), with checkify's
+NaN checks (the first operation that made a NaN); leave it off in production runs::
 
-    from lossfns import debug
     log_z = debug.checked(chain.log_partition, validate=debug.check_chain_inputs)
     log_z(potentials, lengths)   # compiled; raises ValueError on NaN potentials
-
-`checked` also enables checkify's NaN checks, which report the first
-operation inside the function that produced a NaN. The checks cost a little
-time and memory; leave them off in production runs.
 """
 
 from __future__ import annotations

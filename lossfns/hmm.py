@@ -1,18 +1,13 @@
 """A generative HMM tagger (first or second order) trained by EM with add-lambda
 smoothing (Merialdo 1994), the classical baseline of contrastive estimation.
 
-The HMM is a chain model: its log-probabilities become `FactoredPotentials`
-and everything runs through `lossfns.lattices.chain`. `log P(x)` is the chain's
-log-partition, and the expected counts of the E-step are its gradient with
-respect to the log-parameters (each log-probability is added once per use,
-so `d log P(x) / d log theta = E[count of theta | x]`).
-
-Tag id `K = num_tags` is the sentence boundary. A second-order HMM runs as a
-first-order chain over tag pairs `(previous, current)`, `previous` in
-`0..K` (K before the first word), state id `previous * K + current`; pairs
-that do not chain (`(a, b) -> (b', c)` with `b != b'`) have `-inf`
-transitions. There is no end-of-sentence probability: the model is
-`P(x, y | m)` for the observed length m.
+The HMM is a chain model: its log-probabilities become `FactoredPotentials`, `log
+P(x)` is `lossfns.lattices.chain`'s log-partition, and the E-step's expected counts
+are its gradient with respect to the log-parameters. Tag id `K = num_tags` is the
+sentence boundary; a second-order HMM runs as a first-order chain over tag pairs.
+There is no end-of-sentence probability: the model is `P(x, y | m)` for the
+observed length m.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

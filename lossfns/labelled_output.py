@@ -1,22 +1,13 @@
 """Labelled output in Wapiti's formats: the input file again, each token line
 with its predicted label appended as a last column.
 
-The command line's `label` mode reads a file with
-`corpora.read_column_file`, decodes its sentences and writes them back
-here, line for line:
-
-* a token line gets ` LABEL` appended (a tab instead of the space when the
-  line's own columns are tab-separated, so the file stays one table);
-  with gold labels in the input (`--check`), gold and prediction end the
-  line in conlleval's order;
-* blank lines stay as they are; a `-DOCSTART-` line gets the outside label
-  `O`, so that every row has as many columns and conlleval reads the file
-  (it counts such a row as an `O` token, as in the CoNLL-2003 files);
-* n-best output (`--nbest N`): a sentence is written N times, best first,
-  the copies separated by a blank line (Wapiti's layout);
-* with scores (Wapiti's `-s`, and `--post`'s posteriors): a line
-  `# n SCORE` before each copy, and each token line also ends with
-  `LABEL/SCORE` (Wapiti's `%f`, six decimals).
+The command line's `label` mode reads a file with `corpora.read_column_file`,
+decodes it and writes it back here, line for line: a token line gets its label
+appended (a tab when its columns are tab-separated; gold then prediction with
+`--check`, as conlleval reads them), a `-DOCSTART-` line the label `O`, blank
+lines stay; `--nbest N` writes each sentence N times, best first, and scores
+(`-s`, `--post`) add a `# n SCORE` line per copy and `LABEL/SCORE` per token.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """The tagger's model file: labels, feature extractor, feature index and
 the non-zero weights of a `LinearChainModel` in one self-checking file.
 
-Layout: a JSON header (format version, labels, feature extractor, the
-vocabulary of the features that have a non-zero weight, the arrays'
-dtypes and shapes, and a SHA-256 over header and weights) followed by the
-arrays' raw little-endian bytes, framed and written atomically as
-`lossfns.checkpoint` writes checkpoints (`pack_file`, `write_atomically`).
-
-Only what decoding reads is kept, as CRFsuite keeps only its non-zero
-features: the emission table `[K, L]` is stored by rows (CSR: the rows of
-features with a non-zero weight, their labels and weights), so a feature
-whose weights are all 0 (L1 training zeroes most) is left out of the
-vocabulary too, and reads as unknown (-1) when decoding, which scores the
-same; pair weights `[K2, L, L]` are stored as their non-zero entries and
-the pair mask (which decides which transitions exist) as its true
-entries. A loaded model so has the same non-zero weights bit for bit and
-decodes identically; its emission mask (which weights training could move)
-is not kept: a model file is for decoding, a checkpoint for training.
-
-The header also records what the model reads of each token (`reads`:
-rows of at least N columns, or feature dicts), so that a caller that gives
-the other kind is refused (`load(path, reading=...)`) rather than served
-labels computed from garbage features.
-
-Reading refuses (`checkpoint.ModelFileError`, naming the file) a missing
-file, a FIFO or anything else that is not a regular file, a file of another
-format version (1 and 2 wrote the dense tables), a truncated or altered
-one, and a header that does not describe its arrays: nothing is loaded as
-garbage. The file is read in order (`checkpoint.read_file`): the magic
-bytes and the sizes the header gives are checked against the file before
-the rest is read, so a large foreign file is refused after its first bytes.
+A JSON header (format version, labels, extractor, the vocabulary of the features
+with a non-zero weight, what the model reads of each token, dtypes and shapes, a
+SHA-256) and the arrays' raw bytes, framed and written atomically as
+`lossfns.checkpoint` writes checkpoints. Only what decoding reads is kept, and a
+loaded model decodes identically; reading refuses (`checkpoint.ModelFileError`,
+naming the file) anything that is not such a file, before reading the rest.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

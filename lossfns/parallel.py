@@ -1,27 +1,13 @@
 """Data parallelism over a device mesh with JAX's own SPMD.
 
-The training driver (`optimizers.driver.train(..., mesh=)`, and through it
-`Tagger.fit(..., mesh=)`) splits the data along its leading axis over the
-mesh's data axis (`"data"`, or a mesh's only axis) and keeps a full copy of
-the parameters and optimizer state on every device. An objective that is a
-sum over examples is evaluated by `sum_over_shards`: each device computes
-its own block's sum (`jax.shard_map`), and one `psum` adds them; the
-gradient's all-reduce comes from differentiating that `psum`. The optimizer
-update then runs, replicated, on every device, so the parameters stay
-identical everywhere and agree with one device up to the order of
-floating-point sums.
-
-Several hosts: start the same program on every host and call, before any
-other jax call,
-
-    jax.distributed.initialize(coordinator_address="host0:1234",
-                               num_processes=N, process_id=i)
-
-(on Cloud TPU, SLURM or Open MPI the arguments are detected and may be
-omitted). `data_mesh()` then spans the devices of all hosts. Every process
-runs the same code on the same inputs (the whole corpus, the same settings:
-`Tagger.fit` builds the same shards everywhere); `shard_leading_axis` and
-`replicate` place on each process's devices only their own blocks.
+The training driver (`optimizers.driver.train(..., mesh=)`, and so `Tagger.fit(...,
+mesh=)`) splits the data along its leading axis over the mesh's data axis and keeps
+the parameters and optimizer state replicated; `sum_over_shards` sums an objective
+over the shards (`jax.shard_map` and one `psum`, whose derivative is the gradient's
+all-reduce). Several hosts: call `jax.distributed.initialize` on every host before
+any other jax call and run the same program on the same inputs; `data_mesh()` then
+spans the devices of all hosts.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

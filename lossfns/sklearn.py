@@ -4,41 +4,10 @@
     crf = CRF(algorithm="lbfgs", c1=0.1, c2=0.1, max_iterations=100, all_possible_transitions=True)
     crf.fit(X_train, y_train).predict(X_test)
 
-The constructor, methods and attributes are `sklearn_crfsuite.CRF`'s, so
-changing the import is the migration. `X` is a list of sentences, each a
-list of token feature dicts read by python-crfsuite's rules
-(`features.dicts`: strings, numbers, bools, nested dicts and lists); `y` a
-list of label sequences. The estimator is a thin composition of public
-pieces: `features.flatten_corpus` reads `X` vectorised, its `pack_rows`
-packs the training rows, and a `Tagger` (preset `feature_dicts`) trains
-them (`Tagger.fit_packed`), decodes (`Tagger.decode_packed`) and writes
-the model file (`model_file.to_bytes`: `size_`, pickling).
-
-CRFsuite's settings map onto the Tagger's. `algorithm="lbfgs"`: `c1`,
-`c2` through `crfsuite_elastic_net` (OWL-QN when `c1 > 0`, else L-BFGS),
-`delta` and `period` are the stop rule on the objective, `epsilon`
-liblbfgs' test on the gradient norm (`GradientNormBelow`, a driver
-callback reading the optimizer's state), `num_memories` the L-BFGS
-history. `algorithm="l2sgd"` (SGD on `sum -log p + c2 ||w||^2`, one
-sentence per step, CRFsuite's rate `1 / (lambda (t0 + t))` with `eta_0`
-calibrated on `calibration_samples` sentences) runs
-`optimizers.epoch_step_fn` with `optimizers.sgd_l1` (no L1) and
-`training.calibrate_learning_rate`; `algorithm="ap"` (the averaged
-perceptron, stopping when the epoch's mistake rate falls below `epsilon`)
-runs `training.perceptron_epoch_fn`; both through `optimizers.drive`,
-one padded sentence per row (they are per-sentence algorithms). For
-every algorithm, `all_possible_states=False` keeps only the (attribute,
-label) weights seen in training and `all_possible_transitions=False`
-only the label transitions seen (CRFsuite's defaults; the others stay 0),
-`min_freq` drops attributes seen fewer times. Where lossfns differs it
-says so: the model also has per-label start weights, which CRFsuite
-lacks; `linesearch` and `max_linesearch` are accepted and not applied
-(OWL-QN backtracks, L-BFGS uses optax's zoom search); the perceptron
-visits the sentences in corpus order (CRFsuite shuffles), and SGD's
-shuffles are lossfns' own; decoding is unconstrained, as CRFsuite's.
-The compiled training programs depend only on shapes and settings, so
-fits of equal shapes and settings (a refit, the same split again)
-compile once.
+The constructor, methods and attributes are `sklearn_crfsuite.CRF`'s, so changing
+the import is the migration; the estimator is a thin composition of public pieces
+(`features.flatten_corpus`, a `Tagger` with preset `feature_dicts`, `model_file`).
+How CRFsuite's settings map, and where lossfns differs: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ trainers for particular models, the applications. The optimizers know no
 model: they sit above the models in the table but may not import them.
 Static: the sources are parsed, nothing is imported. (Names kept readable
 from an old place for one release, `deprecation.moved_names`, are looked up
-by string when read and are not imports.)"""
+by string when read and are not imports.) Beside the layers: every module
+docstring stays short (issue 48)."""
 
 import ast
 import sys
@@ -131,6 +132,29 @@ SOURCES = sorted((ROOT / "lossfns").rglob("*.py"))
 def test_every_module_imports_only_its_layer_and_those_below():
     found = [v for path in SOURCES for v in violations(path)]
     assert not found, "imports against the layer order:\n" + "\n".join(found)
+
+
+MAX_MODULE_DOCSTRING_LINES = 10
+
+
+def module_docstring_lines(path: Path) -> int:
+    """The lines of `path`'s module docstring, as written (0 without one)."""
+    docstring = ast.get_docstring(ast.parse(path.read_text(), filename=str(path)), clean=False)
+    return len(docstring.splitlines()) if docstring else 0
+
+
+def test_every_module_docstring_is_at_most_10_lines():
+    """A module docstring says what its module is for, in at most 10 lines: the
+    design notes the code cites live in docs/internals.md (issue 48)."""
+    found = [
+        f"{_module_of(path)}: {lines} lines"
+        for path in SOURCES
+        if (lines := module_docstring_lines(path)) > MAX_MODULE_DOCSTRING_LINES
+    ]
+    assert not found, (
+        f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines (move the detail to docs/internals.md):\n"
+        + "\n".join(found)
+    )
 
 
 def test_every_layer_entry_exists():

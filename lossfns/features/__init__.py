@@ -4,11 +4,11 @@ observation strings to ids, padded id (and value) arrays for the models,
 sparse design matrices (CSR) for the fast emission-score product, and the
 one path of a tagged corpus through them (`corpus`).
 
-`__all__` is what users build corpora and designs with; the plumbing the
-Tagger and the model files share (`corpus.check_sentences`,
-`corpus.extractor_spec`, `corpus.extractor_from_spec`) and numpy helpers
-(`index.ragged_rows`) stay in their modules (still found here, with a
-`DeprecationWarning`, for one release)."""
+`__all__` is what users build corpora and designs with; the plumbing the Tagger
+and the model files share (`corpus.check_sentences`, `corpus.extractor_spec`,
+`corpus.extractor_from_spec`) and numpy helpers (`index.ragged_rows`) stay in
+their modules (still found here, with a `DeprecationWarning`, for one release).
+"""
 
 from ..deprecation import moved_names
 from . import corpus, design, dicts, presets, templates

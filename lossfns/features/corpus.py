@@ -1,25 +1,13 @@
 """A tagged corpus through the features, as every application takes it.
 
-The steps from `corpora.Sentence`s to the arrays a model reads, each a
-public function, so that the Tagger, the experiments and the benchmarks
-share one path (and one way of batching a corpus):
-
-* `extractor`: a preset name, CRF++/Wapiti template text, a `Preset` or
-  `Templates` -> a feature extractor (`extractor_spec` and
-  `extractor_from_spec` round-trip it through a model file);
-* `build_index`: the observation-string index of the extracted training
-  features (or a hashed one);
-* `encode` and `label_ids`: id lists per sentence (`index_corpus`: extract,
-  index and encode a training corpus in one call);
-* `index.pack` (length buckets, for decoding and custom losses) or
-  `index.pack_rows` (rows of back-to-back sentences, for the log-loss),
-  then `corpus_arrays`: the `CorpusArrays` a `LinearChainModel` reads
-  (`models.corpus_loss`, `models.decode`);
-* `pack_shards`: the same arrays for data-parallel training, one equally
-  shaped block per device, stacked along a leading shard axis;
-* `padded_buckets` and `in_corpus_order`: the padded per-bucket view of a
-  packed corpus (`FeatureBatch`es) and per-sentence results back in corpus
-  order.
+The steps from `corpora.Sentence`s to the arrays a model reads are public
+functions, so that the Tagger, the experiments and the benchmarks share one path:
+`extractor` (a preset name, template text, a `Preset` or `Templates`),
+`build_index`, `encode` and `label_ids` (`index_corpus`: all three), then
+`index.pack` or `index.pack_rows` and `corpus_arrays` (the `CorpusArrays` a
+`LinearChainModel` reads); `pack_shards` for data-parallel training, and
+`padded_buckets` and `in_corpus_order` for per-bucket views and results.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -2,19 +2,12 @@
 matrix `A [rows, K]` (counts of feature k at row r), multiplied with weight
 tables.
 
-Emission scores of every token are `A @ W` for `W [K, L]`, computed by
-`jax.experimental.sparse.BCSR`'s product, which on CPU is a native CSR
-sparse-dense kernel (other backends lower it their own way). The equivalent sum of row gathers is
-several times slower inside a training objective: XLA materialises one
-gather per feature column when their sum feeds more than one consumer
-(CoNLL-2002, 265k tokens x 18 features x 9 labels: about 150 ms of
-gathers against 31 ms for the product). The gradient with respect to `W`,
-`A^T @ cotangent`, is a scatter-add of the rows (`scatter_rows`), which is
-faster than the transposed CSR product.
-
-Observations with real values (`PackedCorpus.unigram_values`) put their
-values in `A` instead of counts, `A[r, k] = sum of the values of k at r`;
-the transposed product then scales each scattered row by its value.
+Emission scores of every token are `A @ W` for `W [K, L]`, by
+`jax.experimental.sparse.BCSR`'s product (on CPU a native CSR kernel), rather
+than a sum of row gathers, which XLA materialises once per feature column inside
+a training objective; the gradient, `A^T @ cotangent`, is a scatter-add of rows
+(`scatter_rows`). Observations with real values put their values in `A`.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

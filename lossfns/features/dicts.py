@@ -1,38 +1,13 @@
 """Token features as sklearn-crfsuite users write them: one dict per token
 (python-crfsuite's item format), read as CRFsuite attributes with values.
 
-python-crfsuite (`ItemSequence`, the conversion behind `Trainer.append` and
-so behind `sklearn_crfsuite.CRF.fit`) turns a token's dict into attributes
-by these rules, which `flatten` follows (each checked against it in the
-tests):
-
-* `{"key": "value"}` (a str, or bytes in UTF-8): attribute `key:value`,
-  value 1;
-* `{"key": number}` (int, float, a numpy number): attribute `key` with
-  that value; `True` and `False` are 1 and 0;
-* `{"key": {...}}`: the nested dict's attributes, each prefixed `key:`;
-* `{"key": [...]}` (a list or set of strings): `key:element`, value 1
-  each;
-* a token given as a list (or set) of strings instead of a dict: each
-  string, value 1.
-
-Attributes of the same name all count (CRFsuite sums their scores). Where
-python-crfsuite fails obscurely or reads input silently wrong, this module
-says so instead: a key or element that is not a string, a value of another
-type (None, an object) is a TypeError, a NaN or infinite value a
-ValueError, and a token given as a string (which python-crfsuite reads as
-its characters) a TypeError, each naming the place (`X[3][5]['word']`).
-Tuples and frozensets read as lists (python-crfsuite raises SystemError),
-and set elements are sorted so that ids do not depend on string hashing.
-
-`item_features` is the per-sentence extractor (`TokenFeatures` with
-values) for the template-and-preset pipeline; `flatten_corpus` reads a
-whole corpus at once, vectorised: each distinct (key, value) is classified
-once and every attribute occurrence is found by C-level dict lookups and
-numpy, which is what keeps total fit time (feature handling included)
-below python-crfsuite's. An `AttributeCorpus` then gives the feature
-index, the ids and the packed arrays (`features.PackedCorpus`, values
-beside the ids) that the models take.
+`flatten` follows python-crfsuite's rules (`{"key": "value"}` is attribute
+`key:value` of value 1, `{"key": number}` attribute `key` of that value, nested
+dicts and lists prefix `key:`), and refuses by name, at its place
+(`X[3][5]['word']`), what python-crfsuite reads obscurely or silently wrong.
+`item_features` is the per-sentence extractor; `flatten_corpus` reads a whole
+corpus at once, vectorised, into an `AttributeCorpus` (index, ids, packed arrays).
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

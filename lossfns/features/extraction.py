@@ -4,11 +4,9 @@ An extractor is any callable `tokens -> TokenFeatures`, where `tokens` is a
 sentence's `[T]` rows of observation columns (`corpora.Sentence.tokens`):
 template files (`templates.Templates`) and the named presets
 (`presets.Preset`) both are, and so is `dicts.item_features` for tokens
-given as sklearn-crfsuite feature dicts.
-
-An observation is binary (weight 1) unless `unigram_values` gives it a
-real value: CRFsuite's attribute values, which scale the emission weights
-they select (`value * emission[id]`).
+given as sklearn-crfsuite feature dicts. An observation is binary (weight 1)
+unless `unigram_values` gives it a real value: CRFsuite's attribute values,
+which scale the emission weights they select (`value * emission[id]`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Observation-feature index: strings -> integer ids, and padded id arrays.
 
-`FeatureIndex.build` counts observation strings over a training corpus and
-keeps those seen at least `min_count` times; `FeatureIndex.hashed` maps
-strings to `num_buckets` ids by a stable hash instead (for feature sets too
-large to index; collisions share a weight). `encode` turns one sentence's
-`TokenFeatures` into id lists and `pad_batch` stacks sentences into
-`FeatureBatch` arrays padded with id -1. `pack` and `pack_rows` lay a
-corpus out as one stack of tokens plus length buckets (`PackedCorpus`);
-`pack_tokens` and `pack_token_rows` do the same from a token stack built
-elsewhere (`dicts.AttributeCorpus.pack`).
-
-Observations carry real values when the features give them
-(`TokenFeatures.unigram_values`): `encode` then returns the values beside
-the ids, and the arrays hold them as `unigram_values` (None: all 1, the
-binary features, on every path unchanged).
+`FeatureIndex.build` keeps the observation strings seen at least `min_count`
+times in a training corpus; `FeatureIndex.hashed` maps strings to `num_buckets`
+ids by a stable hash (for feature sets too large to index; collisions share a
+weight). `encode` turns a sentence's `TokenFeatures` into id lists, `pad_batch`
+stacks sentences into `FeatureBatch` arrays padded with id -1, and `pack` and
+`pack_rows` (`pack_tokens`, `pack_token_rows` from a token stack built elsewhere)
+lay a corpus out as one stack of tokens plus length buckets (`PackedCorpus`).
+Real values ride beside the ids as `unigram_values` (None: all 1, binary features).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Named feature sets, each a callable `tokens -> TokenFeatures`.
 
-* `altun_s1`, `altun_s2`, `altun_s3`: the feature sets of Altun, Johnson &
-  Hofmann (2003): S1 = HMM features (the current word; label bigrams are the
-  model's transitions); S2 = S1 + spelling features of the current word
-  (last 1-3 letters, case of the first letter, capitalised with a dot, all
-  capitals, hyphen); S3 = S2 + the word and spelling features of the
-  previous and next word (a window of 3).
-* `crfsuite_ner`: the NER features of the sklearn-crfsuite tutorial (word
-  lower-cased, suffixes of 2 and 3 letters, case and digit tests, the POS tag
-  and its first two letters; the same for the neighbouring words; BOS/EOS;
-  a bias). Tokens are `(word, POS)`.
-* `lavergne_pos`: Lavergne et al.'s POS set: word, lower-cased word,
-  prefixes and suffixes up to 4 letters, character shape, and the words and
-  word pairs in a window of 5.
-* `feature_dicts`: tokens that are already feature dicts (sklearn-crfsuite's
-  `X`), read by `dicts.item_features`.
-
-String-valued tests become `name=value`; boolean tests are present only when
-true (a CRFsuite attribute of value 0 contributes nothing).
+`altun_s1`, `altun_s2`, `altun_s3` are the feature sets of Altun, Johnson &
+Hofmann (2003) (the current word; plus its spelling; plus the same for a window
+of 3); `crfsuite_ner` the NER features of the sklearn-crfsuite tutorial (tokens
+`(word, POS)`); `lavergne_pos` Lavergne et al.'s POS set; `feature_dicts` reads
+tokens that are already feature dicts (`dicts.item_features`). String-valued
+tests become `name=value`; boolean tests are present only when true.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

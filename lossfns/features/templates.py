@@ -1,46 +1,13 @@
-"""CRF++ / Wapiti feature templates (pattern files), read as the two tools
-read them.
+"""CRF++ / Wapiti feature templates (pattern files), read as the two tools read them.
 
-A template file has one template per line:
-
-* `U01:%x[-1,0]` a unigram (label-observation) template: the observation
-  string `U01:<word at t-1>` is tested jointly with the current label;
-* `B` alone: plain label-bigram (transition) features;
-* `B01:%x[0,0]` a bigram template with an observation: Lavergne's
-  label-pair-observation features `f_{y', y, x}`;
-* `*01:%x[0,0]` (Wapiti): both a unigram and a bigram template;
-* the type letter may be lower case (`u`, `b`, Wapiti); the rest of the
-  line, spaces included, is the template: its expansion (the whole line
-  with each macro replaced) is the observation string, so `U01:` is a
-  name only by convention (Wapiti's own files repeat `U:` and tell
-  templates apart by what follows);
-* a `B` or `*` template without macros tests a constant with the label
-  pair: it is the transition features, as `B` is;
-* blank lines and lines starting with `#` are ignored; in the `"wapiti"`
-  dialect everything after a `#` is (Wapiti strips comments so).
-
-Macros inside a template: `%x[row,col]` (the token `row` positions away,
-column `col`; `row` may carry a sign), `%t[row,col,"regex"]` (`true` or
-`false`: does the regex match anywhere in that cell), `%m[row,col,"regex"]`
-(the first match, or empty). As in Wapiti, an upper-case `%X`, `%T`, `%M`
-lower-cases its result (the regex itself still matches case-sensitively),
-`%x[@row,col]` reads an absolute row (1 = the first token, -1 = the last)
-and `%x[*c,col]` the row `t + int(column c at t)`. Rows outside the
-sentence read `_B-1`, `_B-2`, ... before it and `_B+1`, ... after it, as
-CRF++ does.
-
-Regexes are Python's (`re`) in the default dialect, and Wapiti's subset in
-the `"wapiti"` dialect (`.`; classes `\\d` digit, `\\a` letter, `\\w`
-letter or digit, `\\l` lower, `\\u` upper, `\\p` punctuation, `\\s`
-space, upper case for the complement, in the C locale as Wapiti tests
-them; `\\c` escapes `c`; `*` (shortest first) and `?` after a character;
-`^` and `$` anchor only at the pattern's ends; every other character is
-itself), translated to Python's.
-
-Syntax errors raise ValueError naming the source and line number, and so
-does a template whose text before its first macro repeats another's of the
-same kind: their observation strings could coincide, silently sharing
-weights.
+One template per line: `U01:%x[-1,0]` a unigram (label-observation) template,
+`B` the label bigrams, `B01:%x[0,0]` Lavergne's label-pair-observation features,
+`*01:%x[0,0]` (Wapiti) both; the expanded line is the observation string. The
+macros `%x[row,col]`, `%t[row,col,"regex"]` and `%m[row,col,"regex"]` read cells
+(upper case lower-cases the result), rows outside the sentence read `_B-1`, ...,
+`_B+1`, ... as CRF++ does, and the `"wapiti"` dialect reads Wapiti's regexes.
+Syntax errors, and templates that could share observation strings, raise
+ValueError naming the source and line. Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

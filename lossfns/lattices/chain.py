@@ -1,43 +1,13 @@
 """Linear-chain algorithms, each written once and specialised by a semiring
 and a potential form: the public chain functions.
 
-Potentials come in three forms (`lattices.forms`), accepted by every function
-here:
-
-* per-position edge potentials `[..., T, L, L]`: `potentials[..., t, i, j]`
-  scores label `j` at position `t` after label `i` at `t - 1`; at `t = 0`
-  the previous label is the start state and only row `i = 0` is read;
-* `FactoredPotentials(unary [..., T, L], transitions [L, L] or [..., L, L],
-  start [L] or [..., L] or None)`: the classic CRF, `psi_t(i, j) =
-  transitions[i, j] + unary[t, j]` and `psi_0(0, j) = start[j] + unary[0, j]`.
-  `[T, L, L]` is never materialised (except by the parallel algorithm,
-  whose per-step matrices are its nature);
-* `SparsePotentials` (`lattices.sparse_chain`): Lavergne's sparse label pairs.
-
-`lengths [...]` (ints in `[0, T]`, default `T`) masks positions at or past
-each length; a length-0 sequence has one empty path of score 0. Any number
-of leading batch dimensions is supported: the algorithms are written for one
-unbatched instance and mapped with `jax.vmap`.
-
-One restartable scan (`kernel.scan`) serves `forward`, `log_partition`,
-rows of back-to-back chains and sampling; one back-pointer decoder
-(`decode.best_paths`) serves `viterbi` and `kbest`; marginals are
-derivatives of `log_partition` (differentiable again); samples use forward
-filtering, backward sampling. Each asks the form only the questions of
-`lattices.forms`.
-
-How `log Z` and its derivatives are computed is chosen by the semiring,
-the form and the backend, in one table (`_ALGORITHMS`, with the backend's
-`kernel.Tuning`), never by a name: for `semirings.Log` (and
-`semirings.Real`, the same computation) every form's step is exact and
-fast (`kernel`, `sparse_chain`); the dense and factored forms'
-derivatives are closed-form, the sparse form's autodiff of the scan; the
-parallel algorithm multiplies with `kernel.log_matmul`. `algorithm="auto"`
-(the default) is the sequential scan on CPU and, on accelerators, the
-parallel algorithm for long chains with few labels
-(`kernel.Tuning.prefers_parallel`). The real semiring's unchecked
-probability-space recursion is never used for chains: it silently
-underflows.
+Every function takes potentials in the three forms of `lattices.forms`
+(per-position `[..., T, L, L]`, `FactoredPotentials`, `SparsePotentials`),
+`lengths [...]` masking positions at or past each length (a length-0 sequence has
+one empty path of score 0), and any leading batch shape (written for one chain,
+mapped with `jax.vmap`). How `log Z` and its derivatives are computed is chosen by
+semiring, form and backend in one table (`_ALGORITHMS`), never by a name.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

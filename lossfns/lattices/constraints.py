@@ -1,19 +1,13 @@
 """Which label transitions a tagging scheme allows: boolean masks built from
 label strings, for constrained training and decoding of chains.
 
-A chunk tagging scheme (IOB2, IOBES, BILOU) makes some label sequences
-invalid, e.g. `O -> I-PER` in IOB2. A chain forbids them by scoring the
-move `-inf` (exact in every `lattices.chain` function, with NaN-free
-gradients). This module only says *which* moves are allowed, as
-`AllowedTransitions(transitions [L, L], start [L], end [L])` numpy bool
-arrays (`transitions[i, j]`: label `j` may follow label `i`; `start[j]` / `end[j]`:
-a sequence may begin / end with label `j`); applying them is the caller's
-`jnp.where(allowed, scores, -inf)`, so that the masks travel as data.
-
-Labels are `"O"` or `PREFIX-TYPE` (e.g. `"B-PER"`); the prefixes are the
-scheme's (IOB2: B, I; IOBES: B, I, E, S; BILOU: B, I, L, U). A label that
-does not fit the scheme is refused rather than silently allowed
-everywhere: for any other label set, build the masks by hand.
+A chunk tagging scheme (IOB2, IOBES, BILOU) makes some moves invalid (`O -> I-PER`
+in IOB2), and a chain forbids them by scoring them `-inf`. This module only says
+*which* are allowed, as numpy bool arrays `AllowedTransitions(transitions [L, L],
+start [L], end [L])`; applying them (`jnp.where(allowed, scores, -inf)`) is the
+caller's, so that the masks travel as data. Labels are `"O"` or `PREFIX-TYPE`
+(`"B-PER"`); a label that does not fit the scheme is refused rather than silently
+allowed everywhere: for any other label set, build the masks by hand.
 """
 
 from __future__ import annotations

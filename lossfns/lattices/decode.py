@@ -2,34 +2,12 @@
 (Viterbi is k = 1), for `chain.viterbi`, `chain.kbest` and the sparse
 perceptron's exact integer decoders (`training.sparse_perceptron`).
 
-The forward pass keeps, for each position and label, the k best scores of
-partial sequences ending there (`history [T, L, k]`), not their pointers;
-the backtrace recomputes each pointer from the history and the column of
-edge scores into the chosen label. It forms the same candidates from the
-same numbers as the forward pass, so it makes the same choice (ties: the
-lowest (label, rank) index, as `lax.top_k`; for k = 1 the lowest label).
-That costs one max per label and step in the forward pass, rather than a
-max and an argmax, and `O(L k)` per position in the backtrace.
-
-What varies is passed in: `first [L, k]` (the first position's scores at
-rank 0), the forward `step(alpha [L, k], t) -> [L, k]` and `column(t, j)
--> [L]`, the scores of the edges into label `j` at position `t` from every
-label at `t - 1` (a term shared by every predecessor may be left out, if
-the step leaves it out too). `best_paths` gives them for any potential
-form; the sparse perceptron gives its int16 grouped max-plus step, and its
-pruned decoder is this one over a few label slots per position, mapped
-back to labels by the caller.
-
-Loops run over every position (for a mapped batch) or, with
-`stop_at_length`, to the length only (one chain, not mapped: under `vmap`
-a loop bound by a batched length copies its carried history at every
-step). With every position, rows past the length hold values that are
-never read.
-
-Acyclic lattices (`dag.viterbi`) keep their back-pointers in the level
-scan instead: their states have arcs, not labels, as predecessors, spread
-over blocks of different in-degree, so there is no column to recompute a
-pointer from; they share `first_best`.
+The forward pass keeps the k best scores per position and label (`history [T, L,
+k]`), not pointers; the backtrace recomputes each pointer from the history and
+the column of edge scores into the chosen label, from the same numbers, so it
+makes the same choice (ties: the lowest (label, rank) index, as `lax.top_k`).
+What varies is passed in: the first scores, the forward `step` and the `column`.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

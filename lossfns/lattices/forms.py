@@ -1,55 +1,13 @@
 """Potential forms: how a chain's scores are stored, and the few questions
 that the one scan and the one decoder of `chain` ask of them.
 
-* `DensePotentials(scores [..., T, L, L])`: per-position edge scores;
-  `scores[..., t, i, j]` scores label `j` at position `t` after label `i`,
-  and at a chain's first position only row 0 (the start scores) is read.
-  Public functions take the bare array; `chain` wraps it.
-* `FactoredPotentials(unary [..., T, L], transitions [L, L] or [..., L, L],
-  start [L] or [..., L] or None)`: the classic CRF, `psi_t(i, j) =
-  transitions[i, j] + unary[t, j]` and `psi(start, j) = start[j] +
-  unary[t, j]` at a chain's first position; `[T, L, L]` is never built
-  (the transitions are converted once).
-
-The protocol (methods of an *unbatched* form, `T` positions, `L` labels):
-
-* `num_steps`, `num_labels`, `dtype`;
-* `masked(valid [T])`: the form with positions outside `valid` scored 0 (the
-  log-space one, so `-inf` or NaN padding cannot leak into gradients);
-* `first_scores()`: `[T, L]`, the scores of each label if a chain starts
-  at position `t`;
-* `time_inputs()`, `block(x_t)` and `column(x_t, j)`: a pytree with a
-  leading time axis, the `[L, L]` edge scores of one step from its slice
-  (the decoder and the sampler materialise one block at a time), and their
-  column `j` `[L]`, equal to `block(x_t)[:, j]` to the bit (the decoder's
-  backtrace recomputes its pointers from it);
-* `lift(semiring)`: `(inputs, step)`, the transition action of each step on
-  a carried semiring vector for `kernel.scan`: `step(value, inputs, t,
-  live) -> (value', log_scale, aux)`. The step reads position `t` of
-  `inputs` itself, in place: a per-position tensor mapped over a batch stays
-  `[B, T, ...]` (moving time to the front would copy it, about 40 ms of page
-  faults at 8 x 40 x 333 x 333). `live` is False where the result is
-  discarded (past the length, at a chain start). `aux` is whatever the
-  step's derivative needs from the forward pass (`()` for most; the exact
-  log steps' log column sums and recovery flags, `kernel.Forward`). For
-  `semirings.Log` the dense and factored forms lift to `kernel`'s exact
-  scaled-product steps (the factored form exponentiates its transitions
-  once), the sparse form to its checked sparse product;
-* `edge_scores()`: `[T, L, L]`, every block (the parallel algorithm's
-  matrices);
-* `score_terms(labels, previous, starts)`: `[T]`, the score of each
-  position's label given the previous one (or the start at `starts`);
-* `batched(batch_shape)`: `(flat, in_axes)`, the form with its batch
-  flattened into one axis and the `jax.vmap` axes of its fields (shared
-  transitions stay shared); `from_gradient(gradient)`: what
-  `chain.marginals` returns, from the per-chain derivative of log Z with
-  respect to the form (a form of the same type).
-
-`lattices.sparse_chain.SparsePotentials` (Lavergne's sparse label pairs) is
-the third form; it lives beside its sparse step.
-
-Adding a form (for example semi-Markov segments) adds a class here, not
-branches in the algorithms.
+`DensePotentials(scores [..., T, L, L])`: per-position edge scores (at a chain's
+first position only row 0, the start scores, is read). `FactoredPotentials(unary,
+transitions, start)`: the classic CRF, `transitions[i, j] + unary[t, j]`, never
+built as `[T, L, L]`. `lattices.sparse_chain.SparsePotentials` is the third. Each
+answers one protocol (`masked`, `first_scores`, `block`, `column`, `lift`, ...):
+a new form adds a class here, not branches in the algorithms.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,74 +1,13 @@
-"""The one restartable scan over a chain, the exact fast log-semiring steps
-of the dense and factored forms, and `log Z` with their closed-form
-derivative.
+"""The one restartable scan over a chain, the exact fast log-semiring steps of the
+dense and factored forms, and `log Z` with their closed-form derivative.
 
-`scan` is the only forward recursion over a chain in lossfns: `forward`,
-`log_partition`, rows of back-to-back chains, entropy, counting, k-max and
-sampling all run it, for one unbatched chain, mapped with `jax.vmap`. It
-asks the potential form (`lattices.forms`) for the step of a semiring
-(`lift`). For `semirings.Log` the dense and factored forms answer with the
-exact scaled-product steps below (`factored_log_steps`,
-`dense_log_steps`), the sparse form with its own (`sparse_chain`).
-`log_partition` is that scan under a custom JVP whose rule is the form's
-closed-form derivative (`factored_tangent`, `dense_tangent`, the marginals
-passes): forward and reverse mode, any order (the second derivatives are
-autodiff of the marginals' scans).
-
-The scheme (MATH.md, forward algorithm). The forward scores are carried in
-log space, `la_t [L]`, shifted so that their maximum is 0; every step is a
-real-space matrix product on exponentials, shifted per *column* of the
-transition scores:
-
-    s_t(j) = sum_i exp(la_{t-1}(i)) exp(A(i, j) - c(j)),   c(j) = max_i A(i, j)
-    la_t(j) = log s_t(j) + c(j) + unary_t(j)     (then shifted by its max)
-
-Each term of `s_t(j)` is at most 1 and the largest term of the true sum is
-representable unless label `j`'s best predecessor lags the leading label
-by far more than any CRF scores do in practice. A term lost to underflow
-is smaller than the smallest normal float `tiny`, so if every column sum
-is at least `tau = 16 L tiny / eps` (about `e^-63` in float32, `e^-664` in
-float64) the step is exact to rounding. A step with a smaller column sum
-anywhere in the batch (or an exactly zero one, which may be a forbidden
-column or total underflow) is *recovered*: redone in log space, `L^2`
-exponentials, under `lax.cond`, so that ordinary steps never pay for it.
-A prefix hundreds of nats behind that wins later, scale-100 scores and
-`-inf` transitions therefore give the log-semiring's values, to rounding,
-in float32 and float64. Per-position scores are shifted per column of each
-position's block the same way.
-
-Derivatives. Node marginals run backwards as smoothed probabilities,
-
-    m_{t-1}(i) = sum_j m_t(j) P(y_{t-1} = i | y_t = j)
-               = exp(la_{t-1}(i)) sum_j exp(A(i, j) - c(j)) m_t(j) / s_t(j),
-
-starting from `m(j) = exp(la(j)) / sum exp(la)` at a chain's last position
-and renormalised to sum 1 at every position (rounding would otherwise
-compound over T = 10,000 steps); edge marginals are the summands. Recovered
-steps use the conditional `exp(la_{t-1}(i) + A(i, j) - c(j) - log s_t(j))`
-in log space. Marginals below `tiny / tau` (about `e^-24`) relative to 1
-may be flushed to 0; everything else is exact to rounding. The rule needs
-what the forward pass saw: `scan(..., keep_values=True)` returns each
-step's carried value, the step's auxiliary outputs (its log column sums and
-whether it was recovered) and the arrays the step read (the exponentiated
-transitions or blocks), so nothing is recomputed.
-
-One decision per batch. Whether a step is recovered is decided for the
-whole batch (`any_in_batch`): under `jax.vmap` (`chain`'s own over the
-batch, or a user's around a public function) a per-chain predicate would
-turn the `lax.cond` into a `select` that pays for the log-space step at
-every step. `any_in_batch` is a `custom_vmap` of the boolean predicate
-alone, so it carries no derivative and every autodiff order of the scan
-and of the rule works unchanged.
-
-Cost against an unchecked probability-space recursion: one `exp` and one
-`log` of `[L]` per step and chain (the carry is in log space), one
-comparison and one scalar `cond` per step; against the log semiring: one
-matrix product per step instead of `L^2` exponentials.
-
-Where a product runs as XLA's dot and where as a fused multiply-and-sum,
-which intermediate tensors are kept, and (on accelerators) when the
-parallel algorithm replaces the scan are backend tuning: `Tuning` below,
-one value per backend, read at trace time.
+`scan` is the only forward recursion over a chain in lossfns. For `semirings.Log`
+each step is a real-space matrix product on exponentials shifted per column, and a
+step whose column sums fall below a threshold is redone in log space (under
+`lax.cond`, decided once per batch), so `log Z` is exact to rounding in float32
+and float64. `log_partition` has a custom JVP with the closed-form derivative
+(the marginals passes), any order; `Tuning` holds the per-backend choices.
+Design notes (the scheme, the threshold, the derivatives): docs/internals.md.
 """
 
 from __future__ import annotations
@@ -140,7 +79,7 @@ class Tuning(NamedTuple):
 
 TUNING = {
     # Measured on the 2-core CPU machine (benchmarks/results/README.md). The
-    # parallel algorithm was 4-9x slower than the scan on CPU (NUMERICS.md 7):
+    # parallel algorithm was 4-9x slower than the scan on CPU:
     # never the default there.
     "cpu": Tuning(
         fused_matmul_max_size=2**12,

@@ -1,15 +1,13 @@
 """Contrastive-estimation neighbourhoods of a sentence as deterministic lattices.
 
-Smith & Eisner (2005), MATH.md section 4. A sentence is a sequence of word
-ids; each function returns a `dag.Lattice` whose arc symbols are word ids.
-Every neighbourhood contains the sentence itself, and every lattice is
-deterministic (no state has two arcs with one symbol), so each string of the
-set lies on exactly one path: repeated words never count a string twice.
-
-The finite neighbourhoods have O(m) (DEL1WORD, TRANS1) or O(m^2)
-(DEL1SUBSEQ) strings; they are listed and compiled into the minimal
-deterministic acceptor (`dag.from_strings(..., deterministic=True)`).
-LENGTH has |V|^m strings and is built directly as m positions of |V| arcs.
+Smith & Eisner (2005). A sentence is a sequence of word ids; each function returns
+a `dag.Lattice` whose arc symbols are word ids. Every neighbourhood contains the
+sentence itself, and every lattice is deterministic (no state has two arcs with
+one symbol), so each string of the set lies on exactly one path: repeated words
+never count a string twice. The finite neighbourhoods (DEL1WORD, TRANS1: O(m)
+strings; DEL1SUBSEQ: O(m^2)) are listed and compiled into the minimal
+deterministic acceptor (`dag.from_strings(..., deterministic=True)`); LENGTH
+(|V|^m strings) is built directly as m positions of |V| arcs.
 """
 
 from __future__ import annotations

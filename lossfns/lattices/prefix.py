@@ -2,13 +2,12 @@
 the exact log node marginals they give with the reversed chain's
 (`log_node_marginals`).
 
-`chain.forward` returns only each chain's total; a truncated
-forward-backward (Lavergne et al. 2010, section 4.1, used by
-`training.bcd`) needs the forward scores at every position, so that a
-chain can be resumed from stored scores and the backward scores are the
-forward scores of the reversed chain. They come from the one chain scan
-(`kernel.scan`, its exact log steps) as `chain.forward`'s do, split into a max-normalised shape
-and a log scale so that float32 keeps its precision on long chains.
+`chain.forward` returns only each chain's total; a truncated forward-backward
+(Lavergne et al. 2010, section 4.1, used by `training.bcd`) resumes chains from
+stored scores, and the backward scores are the forward scores of the reversed
+chain. They come from the one chain scan (`kernel.scan`, its exact log steps),
+split into a max-normalised shape and a log scale so that float32 keeps its
+precision on long chains.
 """
 
 from __future__ import annotations

@@ -1,62 +1,13 @@
 """Sparse forward-backward for chains with L1-sparse label-pair weights
 (Lavergne, Cappe & Yvon 2010, section 4.1), as a potential form of `chain`.
 
-A chain whose edge scores are `psi_t(i, j) = A(i, j) + unary[t, j] +
-pair_t(i, j)`, where `A` is a transition matrix shared by all positions and
-the label-pair weights `pair_t` (bigram features that also test the
-observation at `t`) are mostly zero, has transition factors
-
-    exp(psi_t(i, j)) = exp(unary[t, j]) * exp(A(i, j)) * (1 + M_t(i, j)),
-    M_t(i, j) = exp(pair_t(i, j)) - 1,
-
-and `M_t` is zero wherever the pair weight is. The forward recursion splits
-into a dense part shared by every position (one product with `exp(A)`; a
-rank-one sum of the forward vector when `A = 0`, Lavergne's case) and a
-sparse part over the non-zeros of `M_t`:
-
-    alpha_t(j) = exp(unary[t, j]) * (sum_i alpha_{t-1}(i) exp(A(i, j))
-                                     + sum_{i: M_t(i, j) != 0} alpha_{t-1}(i) exp(A(i, j)) M_t(i, j)),
-
-which costs `O(K)` per position on top of the shared product instead of
-building and exponentiating `[T, L, L]` scores. Its derivative is in closed
-form (`sparse_tangent`, registered on the scan): the backward pass runs the
-same sparse product transposed, and each listed pair's marginal is a gather,
-so the gradient costs the same as the forward pass.
-
-`SparsePotentials` is a form of `lattices.forms`: every `chain` function
-takes it (`chain.log_partition`, `marginals`, `row_log_partition`,
-`viterbi`, `kbest`, `sample`, `score`, the losses). For `log Z` (the log
-semiring) its step is the sparse product above; for the other semirings it
-builds one `[L, L]` block per step.
-
-Representation: `pair_weights [..., T, K]` holds per-position log-space
-weights (0 where a pair's weight is zero at that position) of the label pairs
-`(pair_previous, pair_next)`, which are either
-
-* one support `[K]` shared by every position of the batch (the union of the
-  pairs any label-pair feature may fire on; with L1 training, the pairs whose
-  weights are non-zero), or
-* a support per position, `[..., T, K]` like the weights (the pairs of the
-  observation at each position only: on conll2000's words at most 62 of the
-  1,936 POS label pairs, 18 on average, where their union covers 56%).
-
-At one position a pair may be listed more than once only with weight 0
-there (padding); listed twice with non-zero weights it would count as two
-factors `(1 + M)` instead of one, so concrete inputs are checked. The same
-conventions as `chain` hold: at a chain's first position the previous label
-is the start state (label index 0 in the pair support; `A` does not apply
-there), `lengths` mask positions at or past each length, and `to_dense`
-gives the `[..., T, L, L]` potentials that `chain` accepts, which is what
-the tests compare with.
-
-Accuracy: exact to rounding for every input the dense chain is exact for.
-The forward scores are carried in log space, as in `kernel`; a pair weight
-`w < 0` enters as `1 + M` with `M = exp(w) - 1` close to -1, so the
-contribution of label `j` is a difference: each step checks its column sums
-against the magnitudes of their terms (and against underflow) and redoes a
-step that lost precision in log space over the dense `[L, L]` scores, so
-strongly negative and forbidden (`-inf`) pair weights cost time, not
-accuracy.
+With `psi_t(i, j) = A(i, j) + unary[t, j] + pair_t(i, j)` and `pair_t` mostly zero,
+each step is one product with `exp(A)` shared by every position plus a sparse part
+over the non-zero pairs: `O(K)` per position, and `[T, L, L]` is never built. The
+derivative is in closed form (`sparse_tangent`). `SparsePotentials` holds
+`pair_weights [..., T, K]` over one support `[K]` or one per position; every
+`chain` function takes it, exact to rounding wherever the dense chain is.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -241,7 +192,7 @@ def _sparse_log_step(potentials: SparsePotentials):
     column_shift = semirings.finite_max(transitions, 0)  # c [L]
     shifted = transitions - column_shift
     dense_factors = jnp.exp(shifted)  # exp(A - c), columns peak at 1
-    # Shifts keep exp() in range (NUMERICS.md 5): exp(w - s) = exp(-s) (1 + M)
+    # Shifts keep exp() in range: exp(w - s) = exp(-s) (1 + M)
     # with s >= 0 the largest pair weight of the step, so nothing overflows.
     if pair_weights.shape[-1]:
         pair_shift = jnp.maximum(semirings.finite_max(pair_weights, -1), 0.0)

@@ -1,18 +1,13 @@
 """Intersection of a word lattice with a log-linear tagging model.
 
 A word lattice (`dag.Lattice` whose arc symbols are word ids: a sentence, a
-neighbourhood, a candidate list) times a first- or second-order tagger gives
-a lattice whose paths are (string, tag sequence) pairs. Its states are
-(word-lattice state, tag history) pairs; its arcs carry a tag (the arc
-symbol), the word, and the tag history they extend, so the arc scores are a
-differentiable gather from the model parameters (`arc_scores`) and
-`dag.log_partition` of the result is `log sum_{(x, y)} exp theta . f(x, y)`
-over the strings of the word lattice (MATH.md section 4).
-
-Tag id `num_tags` is the sentence boundary (the history at the start). The
-model scores, per word `w` tagged `t` after tags `(u, v)` (oldest first):
-`emission[t, w] + bigram[v, t] (+ trigram[u, v, t]) (+ sum of spelling[f, t]
-over the spelling features f of w)`.
+neighbourhood, a candidate list) times a first- or second-order tagger gives a
+lattice of (string, tag sequence) paths, with (word-lattice state, tag history)
+states; its arc scores are a differentiable gather from the model parameters
+(`arc_scores`), so its `dag.log_partition` is `log sum_{(x, y)} exp theta . f(x, y)`
+over the word lattice's strings (Smith & Eisner 2005). Tag id `num_tags` is the
+sentence boundary. A word `w` tagged `t` after tags `(u, v)` scores `emission[t, w]
++ bigram[v, t] (+ trigram[u, v, t]) (+ sum of spelling[f, t] over w's features f)`.
 """
 
 from __future__ import annotations

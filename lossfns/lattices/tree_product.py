@@ -1,15 +1,13 @@
 """The parallel algorithm over a chain: its forward sum as a balanced tree of
 matrix products, `O(T L^3)` work and `O(log T)` depth.
 
-The sequential scan (`kernel.scan`) does `O(T L^2)` work in `T` dependent
-steps; this does more work in `ceil(log2 T)` levels of independent batched
-products, which is what an accelerator runs fastest for long chains with
-few labels (`kernel.Tuning.prefers_parallel`; on CPU it was 4-9x slower
-than the scan, NUMERICS.md 7). Every semiring works: its own `matmul`, or
-a faster exact one (`kernel.log_matmul` for `log Z`, chosen by `chain`'s
-table). Padded steps are identity matrices, so the product over all `T`
-steps equals the product up to the length; each level's products are
-renormalised (the log scales are summed as a tree too).
+The sequential scan (`kernel.scan`) does `O(T L^2)` work in `T` dependent steps;
+this does more work in `ceil(log2 T)` levels of independent batched products,
+which is what an accelerator runs fastest for long chains with few labels
+(`kernel.Tuning.prefers_parallel`; never the default on CPU). Every semiring
+works: its own `matmul`, or a faster exact one (`kernel.log_matmul` for `log Z`).
+Padded steps are identity matrices, so the product over all `T` steps equals the
+product up to the length; each level's products are renormalised.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Differentiable sequence objectives, each a pure function that composes
 by plain arithmetic (a weighted sum of losses is an objective).
 
-Chain losses take potentials `[..., T, L, L]` or `FactoredPotentials`, gold
-`labels [..., T]` and `lengths [...]`, and return `[...]`:
-`sequence_log_loss`, `sequence_exp_loss`, `log_sequence_exp_loss`,
-`row_sequence_log_loss` (rows of back-to-back chains), `pointwise_log_loss`,
-`pointwise_exp_loss`, `expected_hamming_loss`, `perceptron_loss`, `structured_hinge_loss`. Evaluation: `hamming_loss`,
-`posterior_decode`, `rank_loss` (brute force). Lattices (to maximise):
-`contrastive_log_likelihood`, `marginal_log_likelihood` (EM). Candidate lists:
-`reranking_exp_loss`, `reranking_log_loss`. Penalties: `l2`, `l1`,
-`elastic_net`.
+Chain losses take potentials `[..., T, L, L]` or `FactoredPotentials`, gold `labels [..., T]`
+and `lengths [...]`, and return `[...]`: `sequence_log_loss`, `sequence_exp_loss`,
+`log_sequence_exp_loss`, `row_sequence_log_loss` (rows of back-to-back chains),
+`pointwise_log_loss`, `pointwise_exp_loss`, `expected_hamming_loss`, `perceptron_loss`,
+`structured_hinge_loss`. Evaluation: `hamming_loss`, `posterior_decode`, `rank_loss` (brute
+force). Lattices (to maximise): `contrastive_log_likelihood`, `marginal_log_likelihood` (EM).
+Candidate lists: `reranking_exp_loss`, `reranking_log_loss`. Penalties: `l2`, `l1`, `elastic_net`.
 """
 
 from .contrastive import contrastive_log_likelihood, marginal_log_likelihood

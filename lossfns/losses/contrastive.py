@@ -1,5 +1,4 @@
-"""Lattice objectives: contrastive estimation (Smith & Eisner 2005, eq. 5-7;
-MATH.md section 4) and the EM marginal likelihood as its special case.
+"""Lattice objectives: contrastive estimation (Smith & Eisner 2005, eq. 5-7) and the EM marginal likelihood as its special case.
 
 A lattice here is a `lossfns.lattices.dag.Lattice` whose paths are the
 (string, analysis) pairs being summed, e.g. a sentence intersected with a

@@ -1,21 +1,13 @@
 """Position-level objectives of Altun, Johnson & Hofmann (2003), built on the
-node marginals `P(y_t = j | x)` (MATH.md section 2, items 3 and 4), and the
-expected Hamming loss.
+node marginals `P(y_t = j | x)`, and the expected Hamming loss.
 
-Inputs and outputs as in `lossfns.losses.sequence`. Each loss sums over the
-positions inside each length. The gold labels' marginals are taken in log
-space (`lattices.prefix.log_node_marginals`, a forward-backward), so a
-marginal far below the float range (a score margin of about 90 in
-float32) still gives a finite, exact loss and gradient, where `log` of a
-probability would read 0 and give +inf with a wrong gradient; the
-gradients are autodiff of that forward-backward (`check_grads` to order 2
-passes).
-
-Unlike the sequence losses, a gold path through a forbidden transition does
-not make these losses infinite: only a gold label whose marginal is exactly
-0 at some position does (that position cannot take that label in any
-allowed sequence). Such a sequence's loss is +inf with a zero gradient, as
-is one whose loss overflows (the exp-loss beyond the float range).
+Inputs and outputs as in `lossfns.losses.sequence`; each loss sums over the
+positions inside each length. The gold labels' marginals are taken in log space
+(`lattices.prefix.log_node_marginals`), so a marginal far below the float range
+still gives a finite, exact loss and gradient. A gold path through a forbidden
+transition makes a loss infinite only where a gold label's marginal is exactly 0
+(then +inf with a zero gradient, as for an exp-loss that overflows).
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Penalties on parameter pytrees (MATH.md section 2): L2 (Gaussian prior),
+"""Penalties on parameter pytrees: L2 (Gaussian prior),
 L1 and the elastic net, with a mask to exclude leaves.
 
 `mask`, as in `optax.masked`: a pytree of bools with the structure of

@@ -1,6 +1,6 @@
 """Candidate-list (reranking) objectives: the ExpLoss of boosting for
-reranking (Collins & Koo 2005; Gao, Suzuki & Yu 2006, eq. 6; MATH.md
-section 5) and its log-loss (softmax) counterpart.
+reranking (Collins & Koo 2005; Gao, Suzuki & Yu 2006, eq. 6) and its
+log-loss (softmax) counterpart.
 
 scores `[..., N]`: model scores of the N candidates of each example (e.g.
 `features @ weights`, with the baseline log-probability as feature 0);

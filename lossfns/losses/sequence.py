@@ -1,18 +1,13 @@
 """Sequence-level objectives of Altun, Johnson & Hofmann (2003): the CRF
-log-loss and the sequential exp-loss (MATH.md section 2, items 1 and 2).
+log-loss and the sequential exp-loss.
 
-All take chain potentials `[..., T, L, L]` or `FactoredPotentials`, gold
-`labels [..., T]` (values past each length are ignored, e.g. -1 padding) and
-`lengths [...]`, and return one loss per chain, `[...]`.
-
-A gold sequence through a forbidden (-inf) potential has probability 0 under
-every setting of the finite scores, so `-log P(y | x)` and `1 / P(y | x) - 1`
-are +inf: the example cannot be fitted by this model structure (usually a
-labelling that violates the constraints, e.g. O -> I-PER in IOB2). The
-log-losses keep their finite gradient there (`E_P[S] - S(y)`, the limit
-as the forbidden score goes to -inf); `sequence_exp_loss` returns a zero
-gradient there, so that masking such examples out with `jnp.where` keeps
-the batch gradient NaN-free.
+All take chain potentials `[..., T, L, L]` or `FactoredPotentials`, gold `labels
+[..., T]` (values past each length are ignored, e.g. -1 padding) and `lengths
+[...]`, and return one loss per chain, `[...]`. A gold sequence through a forbidden
+(-inf) potential (a labelling against the constraints, e.g. O -> I-PER in IOB2) has
+probability 0, so its losses are +inf; the log-losses keep their finite gradient
+there (`E_P[S] - S(y)`, the limit), `sequence_exp_loss` returns a zero gradient, so
+that masking such examples out with `jnp.where` keeps the batch gradient NaN-free.
 """
 
 from __future__ import annotations

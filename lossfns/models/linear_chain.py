@@ -1,46 +1,13 @@
 """A linear-chain CRF over sparse observation features.
 
-`LinearChainModel` maps featurised sentences (`features.FeatureBatch`: per
-token the ids of its active observation features, padded with -1) to chain
-potentials, so that every loss in `lossfns.losses` applies:
-
-    psi_t(i, j) = transitions[i, j] + sum_{k active at t} value_{t,k} emission[k, j]
-                                     + sum_{k active at t} pair_emission[k, i, j]
-    psi_0(start, j) = start[j] + sum_{k active at 0} value_{0,k} emission[k, j]
-
-where `value_{t,k}` is 1 unless the features carry values
-(`FeatureBatch.unigram_values`, CRFsuite's real-valued attributes).
-
-Emission scores are gathered and summed (`[..., T, F] -> [..., T, L]`); the
-gradient of a gather is a scatter-add into the rows that occur, never a dense
-one-hot product. The model picks its potential form from its weights:
-
-* no label-pair-observation features (`K2 = 0`): `FactoredPotentials`;
-* pair features whose weights exist on few label pairs (`pair_mask`), one
-  pair test per position (`pair_ids [..., T, 1]`): `SparsePotentials` with
-  a support per position, the label pairs of that position's test (Lavergne
-  et al.'s sparse forward-backward; `[T, L, L]` is never built), when no
-  test has more than half of the `L^2`;
-* several pair tests per position, and the union of every test's label
-  pairs covers at most half of the `L^2`: `SparsePotentials` on that one
-  support;
-* otherwise: per-position `[..., T, L, L]` potentials.
-
-All three give the same losses and gradients (tested). Pair features do not
-apply at a chain's first position (the previous label is the start state,
-which has no row of its own in `pair_emission`).
-
-`emission_mask [K, L]` and `pair_mask [K2, L, L]` (optional, not trained)
-fix the weights they exclude at 0: CRFsuite's default parameter set, where
-only the (feature, label) pairs and (feature, previous label, label)
-triples seen in the training data exist (`features.observed_label_pairs`,
-`features.observed_label_triples`). The model owns this parameterisation:
-`weights()` are the optimisation variables (`ChainWeights`: only the
-emission weights that exist, 3% of `[K, L]` for the POS features, so every
-optimizer step and the L1 penalty cost O(P), not O(K L)), `structure()` the
-masks (`ChainStructure`, passed to compiled objectives as data, never baked
-into them as constants), and `with_weights(weights, structure)` the model
-again (jit-able).
+`LinearChainModel` maps featurised sentences (`features.FeatureBatch`) to chain
+potentials, so that every loss in `lossfns.losses` applies: `psi_t(i, j) =
+transitions[i, j] + sum_k value_{t,k} emission[k, j] + sum_k pair_emission[k, i, j]`
+over the features `k` active at `t`. It picks the potential form from its weights
+(factored, sparse or per-position: the same losses and gradients), and owns its
+parameterisation: `weights()` are the optimisation variables (only the weights that
+`emission_mask` and `pair_mask` let exist), `structure()` the masks, passed as data.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

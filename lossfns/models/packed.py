@@ -2,13 +2,12 @@
 summed training loss (also as a function of the model's optimisation
 variables, `weights_objective`), and decoding (Viterbi, k-best, marginals).
 
-A corpus is packed once (`features.index.pack` into length buckets, or
-`pack_rows` into rows of back-to-back sentences) and read bucket by bucket;
-every function here takes the arrays as an argument, so jitted it compiles
-one program per set of bucket shapes, and the data stays out of it. Decoding
-takes optional label-scheme constraints (`lattices.constraints.allowed_transitions`).
-Results are per bucket; `features.in_corpus_order` puts them back in
-corpus order.
+A corpus is packed once (`features.index.pack` into length buckets, or `pack_rows`
+into rows of back-to-back sentences) and read bucket by bucket; every function here
+takes the arrays as an argument, so jitted it compiles one program per set of
+bucket shapes, and the data stays out of it. Decoding takes optional label-scheme
+constraints (`lattices.constraints.allowed_transitions`). Results are per bucket;
+`features.in_corpus_order` puts them back in corpus order.
 """
 
 from __future__ import annotations

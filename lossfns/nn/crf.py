@@ -1,48 +1,13 @@
 """`CRF`: a linear-chain CRF head for neural taggers, as an `equinox.Module`.
 
-An encoder (BiLSTM, convolution, transformer) gives emission scores
-`[..., T, L]`; the head adds learned transition scores and turns them into
-a distribution over tag sequences. The parameters and their meaning are
-pytorch-crf's (`torchcrf.CRF`), so weights and habits carry over:
-`transitions[i, j]` scores tag `j` after tag `i`, `start_transitions[j]`
-a sequence beginning with `j`, `end_transitions[j]` one ending with `j`,
-all initialised uniformly in `[-0.1, 0.1]`; `log_likelihood` is
-pytorch-crf's `forward(..., reduction="none")`.
-
-Every method is a thin map onto `lattices.chain` with
-`FactoredPotentials(unary, transitions, start)`, so the exact fast kernel
-(`lattices.kernel`) computes `log Z` and its derivatives. The chain has no
-end scores of its own: `end_transitions` are added to the unary scores at
-each sequence's last position, which adds `end[y_last]` to every path, so
-every value, path and marginal is the same as pytorch-crf's.
-
-Masks. pytorch-crf reads a mask `[..., T]` as "the first `n` positions":
-only prefix masks make sense for a chain (a hole would join its two sides
-by one transition). A prefix mask is turned into `lengths`; any other mask
-is refused with a `ValueError` when its value is known, and gives NaN
-(values) or -1 (tags) for that sequence under `jit`, never a silent answer.
-`lengths [...]` may be given instead of a mask. Unlike pytorch-crf, a
-length-0 sequence is allowed (one empty path, log-likelihood 0).
-
-Constraints. `CRF.from_labels(labels, scheme)` (or `allowed=`) forbids the
-moves that `lattices.constraints` marks invalid. The parameters keep finite
-values everywhere; the forward pass applies `where(allowed, score, -inf)`,
-so a forbidden entry's gradient is exactly 0 (and NaN-free): it is frozen,
-and optax updates leave it untouched in effect (zero gradients give zero
-Adam moments; a decoupled weight decay may shrink it, which changes nothing
-since it is never read). The masks are bool arrays in the module, data
-rather than compile-time constants; `equinox.filter(crf,
-equinox.is_inexact_array)` (what `equinox.filter_grad` and
-`filter_value_and_grad` differentiate) leaves them out, so they are never
-trained.
-
-Partial labels (`partial_log_likelihood`) and cost-augmented training
-(`softmax_margin_loss`, Gimpel & Smith's softmax-margin with a Hamming or
-class-weighted cost) are options of the same head: both are a change of the
-unary scores before the same `log Z`.
-
-Any leading batch shape works (`[T, L]` unbatched too), under `jax.jit`,
-`equinox.filter_jit`, `jax.vmap` and the gradient transforms.
+An encoder gives emission scores `[..., T, L]`; the head adds learned transition
+scores. The parameters and their meaning are pytorch-crf's (`transitions`,
+`start_transitions`, `end_transitions`; `log_likelihood` is its `forward(...,
+reduction="none")`), and every method is a thin map onto `lattices.chain`. Masks
+must be prefixes (else a `ValueError`, or NaN under `jit`), or give `lengths`;
+`CRF.from_labels(labels, scheme)` forbids invalid moves with masks never trained.
+Any leading batch shape works, under `jit`, `filter_jit`, `vmap` and gradients.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
-"""Optimizers as functional state machines on optax (MATH.md sections 2, 3, 5, 6).
+"""Optimizers as functional state machines on optax (the guide: docs/optimizers.md).
 
-Every optimizer has an immutable state pytree and a step `state -> state`,
-run by `minimize.run_loop` inside `jax.lax.while_loop` (jit-able end to end;
-a saved and reloaded state resumes bit-identically) until a stop rule on the
-objective trace fires. Gradient-based ones are optax
-`GradientTransformationExtraArgs`; L-BFGS itself is `optax.lbfgs`. Long
-runs go through the one driver (`driver.drive`, `driver.train`: jitted
-chunks of the same loop, progress, checkpoints, a device mesh).
-
-Nothing here knows a particular model: the trainers for the linear-chain
-CRF, BCD, the perceptrons, boosting and reranking are in `lossfns.training`
-(read from this package, they still work for one release, with a
-`DeprecationWarning`).
-
-The functions `minimize`, `finetune`, `owlqn` and `sgd_l1` exported here
-share their names with their modules; use them from this package
-(`lossfns.optimizers.minimize(...)`).
-
-`__all__` is the public surface: each optimizer's entry point, the result
-types, and the pieces a custom run with the driver needs (`init_loop`, the
-step functions, the stop rules). The loop's own machinery (`advance`,
-`run_loop_jit`, `optimizer_update`, the status constants behind `Status`,
-the optimizers' state classes) stays in its module, for the library and
-its tests: `from lossfns.optimizers.minimize import advance`. Reading one of
-those from this package still works for one release, with a
-`DeprecationWarning`.
+Every optimizer has an immutable state pytree and a step `state -> state`, run by
+`minimize.run_loop` inside `jax.lax.while_loop` until a stop rule on the objective
+trace fires; long runs go through the one driver (`driver.drive`, `driver.train`).
+Nothing here knows a particular model: the trainers are in `lossfns.training`. The
+functions `minimize`, `finetune`, `owlqn` and `sgd_l1` share their names with their
+modules; use them from this package. `__all__` is the public surface; the loop's
+machinery stays in its module (`from lossfns.optimizers.minimize import advance`).
+Names that left `__all__` or moved to `training` still read here, with a `DeprecationWarning`.
 """
 
 from ..deprecation import moved_names

@@ -1,31 +1,13 @@
 """The training driver: every long run (the Tagger, the experiments) is this loop.
 
 `drive` runs a `LoopState` to its end from Python in jitted chunks of
-`minimize.advance` (so `minimize`, one chunk to the end, is the same loop),
-with its data as an argument of the compiled chunk, never a constant baked
-into it. Around the chunks it adds what a long run needs:
-
-* a stop rule that reads the objective trace, inside the compiled loop
-  (`relative_change_below`, CRFsuite's `relative_improvement_below`); a
-  rule that needs the host (a development-set plateau) is a `callback`
-  returning True;
-* a tqdm progress bar with the objective, and a per-chunk `callback(Report)`
-  (print the objective, score a development set, stop early);
-* checkpoints: the loop is saved atomically every `checkpoint_every` steps
-  and at the end (`lossfns.checkpoint`, one writer per directory), with a
-  SHA-256 fingerprint of the data and the settings; a run started again on
-  the directory resumes from the newest checkpoint and ends bit-identical to
-  an uninterrupted run (the chunks execute the same compiled loop body on
-  the same values), and a checkpoint of other data or settings is refused;
-* a device mesh: the data is split along its leading axis over the mesh's
-  data axis, the loop replicated (`lossfns.parallel`).
-
-`train` is the driver for an objective `(params, data) -> scalar` and an
-optax-shaped optimizer (`optax.lbfgs`, `owlqn`, `sgd_l1`, ...), through
-`minimize.GradientSteps`; with a mesh the objective, a sum over the data's
-examples, is summed over the shards (`parallel.sum_over_shards`).
-Compiled chunks are cached by `(make_step, stop, shapes)`, so runs of equal
-shapes (an experiment's feature sets and losses) compile once.
+`minimize.advance`, its data an argument of the compiled chunk, and adds what a long
+run needs: stop rules inside the compiled loop or host `callback`s, a progress bar,
+atomic checkpoints that resume bit-identically (a checkpoint of other data or
+settings is refused), and a device mesh (`lossfns.parallel`). `train` is the driver
+for an objective `(params, data) -> scalar` and an optax-shaped optimizer; compiled
+chunks are cached by `(make_step, stop, shapes)`, so equal shapes compile once.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Optimisation loops as pure state machines.
 
-Every optimizer in `lossfns.optimizers` is run by the same loop: a
-`LoopState` (the optimizer's own state pytree, a step counter, the last
-objective value, the objective trace and a `done` flag) is advanced by a
-`step_fn(inner_state, step) -> (inner_state, objective)` inside
-`jax.lax.while_loop`, until a stop rule reading the objective trace fires
-(`StopRule`: `relative_change_below`, CRFsuite's `relative_improvement_below`).
-Nothing is mutated on the Python side, so
-
-* `run_loop` is jit-compiled end to end;
-* a run stopped at any step, saved (`lossfns.checkpoint.save` or
-  `equinox.tree_serialise_leaves`), reloaded and continued executes the very
-  same compiled loop body on the very same values, and so ends bit-identical
-  to an uninterrupted run.
-
-`advance` is one chunk of a run with its data as an argument:
-`minimize` is one chunk to the end, and `optimizers.driver` (`drive`,
-`train`) runs jitted chunks of the same `advance` from Python, with
-progress, checkpoints and a device mesh. `gradient_step_fn` specialises the
-loop to optax gradient transformations, including those with a line search
-that take `value=`, `grad=`, `value_fn=` (`optax.lbfgs`, `owlqn`).
+Every optimizer in `lossfns.optimizers` is run by the same loop: a `LoopState` (the
+optimizer's state, a step counter, the objective and its trace, a `done` flag) is
+advanced by `step_fn(inner_state, step) -> (inner_state, objective)` inside
+`jax.lax.while_loop` until a `StopRule` fires. Nothing is mutated on the Python
+side, so `run_loop` is jit-compiled end to end, and a run saved and reloaded at any
+step ends bit-identical to an uninterrupted one. `advance` is one chunk of a run
+(`minimize` one chunk to the end; `optimizers.driver` runs chunks); `gradient_step_fn`
+specialises the loop to optax transformations, line searches included.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """OWL-QN (Andrew & Gao 2007): L-BFGS for `f(theta) + l1 ||theta||_1 + l2/2 ||theta||^2`.
 
-The smooth part `f` is the user's function; the elastic-net penalty is
-handled here (MATH.md section 6):
-
-* the orthant-wise pseudo-gradient replaces the gradient where the L1 term
-  is not differentiable;
-* the L-BFGS memory holds differences of the *smooth* gradients (`f` plus
-  the L2 term), never of the pseudo-gradient;
-* the direction `-H pg` is zeroed where it disagrees in sign with `-pg`;
-* the backtracking line search projects each trial point onto the orthant
-  of the current point (coordinates whose sign would change become 0).
-
-It is an optax `GradientTransformationExtraArgs` with the same calling
-shape as `optax.lbfgs`: `update(grads, state, params, value=, grad=,
-value_fn=)`; the state stores `value` and `grad` of `f` at the accepted
-point so `optax.value_and_grad_from_state` re-uses them, or (with
-`value=None`) so `update` evaluates `f` itself, as `minimize` and the
-`Tagger` call it.
-Internally parameters are flattened to one vector (`ravel_pytree`).
+The smooth part `f` is the user's function; the elastic net is handled here: the
+orthant-wise pseudo-gradient replaces the gradient where the L1 term is not
+differentiable, the L-BFGS memory holds differences of the smooth gradients only,
+the direction is zeroed where its sign disagrees with `-pg`, and the line search
+projects each trial point onto the current orthant. It is an optax
+`GradientTransformationExtraArgs` called as `optax.lbfgs` is (`update(grads, state,
+params, value=, grad=, value_fn=)`); with `value=None`, `update` evaluates `f`.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
-"""SGD with Tsuruoka et al.'s (2009) cumulative L1 penalty (MATH.md section 6).
+"""SGD with Tsuruoka et al.'s (2009) cumulative L1 penalty.
 
-After each stochastic gradient step, `u` (the total L1 penalty a weight
-could have received so far, `sum_t eta_t l1`) and `q_k` (the penalty
-actually applied to weight `k`) clip each weight towards 0 without letting it
-cross 0: the weights that the noisy gradient keeps pushing around zero end
-exactly at zero, which plain SGD on `l1 * sign(theta)` never achieves.
-
-`sgd_l1` is an optax `GradientTransformationExtraArgs` (learning rates may
-be optax schedules), run with `minimize.minimize_stochastic`;
-`lossfns.training.calibrate_learning_rate` picks a safe initial rate on a
-sample of the data, as Bottou's CRFsgd does, because a fixed default rate
-diverges on some corpora (Wapiti's on CoNLL-2002 Spanish NER).
-
-`sgd_l1` touches every weight at every step: O(K) per step, where a
-sentence uses a few hundred of conll2000 POS's 550,000 observation rows.
-`lazy_sgd_l1` is the same algorithm with Tsuruoka's lazy penalties: a
-step gathers only the rows its examples use, catches their clipping up to
-the penalty total before the step, takes the gradient step and clips them
-(`.at[rows]` gathers and scatters, O(rows present)); `flush` clips every
-weight up to date. Because clipping with a non-decreasing total `u` is
-cumulative (clipping at `u1` then at `u2 >= u1` equals clipping once at
-`u2`, `q` included), catching a row up when it is next touched gives the
-weights that clipping every row at every step gives: with `l2 = 0`, the
-two optimizers follow the same trajectory. The L2 decay of a row is
-applied when it is touched (as part of its gradient), not at every step.
-`lossfns.training.lazy_epoch_step_fn` runs it over a linear-chain model.
+After each stochastic gradient step, each weight is clipped towards 0 by the
+penalty it could have received so far (`u`) less what it got (`q_k`), never across
+0, so weights that the noisy gradient keeps pushing around zero end exactly at zero.
+`sgd_l1` is an optax `GradientTransformationExtraArgs` (rates may be optax
+schedules), O(K) per step; `lazy_sgd_l1` touches only the rows a step's examples
+use (the same trajectory when `l2 = 0`), and `flush` brings every weight up to
+date. `lossfns.training.calibrate_learning_rate` picks a safe initial rate.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

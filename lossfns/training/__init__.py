@@ -1,17 +1,13 @@
 """Trainers for particular models, above `models` and `optimizers`.
 
-Each trainer is a step factory and the data layout it reads, run by the
-optimizers' loop (`optimizers.run_loop`) or the one driver
-(`optimizers.drive`): the linear-chain CRF end to end
-(`train_linear_chain`), lazy SGD-L1 on its rows (`lazy_epoch_step_fn`),
-block coordinate descent (`bcd`), the perceptrons, CRFsuite's
-passive-aggressive and AROW, sequence boosting and Gao et al.'s rerankers.
-`optimizers` holds what trains any parameters (the optax transformations,
-the loop, the driver) and imports nothing from here (its old spellings of
-these names are looked up here, for one release, when read).
-
-The functions `bcd`, `perceptron` and `sequence_boosting` share their names
-with their modules; use them from this package (`lossfns.training.bcd(...)`).
+Each trainer is a step factory and the data layout it reads, run by the optimizers'
+loop (`optimizers.run_loop`) or the one driver (`optimizers.drive`): the
+linear-chain CRF end to end (`train_linear_chain`), lazy SGD-L1 on its rows
+(`lazy_epoch_step_fn`), block coordinate descent (`bcd`), the perceptrons,
+CRFsuite's passive-aggressive and AROW, sequence boosting and Gao et al.'s
+rerankers. `optimizers` imports nothing from here. The functions `bcd`,
+`perceptron` and `sequence_boosting` share their names with their modules; use
+them from this package (`lossfns.training.bcd(...)`).
 """
 
 from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_objective, bcd_sweep_fn

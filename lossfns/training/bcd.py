@@ -1,51 +1,13 @@
-"""Block coordinate descent (BCD) for L1-penalised linear-chain CRFs, as
-Lavergne, Cappe & Yvon (2010, sections 3.4 and 4.1) describe it (after
-Sokolovska et al. 2010) and Wapiti implements it; MATH.md section 6.
+"""Block coordinate descent (BCD) for L1-penalised linear-chain CRFs, as Lavergne,
+Cappe & Yvon (2010, sections 3.4 and 4.1) describe it and Wapiti implements it.
 
-It trains a `models.LinearChainModel` (the model OWL-QN and SGD-L1 train) on
-`l(theta) + l1 ||theta||_1 + l2/2 ||theta||^2`, `l` the summed negative
-log-likelihood, one block of weights at a time:
-
-* a **block** is one observation test's row of weights, `emission[k]` (L
-  unigram weights `f_{y,x}`) or `pair_emission[k]` (L^2 label-pair weights
-  `f_{y',y,x}`), or the transitions with the start weights (the test that is
-  active everywhere);
-* its **statistics** come from the forward-backward scores of the sentences
-  where it is active, and only those. For the block's weights at the
-  positions `f <= t <= l` where it is active in a sentence, the paper's
-  truncation needs the forward scores up to `l` and the backward scores
-  down to `f` (`lattices.prefix.forward_scores` of the chain and of the
-  reversed chain), `T + l - f + 1` steps instead of `2 T`. The gradient is
-  `sum_t c_t (P_t - 1[gold])` (`c_t` the test's multiplicity at `t`; `P_t`
-  the node marginal for unigram weights, the edge marginal for label-pair
-  weights and transitions, both from those scores);
-* the **curvature** `h_k` is Wapiti's closed form (its `bcd_flgradhes`):
-  the sum over active positions of `c_t^2 P_t (1 - P_t)`, the per-position
-  variances of the feature's count. The exact diagonal of the Hessian of
-  `log Z` is the variance of the whole count, which adds the covariances
-  `2 sum_{t < t'} c_t c_t' Cov(.)` of the positions where the test is active
-  in one sentence: `h_k` is exact for tests active at most once per
-  sentence (90% of the (test, sentence) pairs of conll2000 POS with
-  `lavergne_pos`) and otherwise neither an upper nor a lower bound;
-* the **step** is the minimiser of the L1-penalised diagonal quadratic model,
-  `theta_k = soft(h_k theta_k - g_k, l1) / (h_k + l2)`, `soft(z, r) =
-  sign(z) max(|z| - r, 0)`, with `h_k` floored at `|g_k| / max_step` (so no
-  coordinate's Newton step exceeds `max_step`, where Wapiti rescales the
-  block by its `kappa`); a backtracking search on the block's exact
-  objective (halving the step until it does not increase) keeps every
-  update a decrease, since the diagonal model ignores the coupling inside
-  the block. The search re-scores only the window `[f - 1, l]` of each
-  sentence, from the stored forward and backward scores at its ends.
-
-Blocks active in disjoint sets of sentences do not interact: updating them
-together is the same as updating them one after the other. A sweep (one
-loop step: every block once) runs the blocks in **rounds** of such blocks,
-each round one batch of chains (`training.bcd_schedule`), so the 550,000
-blocks of conll2000 POS make about 1,600 rounds instead of 550,000
-sequential updates.
-
-Weights outside the model's masks (`emission_mask`, `pair_mask`) stay 0;
-rows of observations absent from the corpus are never updated.
+It trains a `models.LinearChainModel` on `l(theta) + l1 ||theta||_1 + l2/2 ||theta||^2`
+one block of weights (an observation test's row, or the transitions) at a time, from
+a truncated forward-backward of only the sentences where the block is active, with
+Wapiti's closed-form curvature and a soft-thresholded Newton step that backtracking
+keeps a decrease. Blocks active in disjoint sentences are updated together, in
+rounds (`training.bcd_schedule`). Weights outside the model's masks stay 0.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,13 @@
 """The plan of a block coordinate descent sweep, built once in numpy.
 
-Block coordinate descent (`training.bcd`) updates one block of weights at
-a time, and a block update needs the forward-backward scores of exactly the
-sentences in which the block is active (Lavergne et al. 2010, section 3.4).
-This module turns a labelled corpus into the static arrays that a compiled
-sweep walks through:
-
-* **blocks**: the transitions with the start weights (active everywhere),
-  each emission row `emission[k]` (active where observation `k` occurs) and
-  each label-pair row `pair_emission[k]` (active where `k` occurs at a
-  position after the first);
-* **visits**: each (block, sentence) pair with the first and last positions
-  `f <= l` where the block is active, and its **active cells** (token,
-  multiplicity);
-* **rounds**: blocks grouped so that no two blocks of a round share a
-  sentence (a greedy colouring, most visited blocks first). Blocks of a round
-  see disjoint sentences, so updating them together is exactly updating them
-  one after the other: a round is a batch of sequential block updates;
-* **chains**: per visit, the paper's truncated forward-backward needs the
-  forward scores over positions `[0, l]` and the backward scores over `[f,
-  T - 1]`. Between two visits of a sentence only the block of the earlier
-  visit changed its scores, at positions `[f', l']`: the forward scores
-  before `f'` and the backward scores after `l'` are still exact, so the
-  forward chain runs over `[f' - 1, l]` from the stored scores at `f' - 1`
-  and the backward chain over `[f, l' + 1]` from those at `l' + 1` (each
-  sentence's first visit of a sweep runs from its ends): on conll2000 POS
-  34M cells per sweep instead of the paper's 95M. A visit active at several
-  positions also gets the window `[max(f - 1, 0), l]` that its line search
-  re-scores;
-* **jobs**: chains packed back to back into fixed grids of `rows x width`
-  cells (next fit, longest first), so every job of a kind compiles to one
-  shape and no sentence is padded to the longest of the corpus.
-
-Tokens are the rows of the corpus's token stack (`features.PackedCorpus`):
-the tokens of a sentence are consecutive, so a chain is `(first token,
-length, direction)`, and the cells of a job are derived on the device.
+A block update (`training.bcd`) needs the forward-backward scores of exactly the
+sentences in which the block is active (Lavergne et al. 2010, section 3.4). This
+module turns a labelled corpus into the static arrays a compiled sweep walks
+through: the blocks; their visits (block, sentence, active span and cells); rounds
+of blocks that share no sentence; the chains each visit runs (resumed from scores
+still exact since the sentence's last visit); and jobs that pack chains into fixed
+grids, so that every job of a kind compiles to one shape.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,57 +1,13 @@
-"""Sequence boosting statistics for the indicator features of a linear chain
-(Altun, Hofmann & Johnson 2002; MATH.md section 3): the sparse layout of
-`lossfns.training.sequence_boosting`, for corpora with hundreds of
-thousands of weak learners.
+"""Sequence boosting statistics for the indicator features of a linear chain (Altun,
+Hofmann & Johnson 2002): the sparse layout of `lossfns.training.sequence_boosting`,
+for corpora with hundreds of thousands of weak learners.
 
-The weak learners are those of a `LinearChainModel` without pair features,
-flat in the order of `LinearChainModel.flat()`: emission `(f, l)` (token
-has observation feature f and label l) at `f L + l`, transition `(a, b)` at
-`K L + a L + b`, start label `l` at `K L + L^2 + l`. A round needs, per
-weak learner k, the bound
-
-    Z_k(delta) <= sum_v m_kv e^(delta v),   m_kv = sum_i D(i) (mass of sequence i's bound at u = v),
-
-where sequence i puts `D(i) r_ik` at `u_ik_min` and `D(i) (1 - r_ik)` at
-`u_ik_max` (its range of `u_ik(y) = S_k(x_i, y) - S_k(x_i, y_i)`). For
-indicator features the ranges are integers known in closed form, so no
-Viterbi run is needed: in a sequence of length T where f occurs c times,
-g of them at tokens labelled l in the gold sequence, emission `(f, l)`
-ranges over `[-g, c - g]`; transition `(a, b)` with gold count g over
-`[-g, T - 1 - g]` if `a == b` else `[-g, floor(T / 2) - g]` (occurrences of
-`a -> b` cannot overlap); start `l` over `[-1, 0]` for the gold first label,
-`[0, 1]` for the others. (`tests/training/test_chain_boosting.py` checks
-these against enumeration.) Since `r_ik` is linear in `E_P[S_k] - S_k(y_i)`,
-one forward-backward per sequence gives every weak learner's masses.
-
-Layout. The masses live in one flat array of slots, one per (weak learner,
-integer value) over a dense window of values: emission `(f, l)` gets
-`[-c_f, c_f]` with `c_f` the most occurrences of f in one sequence, so the
-weak learners with the same `c_f` form a rectangle `[K_c L, 2 c_f + 1]`
-(`group_features`); transitions `[L^2, 2 T - 1]`; starts `[L, 3]`. The
-per-weak-learner minimisation then runs on rectangles, and the common
-`c_f = 1` group (values -1, 0, 1) has a closed-form step. Mass at `u = 0`
-never changes the bound's gain and is not stored.
-
-Incremental rounds. A round changes one weight; an emission weight changes
-the potentials only of the sequences where its feature occurs (a median of
-2 for the CoNLL feature sets), so the statistics are updated by subtracting
-those sequences' old contributions and adding their new ones, on a
-forward-backward over just those sequences (`tiers`: the padded batch
-sizes compiled). A transition or start weight, a feature in more sequences
-than the largest tier, every `refresh_every` rounds, and a fall of the
-exp-loss by `e^30` since the last full pass (the masses are kept relative
-to the exp-loss of that pass, `log_scale`) trigger a full pass in blocks of
-`block` sequences instead. The per-sequence losses are recomputed, never
-accumulated, so the exp-loss trace is exact; the masses accumulate rounding
-between full passes (relative error about `eps` times how far a mass has
-fallen since the last one), which only moves near-ties. `refresh_every=1`
-makes every round a full pass.
-
-Pieces. Boosting weights sequences by `1 / P(y_i | x_i) - 1`, about `L^T`
-at the zero start, so whole sentences put all the weight on the longest.
-Altun et al. cut the sentences "into pieces such that the variation in the
-length of the sentences is small": `sequence_pieces` does that (the
-observation features keep their sentence context; only the chain is cut).
+For indicator features each weak learner's range over label sequences is known in
+closed form (no Viterbi runs), so one forward-backward per sequence gives every
+weak learner's masses, kept in integer-valued slots (`group_features`); a round
+redoes the forward-backward only where the chosen feature occurs, with periodic
+full passes (`refresh_every`), and `sequence_pieces` cuts long sentences.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

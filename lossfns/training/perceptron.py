@@ -1,14 +1,11 @@
 """The structured perceptron and its averaged variant (Collins 2002), over
 `lossfns.lattices.chain.viterbi`.
 
-For each training sequence in turn: decode `yhat = argmax_y s(x, y)`
-(`lossfns.lattices.chain.viterbi`, inside `losses.perceptron_loss`); if it
-differs from the gold `y`, add `S(x, y) - S(x, yhat)` to the parameters.
-The model is any `potentials_fn(params, inputs)` that is linear in
-`params`, so the feature difference is the gradient of the perceptron loss
-(autodiff; no feature extraction code here). The
-averaged perceptron returns the mean of the parameters after every example.
-
+For each training sequence in turn: decode `yhat = argmax_y s(x, y)`; if it differs
+from the gold `y`, add `S(x, y) - S(x, yhat)` to the parameters. The model is any
+`potentials_fn(params, inputs)` that is linear in `params`, so that difference is
+the gradient of the perceptron loss (autodiff; no feature extraction code here).
+The averaged perceptron returns the mean of the parameters after every example.
 One loop step is one epoch in corpus order; its objective is the number of
 mistakes in that epoch, and the loop stops after an epoch without mistakes.
 """

@@ -1,32 +1,13 @@
-"""Linear reranking with exponential loss and L1 (Gao, Suzuki & Yu 2006;
-MATH.md section 5): boosting with shrinkage (Collins & Koo), forward
-stagewise linear regression (FSLR) and BLasso.
+"""Linear reranking with exponential loss and L1 (Gao, Suzuki & Yu 2006): boosting
+with shrinkage (Collins & Koo), forward stagewise linear regression (FSLR) and BLasso.
 
-Data: `features [N, C, K]` of `C` candidates per example (`f_0`, column 0,
-is the baseline model's log-probability; its weight is fitted once at
-initialisation and is not penalised or updated afterwards), `reference [N]`
-the index of the oracle-best candidate, `mask [N, C]` which candidates
-exist (1) and which are padding (0), as `mask` in `losses.reranking_*`.
-With `d = f(reference) - f(candidate)` `[N, C, K]`, the margins are
-`M = d . lambda` and `ExpLoss = sum exp(-M)` over the existing candidates.
-
-All candidate single-feature updates are scored at once from the cached
-margins: the loss of moving `lambda_k` by `delta` is
-`sum_ic exp(-M_ic) exp(-delta d_ick)`, a `[K]` vector from one pass over
-`d`, never a re-scoring of the candidates.
-
-Two layouts of `d`, one implementation of each method: `RerankingData`
-holds `d` densely (`reranking_data`, from `[N, C, K]` features);
-`SparseRerankingData` (`sparse_reranking_data`) holds `d_0` densely and
-only the non-zero `d_ick` of the other features, grouped into slots of
-equal (feature, value), so that a step costs one pass over the non-zeros
-(n-best lists with many sparse count features). The step functions are
-written once on the primitives each layout provides: `_weighted`
-(`mask exp(-M)` `[N, C]`, and for sparse data its sums per slot `[S]`),
-`_move_losses` and `_move_derivatives` (the `[K]` ExpLoss of every
-single-feature move and its derivatives, from `_weighted`), `_column` (one
-feature's `d`, to apply a move to the cached margins), `_baseline` (`d_0`)
-and `_margins` (`d . lambda` of any weights).
+Data: `features [N, C, K]` of `C` candidates per example (column 0 the baseline's
+log-probability, its weight fitted once and never penalised), `reference [N]` the
+oracle-best candidate and `mask [N, C]` the candidates that exist. Every
+single-feature update is scored at once from the cached margins, never by
+re-scoring the candidates; `RerankingData` holds the feature differences densely,
+`SparseRerankingData` only their non-zeros, and each method is written once.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,13 @@
-"""Sequence boosting (Altun, Hofmann & Johnson 2002; MATH.md section 3).
+"""Sequence boosting (Altun, Hofmann & Johnson 2002).
 
 Boosting of a linear-chain model with the sequential exponential loss
-`sum_i 1 / P(y_i | x_i) - 1`: each round picks one weak learner (feature)
-`k` and a step `delta` by minimising a convex upper bound of the round
-objective
-
-    Z_k(delta) = sum_i D(i) sum_{y != y_i} pi_i(y) exp(delta u_ik(y)),
-
-the factor by which the exponential loss shrinks. The bound uses each
-sequence's range `[u_ik_min, u_ik_max]` of `u_ik(y) = S_k(x_i, y) -
-S_k(x_i, y_i)`: sequence i puts mass `D(i) r_ik` at `u_ik_min` and `D(i) (1 -
-r_ik)` at `u_ik_max`, with `r_ik = (u_ik_max - E_pi[u_ik]) / (u_ik_max -
-u_ik_min)` linear in `E_pi[u_ik]`, so one forward-backward per sequence
-scores every weak learner. Summed over sequences the masses of weak
-learner k sit at a few values v: `Z_k(delta) <= bound_k(delta) = 1 + sum_v
-m_kv (e^(delta v) - 1)`. `step="line_search"` minimises that bound per
-weak learner (vectorised Newton, and a closed form where the values are
--1 and 1); `step="closed_form"` uses the looser bound of each weak
-learner's global range `[u_k_min, u_k_max]` and its closed-form step.
-The ranges are taken over all label sequences (including `y_i`, where
-`u = 0`): a superset of the range over `y != y_i`, so the bound stays valid.
-
-One round, two layouts of the statistics (as `reranking` has for Gao et
-al.'s rerankers). The round (`_round`: bounds, steps, choice, update, stop
-rule) is written once over "slot groups", rectangles `[G, W]` of masses at
-values; each layout provides its statistics, their update after a round,
-its slot groups and the map from group rows to weak learners:
-
-* `BoostingData` (dense, `boosting_data`): any `potentials_fn(theta,
-  inputs_i)` linear in `theta [K]`. Ranges from Viterbi runs on each
-  feature's own potentials (`K` runs per sequence, once), statistics `[N,
-  K]` recomputed every round. The general case and the oracle on small
-  problems.
-* `ChainBoostingData` (sparse, `chain_boosting.chain_boosting_data`): the
-  indicator features of a linear chain (`LinearChainModel` without pair
-  features), with closed-form ranges, masses in integer-valued slots, and
-  incremental rounds that redo the forward-backward only where the chosen
-  feature occurs. Corpora with millions of weak learners.
-
-Stopping. The loop state records the log exp-loss after each round (the
-exp-loss itself overflows for long sequences). A round marks the run
-converged when the exp-loss fell by at most a relative `tol` over the last
-`window` rounds, or when no weak learner can lower the bound; the round
-count is only a safety cap. `boost` runs the loop from Python in jitted
-chunks with checkpoints (resumable, bit-identical) and an evaluation hook
-that can stop on a development-set plateau.
+`sum_i 1 / P(y_i | x_i) - 1`: each round picks one weak learner (feature) and a
+step by minimising a convex upper bound of the factor by which the loss shrinks
+(one forward-backward per sequence scores every weak learner). The round is
+written once over two layouts of the statistics: `BoostingData` (dense, any linear
+`potentials_fn`) and `ChainBoostingData` (`chain_boosting`: a linear chain's
+indicator features). `boost` runs it in jitted chunks with checkpoints.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Lazy SGD-L1 on a linear-chain CRF: the step over a `LinearChainModel`,
 its minibatch layout, and the choice of a learning rate.
 
-`lazy_epoch_step_fn` runs `optimizers.lazy_sgd_l1` (Tsuruoka et al.'s
-cumulative L1 penalty, applied to the rows a step touches) over a
-`models.LinearChainModel` and a stacked `features.FeatureBatch`, the same
-batches as `minimize.epoch_step_fn`: `chain_batch_rows` finds the rows a
-minibatch reads, `max_rows_per_batch` bounds them (static shapes). A model
-with masks (`LinearChainModel.observed`: CRFsuite's parameter set, the model
-OWL-QN and BCD train) keeps its dense tables; the step gathers the mask rows
-beside the weight rows, and a weight outside its mask stays exactly 0, is
-never penalised and adds nothing to `q`. `calibrate_learning_rate` picks a
-constant rate for `sgd_l1` or `lazy_sgd_l1` on a sample of the data.
+`lazy_epoch_step_fn` runs `optimizers.lazy_sgd_l1` (Tsuruoka et al.'s cumulative
+L1 penalty, applied to the rows a step touches) over a `models.LinearChainModel`
+and a stacked `features.FeatureBatch`, the batches of `minimize.epoch_step_fn`:
+`chain_batch_rows` finds the rows a minibatch reads, `max_rows_per_batch` bounds
+them. A model with masks keeps its dense tables; a weight outside its mask stays
+exactly 0, is never penalised and adds nothing to `q`. `calibrate_learning_rate`
+picks a constant rate for `sgd_l1` or `lazy_sgd_l1` on a sample of the data.
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """The fast averaged perceptron over sparse observation features.
 
-`lossfns.training.perceptron` differentiates `potentials_fn` per example, which
-costs a dense pass over the parameters per sentence. For the usual CRF
-(`emission [K, L]` rows summed over a token's observation ids, plus
-`transitions [L, L]`) this module runs the same algorithm (Collins 2002)
-with integer weights and:
-  * a sparse update: only the rows of a sentence's observations and the
-    label pairs of its mistakes are touched (scatter-adds), never the table;
-  * lazy averaging: with `c` the number of examples seen so far (this one
-    included), each update `d` also adds `c * d` to `weighted`, so after
-    `C` examples the sum of the `C` weight vectors is `(C + 1) w - weighted`
-    and the average is `w + (w - weighted) / C` (no per-example pass);
-  * exact Viterbi with label pruning: a label `l` at position `t` cannot be
-    on a best path when even its most favourable transitions
-    (`E[t, l] + max_a W[a, l] + max_b W[l, b]`) score strictly below the
-    least favourable ones of some other label `m` (`E[t, m] + min_a W[a, m]
-    + min_b W[m, b]`): swapping `l` for `m` at `t` would then improve any
-    path through `l`. The survivors of each position (kept in label order)
-    are decoded with `[k, k]` max-plus steps, `k` the smallest of `widths`
-    that holds every position's survivors (else all `L` labels). Every
-    label on a best path survives with its exact forward score, so the
-    result, ties included (lowest label index wins, as in
-    `lossfns.lattices.chain.viterbi`), is the dense Viterbi path.
-    On conll2000's 333 joint labels the bound rarely prunes every
-    position of a sentence (perceptron transition weights are as large as
-    emission weights), so pruning is off by default (`widths=()`) and
-    sentences take the dense decoder, whose `[L, L]` max-plus runs in int16
-    while all transition weights lie in [-4096, 4096] (forward scores
-    shifted to a maximum of 0 and clamped, still exact), else in int32.
-  * the forward pass keeps only max scores; back-pointers are recomputed
-    along the chosen path during the backtrace (`O(k)` per position).
-Scores are int32 sums of integer weights, so all of this is exact, and the
-test suite checks it against a plain-loop averaged perceptron. (`weighted`
-grows like C times a cell's number of updates; int32 leaves room for tens
-of epochs of conll2000, `dtype=jnp.int64` with `jax_enable_x64` for more.)
+For the usual CRF (`emission [K, L]` rows summed over a token's observation ids,
+plus `transitions [L, L]`) this runs the algorithm of `training.perceptron`
+(Collins 2002) with integer weights, sparse updates (only the rows and label pairs
+a sentence touches), lazy averaging (no per-example pass) and an exact Viterbi
+(int16 max-plus while the weights allow; optional label pruning). Scores are int32
+sums of integer weights, so all of it is exact, and the tests check it against a
+plain-loop averaged perceptron; `dtype=jnp.int64` (with `jax_enable_x64`) for more.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -3,29 +3,11 @@ and specialised by a semiring: the level scan (`forward`, `log_partition`,
 `arc_marginals` as its derivative), its packed variant over a
 `PackedLattices`, and the Viterbi decoders.
 
-Arc scores `[..., A]` (log space) are passed separately from the lattice so
-that they can be differentiated; every public function also maps leading
-batch dimensions of the scores (and of the lattice) itself.
-
-The forward pass scans over levels: each step gathers the incoming arcs of
-one level into a `[W, D]` block, multiplies by the source values and sums
-over `D` with the semiring's own `sum`. Two scales keep every semiring in
-range: for the real semiring each state keeps its own log scale (the arc
-scores leaving it are shifted by it before `exp`, a potential that telescopes
-along every path, so paths of different lengths stay comparable); the other
-semirings renormalise all carried values at every level (`normalize`).
-
-`packed_forward`, `packed_log_partition` and `packed_viterbi` give one
-result per lattice of a pack; each state keeps its own log scale, which is
-exact for the semirings whose `convert` maps score sums to products
-(`PACKABLE_SEMIRINGS`: real, log, max, k-max); entropy and counting need
-`stack`.
-
-The Viterbi decoders keep back-pointers (the best incoming arc of each
-state) in the level scan rather than running `lattices.decode`'s chain
-decoder: a state's predecessors are arcs spread over blocks of different
-in-degree, not the labels of the previous position, so there is no column
-of edge scores to recompute a pointer from.
+Arc scores `[..., A]` (log space) are passed separately from the lattice so that
+they can be differentiated; every public function maps leading batch dimensions
+of the scores (and of the lattice) itself. The packed functions take only the
+semirings that map score sums to products (`PACKABLE_SEMIRINGS`).
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations

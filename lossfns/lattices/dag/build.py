@@ -2,33 +2,12 @@
 construction, union, padding, stacking and packing, on concrete (numpy)
 arrays; the level scans over them are in `dag.algorithms`.
 
-A `Lattice` is a static-shape, padded description of an acyclic automaton:
-
-* states `0 .. S-1` in topological order (every arc goes from a lower to a
-  higher state); state 0 is the start state; `final [S]` marks final states;
-* arcs `src [A]`, `dst [A]`, `symbol [A]` (int32; a word or tag id), with
-  `arc_valid [A]` marking real arcs (the rest is padding);
-* a level layout for the forward scan: the level of a state is the length of
-  the longest path that reaches it; the states of level `n` occupy slots
-  `n W .. n W + W - 1` of a flat table of `(N + 1) W + 1` values (the start
-  state is slot 0, the last slot is an always-zero sentinel for states that
-  no arc reaches); `state_slot [S]` maps states to slots and
-  `level_arcs [N, W, D]` lists the incoming arcs of the slots of levels
-  1..N, padded with the sentinel arc id `A`.
-
-Lattices padded to the same sizes (`pad`, `stack`) share one compiled
-kernel and batch under `jax.vmap`.
-
-Many small lattices of different shapes batch better with `pack` than with
-`stack`: a `PackedLattices` is one layout in which row `n` holds the level-`n`
-states of every lattice (grouped into a few blocks by in-degree), so the
-padding is a small factor of the number of arcs instead of the batch's
-largest `[levels, width, in-degree]` per lattice.
-
-Construction runs in numpy (one lattice per sentence, thousands of them:
-jax would compile a small program per shape); `from_arcs_numpy` and
-`to_jax` split `from_arcs` for callers that build many lattices in numpy
-and move them to the device once (`lattices.tagging`).
+A `Lattice` holds states in topological order (0 the start state, `final [S]`),
+padded arcs (`src`, `dst`, `symbol`, `arc_valid`) and a level layout for the
+forward scan. Lattices padded to the same sizes (`pad`, `stack`) share one
+compiled kernel; many small ones batch better with `pack` (`PackedLattices`).
+Construction runs in numpy: jax would compile a small program per shape.
+Design notes: docs/internals.md.
 """
 
 from __future__ import annotations
