@@ -93,6 +93,7 @@ def checked(fn: Callable, *, validate: Callable | None = None, errors=DEFAULT_ER
       validate: called with the same arguments inside the compiled program
         before `fn`, e.g. `check_chain_inputs`.
       errors: the checkify error set; default user checks and NaN checks.
+
     Returns:
       A function with `fn`'s signature. A failed check raises
       `checkify.JaxRuntimeError` (a `ValueError`) whose message is the

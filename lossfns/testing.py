@@ -31,6 +31,7 @@ def enumerate_sequences(potentials, length: int):
     Args:
       potentials: `[T, L, L]` or an unbatched `FactoredPotentials`.
       length: number of positions used (`0 <= length <= T`).
+
     Returns:
       `(labels [L ** length, length] int, scores [L ** length] float64)`.
     """

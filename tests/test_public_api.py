@@ -36,6 +36,19 @@ DIRECTIVES = {
 RENDERED = list(DIRECTIVES)
 # Run as programs, not imported by users: the command line is documented on its own page.
 NOT_A_LIBRARY = {"lossfns.__main__"}
+# Modules whose public functions document their arguments and results in `Args:` and
+# `Returns:` sections, with shapes (issue 48); for lossfns.nn its classes' methods too.
+ARGS_AND_RETURNS = (
+    "lossfns.losses",
+    "lossfns.lattices.chain",
+    "lossfns.lattices.sparse_chain",
+    "lossfns.lattices.decode",
+    "lossfns.lattices.dag",
+    "lossfns.models.packed",
+    "lossfns.nn",
+    "lossfns.semirings",
+)
+WITH_METHODS = {"lossfns.nn"}
 
 
 def _modules():
@@ -127,3 +140,43 @@ def test_every_module_is_documented(module_name):
         f"{module_name} is on no API page (docs/api/*.md): add `::: {module_name}` to a page, or leave it out of "
         f"its package's __all__ if it is an implementation module"
     )
+
+
+def _documented_functions(module_name):
+    """`(name, griffe function)` for the public functions of `module_name`
+    (its `__all__`, or else its own public names), and with `WITH_METHODS`
+    the public methods of its public classes."""
+    module = _griffe_module(module_name)
+    for name in _public_names(module_name):
+        target = _resolved(module.members[name])
+        if target.is_function:
+            yield name, target
+        elif target.is_class and module_name in WITH_METHODS:
+            for method_name, method in target.members.items():
+                if method.is_function and not method_name.startswith("_"):
+                    yield f"{name}.{method_name}", method
+
+
+def _section_kinds(function):
+    """The kinds of the sections griffe parses from a docstring (google style)."""
+    if not function.docstring:
+        return set()
+    sections = griffe.parse_google(function.docstring, warn_unknown_params=False, warn_missing_types=False)
+    return {section.kind for section in sections}
+
+
+@pytest.mark.parametrize("module_name", ARGS_AND_RETURNS)
+def test_public_functions_document_args_and_returns(module_name):
+    """Each public function says what it takes and what it returns, in
+    sections griffe parses (a section title needs a blank line above it)."""
+    functions = list(_documented_functions(module_name))
+    assert functions, f"{module_name}: no public functions found"
+    problems = []
+    for name, function in functions:
+        kinds = _section_kinds(function)
+        takes_arguments = any(parameter.name not in ("self", "cls") for parameter in function.parameters)
+        if takes_arguments and griffe.DocstringSectionKind.parameters not in kinds:
+            problems.append(f"{name}: no Args: section")
+        if griffe.DocstringSectionKind.returns not in kinds:
+            problems.append(f"{name}: no Returns: section")
+    assert not problems, f"{module_name}:\n  " + "\n  ".join(problems)

@@ -51,11 +51,19 @@ ALGORITHMS = ("auto", "sequential", "parallel")
 
 
 def prepare_inputs(potentials, lengths):
-    """Validate; return `(form, lengths, batch_shape, T, L)` (`lattices.forms`).
+    """Validate a chain function's arguments (the checks every chain function
+    runs, `prefix`'s too).
 
-    The checks every chain function runs on its arguments (`prefix`'s too):
-    `potentials` as a form (an array `[..., T, L, L]` becomes
-    `DensePotentials`), `lengths` `[...]` (None: every chain `T` long)."""
+    Args:
+      potentials: `[..., T, L, L]` (it becomes `DensePotentials`),
+        `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, or None (every chain `T` long).
+
+    Returns:
+      `(form, lengths, batch_shape, T, L)`: the potentials as a form of
+        `lattices.forms`, `lengths [...]` int32, the batch shape `[...]` as a
+        tuple, and the numbers of positions and labels.
+    """
     if isinstance(potentials, SparsePotentials):
         form, lengths, batch_shape, T, L = sparse_chain.prepare_inputs(potentials, lengths)
         _check_scores_inside(form, lengths)
@@ -134,6 +142,16 @@ def map_batch(fn, potentials, lengths, *batched):
     (traced under `kernel.batch_size`, which only tuning reads); a factored
     transition matrix without batch dimensions stays shared (not
     broadcast), which is what makes the factored path fast.
+
+    Args:
+      fn: the function of one chain (static: hashable, one program per `fn`).
+      potentials: a form (`prepare_inputs`) with the batch shape `[...]`.
+      lengths: `[...]` ints, one per chain.
+      *batched: pytrees whose leaves lead with the batch shape (e.g.
+        `labels [..., T]`), mapped along with the chains.
+
+    Returns:
+      `fn`'s output per chain, every leaf with the batch shape `[...]` in front.
     """
     batch_shape = lengths.shape
     size = math.prod(batch_shape)
@@ -185,9 +203,17 @@ def _check_algorithm(algorithm):
 
 
 def resolve_algorithm(T: int, L: int, *, algorithm: str = "auto") -> str:
-    """The scan a chain of `T` positions and `L` labels runs: `algorithm`
-    (one of `ALGORITHMS`) checked, `"auto"` resolved to the backend's choice
-    (`kernel.Tuning.prefers_parallel`)."""
+    """The scan a chain of `T` positions and `L` labels runs.
+
+    Args:
+      T: the number of positions.
+      L: the number of labels.
+      algorithm: one of `ALGORITHMS` (checked); "auto" is resolved to the
+        backend's choice (`kernel.Tuning.prefers_parallel`).
+
+    Returns:
+      "sequential" or "parallel".
+    """
     _check_algorithm(algorithm)
     if algorithm != "auto":
         return algorithm
@@ -227,6 +253,7 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "a
       algorithm: "sequential" (scan, O(T L^2)), "parallel" (tree of matrix
         products, O(T L^3) work, O(log T) depth) or "auto" (the backend's
         choice: sequential on CPU; see `kernel.Tuning`).
+
     Returns:
       `[...]` (`[..., k]` for k-max), the semiring's output per chain.
     """
@@ -239,8 +266,17 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "a
 
 
 def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`log Z` per chain, `[...]`. `semiring` is `Log` or `Real` (the same
-    exact computation)."""
+    """`log Z` per chain.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same exact computation).
+      algorithm: "sequential", "parallel" or "auto", as in `forward`.
+
+    Returns:
+      `[...]`, the `log Z` of each chain.
+    """
     if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
     return forward(semiring, potentials, lengths, algorithm=algorithm)
@@ -252,8 +288,16 @@ def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Lo
 
 
 def as_starts(starts, shape: tuple) -> jax.Array:
-    """`starts` checked as the chain starts of rows of potentials: a bool
-    array of `shape` (`[..., T]`), else a `ValueError` naming it."""
+    """`starts` checked as the chain starts of rows of potentials.
+
+    Args:
+      starts: `[..., T]` bool, True at each chain's first position.
+      shape: the shape `starts` must have, the potentials' `[..., T]`.
+
+    Returns:
+      `starts` as a bool array of `shape`; anything else raises a `ValueError`
+        naming it.
+    """
     starts = jnp.asarray(starts)
     if starts.dtype != jnp.bool_ or starts.shape != tuple(shape):
         raise ValueError(
@@ -279,6 +323,7 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
       starts: `[..., T]` bool, True at each chain's first position (position
         0 always starts one).
       lengths: `[...]` positions used in each row (default `T`).
+
     Returns:
       `[...]` per row, the sum of its chains' values.
     """
@@ -290,16 +335,36 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
 
 
 def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = semirings.Log):
-    """Per row `[...]`, the sum of `log Z` over its chains (`row_forward`);
-    `semiring` is `Log` or `Real` (the same exact computation)."""
+    """Per row, the sum of `log Z` over its chains (`row_forward`).
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`
+        over each row's positions, as in `row_forward`.
+      starts: `[..., T]` bool, True at each chain's first position.
+      lengths: `[...]` positions used in each row (default `T`).
+      semiring: `semirings.Log` or `Real` (the same exact computation).
+
+    Returns:
+      `[...]`, per row the sum of its chains' `log Z`.
+    """
     if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for row_log_partition, got {semiring!r}")
     return row_forward(semiring, potentials, starts, lengths)
 
 
 def row_score(potentials, labels, starts, lengths=None):
-    """Per row `[...]`, the sum of the scores of the label sequences
-    `labels [..., T]` of its chains (`starts` as in `row_forward`)."""
+    """Per row, the sum of the scores of its chains' label sequences.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`
+        over each row's positions, as in `row_forward`.
+      labels: `[..., T]` ints in `[0, L)` inside each length (anything past it).
+      starts: `[..., T]` bool, True at each chain's first position (as in `row_forward`).
+      lengths: `[...]` positions used in each row (default `T`).
+
+    Returns:
+      `[...]`, per row the sum of its chains' scores.
+    """
     potentials, lengths, batch_shape, T, L = prepare_inputs(potentials, lengths)
     labels = as_labels(labels, batch_shape + (T,), L, lengths)
     starts = as_starts(starts, batch_shape + (T,))
@@ -317,10 +382,20 @@ def _marginals_instance(semiring, algorithm, potentials, length):
 
 
 def log_partition_and_marginals(potentials, lengths=None, *, algorithm: str = "auto"):
-    """`(log_partition, marginals)` from one forward-backward: `log Z [...]`
-    and its derivative with respect to the potentials, as `marginals` gives
-    it (for callers that need both, e.g. sequence boosting's weights and
-    feature masses)."""
+    """`log Z` and its derivative with respect to the potentials from one
+    forward-backward (for callers that need both, e.g. sequence boosting's
+    weights and feature masses).
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      algorithm: "sequential", "parallel" or "auto", as in `forward`.
+
+    Returns:
+      log_partition: `[...]`, `log Z` per chain.
+      marginals: the derivative, as `marginals` gives it (a form of the
+        potentials' type).
+    """
     form, lengths, _, T, L = prepare_inputs(potentials, lengths)
     algorithm = resolve_algorithm(T, L, algorithm=algorithm)
     log_z, per_chain = map_batch(_instance(_marginals_instance, semirings.Log, algorithm), form, lengths)
@@ -330,14 +405,23 @@ def log_partition_and_marginals(potentials, lengths=None, *, algorithm: str = "a
 def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
     """Derivative of `log_partition` with respect to the potentials.
 
-    For `[..., T, L, L]` input: edge marginals `[..., T, L, L]`,
-    `P(y_{t-1} = i, y_t = j)` (row 0 at t = 0; zero past each length). For
-    `FactoredPotentials`: the same structure, per example: unary marginals
-    `[..., T, L]`, expected transition counts `[..., L, L]` and start
-    marginals `[..., L]`. For `SparsePotentials`: likewise, with
-    `pair_weights [..., T, K]` the marginals of the support's pairs (at a
-    chain's first position, the pairs from label 0) and the support as
-    given. Differentiable again (second derivatives work).
+    Differentiable again (second derivatives work).
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same exact computation).
+      algorithm: "sequential", "parallel" or "auto", as in `forward`.
+
+    Returns:
+      For `[..., T, L, L]` input: edge marginals `[..., T, L, L]`,
+        `P(y_{t-1} = i, y_t = j)` (row 0 at t = 0; zero past each length). For
+        `FactoredPotentials`: the same structure, per example: unary marginals
+        `[..., T, L]`, expected transition counts `[..., L, L]` and start
+        marginals `[..., L]`. For `SparsePotentials`: likewise, with
+        `pair_weights [..., T, K]` the marginals of the support's pairs (at a
+        chain's first position, the pairs from label 0) and the support as
+        given.
     """
     if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for marginals, got {semiring!r}")
@@ -345,7 +429,17 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
 
 
 def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`P(y_t = j)`, `[..., T, L]`; rows past each length are 0."""
+    """Node marginals `P(y_t = j)`.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same exact computation).
+      algorithm: "sequential", "parallel" or "auto", as in `forward`.
+
+    Returns:
+      `[..., T, L]`; rows past each length are 0.
+    """
     if isinstance(potentials, (FactoredPotentials, SparsePotentials)):
         # The unary derivatives alone: shared transitions keep one (summed) derivative.
         form, lengths, _, _, _ = prepare_inputs(potentials, lengths)
@@ -355,14 +449,30 @@ def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.L
 
 
 def entropy(potentials, lengths=None, *, algorithm: str = "auto"):
-    """Entropy of the distribution over label sequences, `[...]` (entropy semiring)."""
+    """Entropy of the distribution over label sequences (entropy semiring).
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      algorithm: "sequential", "parallel" or "auto", as in `forward`.
+
+    Returns:
+      `[...]`, the entropy of each chain's distribution.
+    """
     return forward(semirings.Entropy, potentials, lengths, algorithm=algorithm)
 
 
 def score(potentials, labels, lengths=None):
-    """Score of given label sequences `labels [..., T]`, `[...]`.
+    """Score of given label sequences.
 
-    Positions at or past each length are ignored (their labels may be -1).
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` ints in `[0, L)`; positions at or past each length
+        are ignored (their labels may be -1).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+
+    Returns:
+      `[...]`, the score of each chain's label sequence.
     """
     potentials, lengths, batch_shape, T, L = prepare_inputs(potentials, lengths)
     labels = as_labels(labels, batch_shape + (T,), L, lengths)
@@ -397,9 +507,15 @@ def viterbi(potentials, lengths=None):
     """Best label sequence per chain by back-pointers (deterministic on ties:
     the lowest label index wins).
 
-    Returns `(score [...], labels [..., T] int32)`; labels are -1 at and past
-    each length, and everywhere when no sequence has a finite score (then
-    the score is -inf).
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+
+    Returns:
+      score: `[...]`, the best sequence's score (-inf when no sequence has a
+        finite score).
+      labels: `[..., T]` int32, -1 at and past each length, and everywhere
+        when no sequence has a finite score.
     """
     potentials, lengths, _, _, _ = prepare_inputs(potentials, lengths)
     return map_batch(_viterbi_instance, potentials, lengths)
@@ -409,8 +525,16 @@ def kbest(potentials, lengths=None, k: int = 1):
     """The k best label sequences per chain, by the same back-pointer decoder
     as `viterbi` with the k best partial scores per label.
 
-    Returns `(scores [..., k], labels [..., k, T])`, best first; when fewer
-    than k sequences exist the missing scores are -inf and their labels -1.
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      k: the number of sequences, a positive int.
+
+    Returns:
+      scores: `[..., k]`, best first; -inf for missing sequences (when fewer
+        than k exist).
+      labels: `[..., k, T]` int32, -1 past each length and for missing
+        sequences.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
@@ -446,8 +570,17 @@ def _sample_instance(potentials, length, key):
 
 def sample(key, potentials, lengths=None):
     """One exact sample from `P(y | x)` per chain (forward filtering, backward
-    sampling), `labels [..., T]` int32 with -1 past each length, and -1
-    everywhere for a chain with no allowed sequence (as `viterbi`)."""
+    sampling).
+
+    Args:
+      key: a `jax.random` key.
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+
+    Returns:
+      `labels [..., T]` int32, -1 past each length, and -1 everywhere for a
+        chain with no allowed sequence (as `viterbi`).
+    """
     check_key("key", key)
     potentials, lengths, batch_shape, _, _ = prepare_inputs(potentials, lengths)
     keys = jax.random.split(key, math.prod(batch_shape)).reshape(batch_shape + key.shape)

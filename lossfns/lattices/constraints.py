@@ -77,6 +77,7 @@ def allowed_transitions(labels: Sequence[str], scheme: str = "IOB2") -> AllowedT
         order of the model's label indices.
       scheme: "IOB2" (an `I-X` only after `B-X` or `I-X`), "IOBES" (a chunk
         is `S-X` or `B-X I-X* E-X`) or "BILOU" (`U-X` or `B-X I-X* L-X`).
+
     Returns:
       `AllowedTransitions(transitions [L, L], start [L], end [L])`, numpy bool.
     """

@@ -17,9 +17,16 @@ import jax.numpy as jnp
 
 
 def first_best(values):
-    """`jnp.argmax` of `values [M]` (the lowest index among ties) as a max and
-    a min reduction, which XLA's CPU backend runs faster than its variadic
-    argmax; int32."""
+    """`jnp.argmax` of `values` (the lowest index among ties) as a max and a
+    min reduction, which XLA's CPU backend runs faster than its variadic
+    argmax.
+
+    Args:
+      values: `[M]`.
+
+    Returns:
+      `[]` int32, the index.
+    """
     best = jnp.max(values)
     return jnp.min(jnp.where(values == best, jnp.arange(values.shape[0], dtype=jnp.int32), values.shape[0]))
 
@@ -32,7 +39,20 @@ def _nth_best(candidates, rank, k: int):
 
 
 def forward(first, step, length, num_steps: int, *, stop_at_length: bool = False):
-    """The history `[T, L, k]`: `first` at position 0, then `step(alpha, t)`."""
+    """The forward pass: the k best scores per position and label.
+
+    Args:
+      first: `[L, k]`, the scores at position 0.
+      step: `step(alpha [L, k], t) -> [L, k]`, the scores at `t` from those
+        at `t - 1`.
+      length: `[]` int, the positions used.
+      num_steps: `T`.
+      stop_at_length: stop at `length` rather than at `T` (later positions
+        keep `first`).
+
+    Returns:
+      `history [T, L, k]`: `first` at position 0, then `step(alpha, t)`.
+    """
     history = jnp.broadcast_to(first, (num_steps,) + first.shape)
 
     def body(t, carry):
@@ -45,8 +65,20 @@ def forward(first, step, length, num_steps: int, *, stop_at_length: bool = False
 
 
 def backtrace(history, column, length, final, *, stop_at_length: bool = False):
-    """The labels `[T]` of one sequence, -1 at and past the length, from its
-    flat index `final` (`label * k + rank`) at position `length - 1`."""
+    """The labels of one sequence, from the history and its final entry.
+
+    Args:
+      history: `[T, L, k]`, from `forward`.
+      column: `column(t, label) -> [L]`, the scores of the edges into
+        `label` at `t`.
+      length: `[]` int, the positions used.
+      final: `[]` int, the sequence's flat index (`label * k + rank`) at
+        position `length - 1`.
+      stop_at_length: step back `length` times rather than `T`.
+
+    Returns:
+      `[T]` int32, -1 at and past the length.
+    """
     T, _, k = history.shape
     labels = jnp.full((T,), -1, jnp.int32)
 
@@ -67,8 +99,17 @@ def backtrace(history, column, length, final, *, stop_at_length: bool = False):
 
 
 def best_final(history, length, k: int):
-    """`(scores [k], flat indices [k])` of the k best entries of
-    `history[length - 1]` (`length >= 1`)."""
+    """The k best entries of `history[length - 1]`.
+
+    Args:
+      history: `[T, L, k]`, from `forward`.
+      length: `[]` int, at least 1.
+      k: the number of entries.
+
+    Returns:
+      scores: `[k]`, best first.
+      indices: `[k]` int32, flat indices `label * k + rank`.
+    """
     last = jax.lax.dynamic_index_in_dim(history, jnp.maximum(length - 1, 0), 0, False).reshape(-1)
     if k == 1:
         return jnp.max(last)[None], first_best(last)[None]
@@ -79,10 +120,19 @@ def best_final(history, length, k: int):
 def best_paths(k: int, potentials, length):
     """The k best label sequences of one chain (any potential form).
 
-    Returns `(scores [k], labels [k, T])`, best first; labels are -1 at and
-    past the length, and for sequences that do not exist (fewer than `k`
-    with a finite score: score -inf). A length-0 chain has one empty
-    sequence of score 0.
+    A length-0 chain has one empty sequence of score 0.
+
+    Args:
+      k: the number of sequences.
+      potentials: one chain's form (`lattices.forms`, unbatched: `T`
+        positions, `L` labels).
+      length: `[]` int, the positions used.
+
+    Returns:
+      scores: `[k]`, best first; -inf for sequences that do not exist (fewer
+        than `k` with a finite score).
+      labels: `[k, T]` int32, -1 at and past the length and for sequences
+        that do not exist.
     """
     T, L, dtype = potentials.num_steps, potentials.num_labels, potentials.dtype
     if T == 0:

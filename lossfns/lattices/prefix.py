@@ -70,6 +70,7 @@ def forward_scores(potentials, lengths=None, starts=None) -> ForwardScores:
       lengths: `[...]` ints in `[0, T]`, default `T`.
       starts: `[..., T]` bool or None: rows of back-to-back chains, each
         chain's scores restarting at its first position (as `row_forward`).
+
     Returns:
       `ForwardScores(scores [..., T, L], log_scale [..., T])`.
     """

@@ -240,8 +240,9 @@ def _sparse_log_step(potentials: SparsePotentials):
 
 
 def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel.Forward, tangent):
-    """The closed-form JVP of `log Z` of one row of sparse chains: node
-    marginals by the backward pass of `kernel.factored_tangent` with the
+    """The closed-form JVP of `log Z` of one row of sparse chains.
+
+    Node marginals by the backward pass of `kernel.factored_tangent` with the
     sparse product transposed, then, vectorised over the positions, each
     listed pair's marginal `alpha_{t-1}(i) exp(A(i, j) - c(j)) exp(w - s_t)
     beta_t(j) / s_t(j)` (its derivative), and the transitions' expected
@@ -249,8 +250,15 @@ def sparse_tangent(potentials: SparsePotentials, length, starts, forward: kernel
     gather of the tangent, never a scatter). Recovered steps (rare) are
     recomputed in log space.
 
-    potentials, tangent: `SparsePotentials` (one chain); forward: the scan's
-    with `_sparse_log_step`.
+    Args:
+      potentials: `SparsePotentials` of one chain (`unary [T, L]`).
+      length: `[]` int, the positions used.
+      starts: `[T]` bool, the chain starts of a row (`chain.row_forward`), or None.
+      forward: the scan's `kernel.Forward`, with `_sparse_log_step`.
+      tangent: `SparsePotentials` of the structure of `potentials`, the direction.
+
+    Returns:
+      `[]`, the derivative of `log Z` in the direction `tangent`.
     """
     T, L = potentials.unary.shape
     rank_one = potentials.transitions is None
@@ -439,7 +447,18 @@ def _check_distinct_pairs(previous, following, pair_weights, num_labels: int) ->
 
 
 def prepare_inputs(potentials: SparsePotentials, lengths):
-    """Validate; return `(potentials, lengths, batch_shape, T, L)`."""
+    """Validate a `SparsePotentials` and its lengths.
+
+    Args:
+      potentials: a `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, or None (every chain `T` long).
+
+    Returns:
+      `(potentials, lengths, batch_shape, T, L)`: the form in one dtype, with
+        int32 supports and `start` broadcast to `[..., L]`; `lengths [...]`
+        int32; the batch shape `[...]` as a tuple; the numbers of positions and
+        labels.
+    """
     if not isinstance(potentials, SparsePotentials):
         raise TypeError(f"potentials must be a SparsePotentials, got {type(potentials).__name__}")
     unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
@@ -501,11 +520,17 @@ def prepare_inputs(potentials: SparsePotentials, lengths):
 
 
 def to_dense(potentials: SparsePotentials) -> jax.Array:
-    """The per-position potentials `[..., T, L, L]` of `chain` equal to a sparse
-    form: `transitions[i, j] + unary[t, j] + pair_t(i, j)`, and in row 0 at
-    `t = 0` the first scores `start[j] + unary[0, j] + pair_0(0, j)`.
+    """The per-position potentials of `chain` equal to a sparse form.
 
-    Materialises `T L^2` scores: for tests and for the dense baseline.
+    `transitions[i, j] + unary[t, j] + pair_t(i, j)`, and in row 0 at `t = 0`
+    the first scores `start[j] + unary[0, j] + pair_0(0, j)`. Materialises
+    `T L^2` scores: for tests and for the dense baseline.
+
+    Args:
+      potentials: a `SparsePotentials`.
+
+    Returns:
+      `[..., T, L, L]`.
     """
     potentials, _, _, T, _ = prepare_inputs(potentials, None)
     dense = potentials.edge_scores()
@@ -515,8 +540,18 @@ def to_dense(potentials: SparsePotentials) -> jax.Array:
 
 
 def random_support(key, num_labels: int, density: float) -> tuple[np.ndarray, np.ndarray]:
-    """A random pair support `(pair_previous [K], pair_next [K])` with
-    `K = round(density * L^2)` distinct pairs, sorted by `pair_next`."""
+    """A random pair support of `K = round(density * L^2)` distinct pairs,
+    sorted by `pair_next`.
+
+    Args:
+      key: a `jax.random` key.
+      num_labels: `L`.
+      density: the fraction of the `L^2` label pairs listed, in `[0, 1]`.
+
+    Returns:
+      pair_previous: `[K]` int32 (numpy).
+      pair_next: `[K]` int32 (numpy), sorted.
+    """
     if not 0.0 <= density <= 1.0:
         raise ValueError(f"density must lie in [0, 1], got {density}")
     K = int(round(density * num_labels * num_labels))  # noqa: RUF046  (numpy 1 rounds a numpy scalar to a float)

@@ -19,11 +19,17 @@ from .chain_inputs import chain_inputs
 
 @renamed_arguments(gold="labels")
 def hamming_loss(predicted, labels, lengths=None):
-    """Number of positions inside each length where `predicted != labels`, `[...]` int32.
+    """Number of positions inside each length where `predicted != labels`.
 
-    predicted: integer labels `[..., T]`; labels: the gold labels `[..., T]`
-    (second, as in every loss); values past each length are ignored;
-    lengths: `[...]`, default `T`. (`gold=` is the deprecated name of `labels=`.)
+    Args:
+      predicted: `[..., T]` integer labels.
+      labels: `[..., T]` the gold labels (second, as in every loss); values
+        of both past each length are ignored. (`gold=` is the deprecated name
+        of `labels=`.)
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+
+    Returns:
+      `[...]` int32.
     """
     predicted = as_integer_array("predicted", predicted, "an integer array [..., T]")
     labels = as_integer_array("labels", labels, "an integer array [..., T]")
@@ -40,9 +46,20 @@ def hamming_loss(predicted, labels, lengths=None):
 
 
 def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """The most probable label at each position (argmax of the node
-    marginals), `[..., T]` int32, -1 past each length. Minimises the expected
-    Hamming loss; the result need not be an allowed sequence."""
+    """The most probable label at each position (argmax of the node marginals).
+
+    Minimises the expected Hamming loss; the result need not be an allowed
+    sequence.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same computation).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[..., T]` int32, -1 past each length.
+    """
     node = chain.node_marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
     T = node.shape[-2]
     lengths = as_lengths(lengths, node.shape[:-2], T)
@@ -51,11 +68,22 @@ def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings
 
 
 def rank_loss(potentials, labels, lengths=None, *, max_sequences: int = 100_000):
-    """Number of sequences `y' != y` with `s(x, y') >= s(x, y)`, `[...]` int32.
+    """Number of sequences `y' != y` with `s(x, y') >= s(x, y)`.
 
     Brute force: scores all `L ** T` label sequences, so it is for small
-    problems only (tests, toy evaluations); raises ValueError beyond
-    `max_sequences`. A gold sequence of score -inf ranks below every sequence.
+    problems only (tests, toy evaluations). A gold sequence of score -inf
+    ranks below every sequence.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      max_sequences: the most sequences `L ** T` it enumerates; beyond, a
+        ValueError.
+
+    Returns:
+      `[...]` int32.
     """
     labels, lengths, inside, L = chain_inputs(potentials, labels, lengths)
     T = labels.shape[-1]

@@ -28,18 +28,37 @@ def _decoded_score(potentials, lengths):
 
 
 def perceptron_loss(potentials, labels, lengths=None):
-    """`max_y' s(x, y') - s(x, y) >= 0`, `[...]`; zero iff the gold sequence is a best one."""
+    """`max_y' s(x, y') - s(x, y)`, the perceptron loss.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+
+    Returns:
+      `[...]`, `>= 0`; zero iff the gold sequence is a best one.
+    """
     chain_inputs(potentials, labels, lengths)
     return excess_over_gold(_decoded_score(potentials, lengths), chain.score(potentials, labels, lengths))
 
 
 def structured_hinge_loss(potentials, labels, lengths=None, *, cost_weight: float = 1.0):
-    """`max_y' [s(x, y') + cost_weight * Hamming(y', y)] - s(x, y) >= 0`, `[...]`.
+    """`max_y' [s(x, y') + cost_weight * Hamming(y', y)] - s(x, y)`.
 
     The Hamming cost is added to the label scores of every wrong label inside
-    each length (loss-augmented decoding), then decoded with Viterbi. The
-    loss is zero iff the gold sequence beats every other by a margin of
-    `cost_weight` per wrong label.
+    each length (loss-augmented decoding), then decoded with Viterbi.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      cost_weight: the cost of each wrong label.
+
+    Returns:
+      `[...]`, `>= 0`; zero iff the gold sequence beats every other by a
+        margin of `cost_weight` per wrong label.
     """
     labels, lengths, inside, L = chain_inputs(potentials, labels, lengths)
     wrong = jnp.arange(L) != jnp.where(inside, labels, -1)[..., None]

@@ -24,11 +24,19 @@ from .chain_inputs import chain_inputs, gold_label_scores
 def gold_log_marginals(
     potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
 ):
-    """`(log P(y_t = labels_t | x) [..., T], inside [..., T] bool)`, exact
-    in log space; 0 outside each length.
+    """The gold labels' node marginals `log P(y_t = labels_t | x)`, exact in log space.
 
-    semiring: `semirings.Log` or `semirings.Real` (the same computation).
-    algorithm: as `chain.forward` ("auto", "sequential", "parallel").
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same computation).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      log_marginals: `[..., T]`, 0 outside each length.
+      inside: `[..., T]` bool, True at the positions inside each length.
     """
     if type(semiring) not in (semirings.LogSemiring, semirings.RealSemiring):
         raise ValueError(
@@ -40,8 +48,21 @@ def gold_log_marginals(
 
 
 def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`(P(y_t = labels_t | x) [..., T], inside [..., T] bool)`; the
-    probabilities are 0 outside each length (`exp` of `gold_log_marginals`)."""
+    """The gold labels' node marginals `P(y_t = labels_t | x)` (`exp` of
+    `gold_log_marginals`).
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same computation).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      marginals: `[..., T]`, 0 outside each length.
+      inside: `[..., T]` bool, True at the positions inside each length.
+    """
     log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     return jnp.where(inside, jnp.exp(log_probability), 0.0), inside
 
@@ -68,9 +89,20 @@ def _sum_positions(per_position_loss, log_probability, inside):
 def pointwise_log_loss(
     potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
 ):
-    """`-sum_t log P(y_t = labels_t | x)`, `[...]`.
+    """`-sum_t log P(y_t = labels_t | x)`.
 
     Gradient: `sum_t (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same computation).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[...]`, the loss per chain.
     """
     log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     return _sum_positions(lambda log_p: -log_p, log_probability, inside)
@@ -79,13 +111,24 @@ def pointwise_log_loss(
 def pointwise_exp_loss(
     potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
 ):
-    """`sum_t (1 / P(y_t = labels_t | x) - 1)`, `[...]`.
+    """`sum_t (1 / P(y_t = labels_t | x) - 1)`.
 
     Its values grow as `1 / P`: in float32 a sequence's loss beyond about
     1e25 can overflow its gradient's intermediates (train such models in
     float64, or with `pointwise_log_loss`).
 
     Gradient: `sum_t (1 / P(labels_t | x)) (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same computation).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[...]`, the loss per chain.
     """
     log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     # expm1(-log p) = 1/p - 1, exact near p = 1.
@@ -95,9 +138,18 @@ def pointwise_exp_loss(
 def expected_hamming_loss(
     potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
 ):
-    """Expected number of wrong labels under the model, `sum_t (1 - P(y_t = labels_t | x))`, `[...]`.
+    """Expected number of wrong labels under the model, `sum_t (1 - P(y_t = labels_t | x))`.
 
-    Bounded in `[0, length]`; never infinite.
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` or `Real` (the same computation).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[...]`, in `[0, length]`; never infinite.
     """
     log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     return jnp.sum(jnp.where(inside, -jnp.expm1(log_probability), 0.0), axis=-1)

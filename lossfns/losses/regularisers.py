@@ -40,17 +40,47 @@ def _abs_zero_subgradient(x):
 
 
 def l2(params, weight=1.0, *, mask=None):
-    """`weight / 2 * ||params||^2` (a Gaussian prior with `weight = 1 / sigma^2`), a scalar."""
+    """`weight / 2 * ||params||^2`, a Gaussian prior with `weight = 1 / sigma^2`.
+
+    Args:
+      params: a pytree of arrays.
+      weight: the penalty's weight.
+      mask: which entries are penalised (see the module docstring); default all.
+
+    Returns:
+      `[]`, the penalty.
+    """
     return weight / 2 * _total(_penalised_leaves(params, mask), jnp.square)
 
 
 def l1(params, weight=1.0, *, mask=None):
-    """`weight * ||params||_1`, a scalar. Its gradient is `weight * sign(params)`
-    (0 at 0); plain gradient steps do not produce exact zeros, use an
-    L1-aware optimiser (OWL-QN, cumulative-penalty SGD) for sparsity."""
+    """`weight * ||params||_1`.
+
+    Its gradient is `weight * sign(params)` (0 at 0); plain gradient steps do
+    not produce exact zeros, use an L1-aware optimiser (OWL-QN,
+    cumulative-penalty SGD) for sparsity.
+
+    Args:
+      params: a pytree of arrays.
+      weight: the penalty's weight.
+      mask: which entries are penalised (see the module docstring); default all.
+
+    Returns:
+      `[]`, the penalty.
+    """
     return weight * _total(_penalised_leaves(params, mask), _abs_zero_subgradient)
 
 
 def elastic_net(params, l1_weight, l2_weight, *, mask=None):
-    """`l1_weight * ||params||_1 + l2_weight / 2 * ||params||^2`, a scalar (Lavergne et al.'s rho_1, rho_2)."""
+    """`l1_weight * ||params||_1 + l2_weight / 2 * ||params||^2`.
+
+    Args:
+      params: a pytree of arrays.
+      l1_weight: the L1 weight (Lavergne et al.'s rho_1).
+      l2_weight: the L2 weight (rho_2).
+      mask: which entries are penalised (see the module docstring); default all.
+
+    Returns:
+      `[]`, the penalty.
+    """
     return l1(params, l1_weight, mask=mask) + l2(params, l2_weight, mask=mask)

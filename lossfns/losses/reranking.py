@@ -44,13 +44,23 @@ def _candidate_inputs(scores, reference, mask):
 
 
 def reranking_exp_loss(scores, reference, mask=None, *, include_reference: bool = True):
-    """`sum_W exp(-(score(W^R) - score(W)))` over the candidates W, `[...]`.
+    """`sum_W exp(-(score(W^R) - score(W)))` over the candidates W.
 
-    With `include_reference` (Gao et al.'s eq. 6) the reference's own term
-    `exp(0) = 1` is included; without it (Collins & Koo) the sum runs over
-    the other candidates. The gradient is the same either way:
+    The gradient does not depend on `include_reference`:
     `sum_W exp(-M(W^R, W)) (d score(W) - d score(W^R))`. Computed through
     a log-sum-exp, so only the total (never a single term) can overflow.
+
+    Args:
+      scores: `[..., N]` model scores of the N candidates of each example.
+      reference: `[...]` ints in `[0, N)`, the index of the reference
+        (oracle-best) candidate.
+      mask: `[..., N]` bool, which candidates exist (default all).
+      include_reference: include the reference's own term `exp(0) = 1`
+        (Gao et al.'s eq. 6); without it (Collins & Koo) the sum runs over the
+        other candidates.
+
+    Returns:
+      `[...]`, the loss per example.
     """
     masked, reference_score = _candidate_inputs(scores, reference, mask)
     if not include_reference:
@@ -63,9 +73,18 @@ def reranking_exp_loss(scores, reference, mask=None, *, include_reference: bool 
 
 
 def reranking_log_loss(scores, reference, mask=None):
-    """`-log softmax(scores)[reference]` over the present candidates, `[...]`.
+    """`-log softmax(scores)[reference]` over the present candidates.
 
     Gradient: `E_softmax[d score] - d score(W^R)`.
+
+    Args:
+      scores: `[..., N]` model scores of the N candidates of each example.
+      reference: `[...]` ints in `[0, N)`, the index of the reference
+        (oracle-best) candidate.
+      mask: `[..., N]` bool, which candidates exist (default all).
+
+    Returns:
+      `[...]`, the loss per example.
     """
     masked, reference_score = _candidate_inputs(scores, reference, mask)
     log_normaliser = logsumexp(masked, -1)

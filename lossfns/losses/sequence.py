@@ -21,32 +21,65 @@ from .chain_inputs import excess_over_gold
 
 
 def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`log Z(x) - s(x, y) = -log P(y | x)`, `[...]` (the CRF objective).
+    """`log Z(x) - s(x, y) = -log P(y | x)`, the CRF objective.
 
-    Gradient: `E_P[S | x] - S(x, y)`. `semiring` is `Log` (exact with -inf)
-    or `Real` (faster on CPU); `algorithm` as in `chain.log_partition`.
+    Gradient: `E_P[S | x] - S(x, y)`.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[...]`, the loss per chain.
     """
     log_z = chain.log_partition(potentials, lengths, semiring=semiring, algorithm=algorithm)
     return excess_over_gold(log_z, chain.score(potentials, labels, lengths))
 
 
 def row_sequence_log_loss(potentials, labels, starts, lengths=None, *, semiring: Semiring = semirings.Log):
-    """`sequence_log_loss` summed over the chains of each row, `[...]`, for
-    rows of back-to-back chains (`lattices.chain.row_forward`): `starts
-    [..., T]` bool marks each chain's first position, `lengths [...]` the
-    positions used. A corpus packed into such rows trains with one compiled
-    scan and no padding inside rows."""
+    """`sequence_log_loss` summed over the chains of each row, for rows of
+    back-to-back chains (`lattices.chain.row_forward`).
+
+    A corpus packed into such rows trains with one compiled scan and no
+    padding inside rows.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`
+        over each row's positions.
+      labels: `[..., T]` gold label ints in `[0, L)` of the row's chains;
+        values past each length are ignored.
+      starts: `[..., T]` bool, True at each chain's first position.
+      lengths: `[...]` positions used in each row (default `T`).
+      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
+
+    Returns:
+      `[...]`, per row the sum of its chains' losses.
+    """
     log_z = chain.row_log_partition(potentials, starts, lengths, semiring=semiring)
     return excess_over_gold(log_z, chain.row_score(potentials, labels, starts, lengths))
 
 
 def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`, `[...]`.
+    """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`.
 
     Computed as `expm1(log Z - s)`, exact for small losses. Gradient:
     `(1 / P(y | x)) (E_P[S | x] - S(x, y))`. Upper-bounds the rank loss.
-    Overflows to +inf once `log Z - s` exceeds about 709 (88 in float32);
-    `log_sequence_exp_loss` stays finite there.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[...]`, the loss per chain; +inf once `log Z - s` exceeds about 709
+        (88 in float32), where `log_sequence_exp_loss` stays finite.
     """
     log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     # Rounding can make log Z - s a hair negative when the gold sequence holds
@@ -61,12 +94,22 @@ def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
 def log_sequence_exp_loss(
     potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
 ):
-    """`log(1 / P(y | x) - 1) = log(1 - P(y | x)) - log P(y | x)`, `[...]`.
+    """`log(1 / P(y | x) - 1) = log(1 - P(y | x)) - log P(y | x)`.
 
     The log of `sequence_exp_loss`, finite for very wrong models where the
-    exp-loss overflows; -inf (with a zero gradient) where the gold sequence
-    holds all the mass (e.g. length 0, or one label). Gradient:
-    `(1 / (1 - P(y | x))) (E_P[S | x] - S(x, y))`.
+    exp-loss overflows. Gradient: `(1 / (1 - P(y | x))) (E_P[S | x] - S(x, y))`.
+
+    Args:
+      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
+      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
+        are ignored (e.g. -1 padding).
+      lengths: `[...]` ints in `[0, T]`, default `T`.
+      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
+      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
+
+    Returns:
+      `[...]`, the loss per chain; -inf (with a zero gradient) where the gold
+        sequence holds all the mass (e.g. length 0, or one label).
     """
     log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
     positive = (log_loss > 0) | jnp.isnan(log_loss)  # NaN input stays NaN, in the gradient too

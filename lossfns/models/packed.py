@@ -30,17 +30,31 @@ from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
 
 
 def corpus_potentials(model: LinearChainModel, arrays: CorpusArrays) -> tuple:
-    """The potentials of every bucket (`LinearChainModel.packed_potentials`)."""
+    """The potentials of every bucket (`LinearChainModel.packed_potentials`).
+
+    Args:
+      model: a `LinearChainModel`.
+      arrays: the packed corpus (`CorpusArrays`).
+
+    Returns:
+      a tuple of potentials, one per bucket, over its `[B_b, T_b]` positions.
+    """
     return model.packed_potentials(arrays.design, arrays.pair_ids, arrays.positions, arrays.starts)
 
 
 def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | None = None) -> jax.Array:
-    """The loss summed over the corpus's sentences, `[]`.
+    """The loss summed over the corpus's sentences.
 
-    loss: `(potentials, labels [B, T], lengths [B]) -> [B]`, default the CRF
-    log-loss (`losses.sequence_log_loss` on the real semiring); rows of
-    several sentences (`arrays.starts`, from `pack_rows`) take only the
-    default, as `losses.row_sequence_log_loss`.
+    Args:
+      model: a `LinearChainModel`.
+      arrays: the packed corpus (`CorpusArrays`), with labels.
+      loss: `(potentials, labels [B, T], lengths [B]) -> [B]`, default the CRF
+        log-loss (`losses.sequence_log_loss` on the real semiring); rows of
+        several sentences (`arrays.starts`, from `pack_rows`) take only the
+        default, as `losses.row_sequence_log_loss`.
+
+    Returns:
+      `[]`, the summed loss.
     """
     buckets = corpus_potentials(model, arrays)
     all_labels, all_starts = arrays.labels, arrays.starts
@@ -65,13 +79,24 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | 
 
 
 def blockwise_corpus_loss(model: LinearChainModel, blocks: CorpusArrays, loss: Callable | None = None) -> jax.Array:
-    """`corpus_loss` of a corpus split into equally shaped blocks
-    (`features.pack_shards`: every leaf `[S, ...]`), summed one block at a
-    time, `[]`. Each block's loss is rematerialised in the gradient
-    (`jax.checkpoint`), so the peak memory is one block's temporaries, for
-    one more forward pass: the whole corpus at once needs `[N, L, L]` edge
-    potentials (1.6 GB for conll2000 POS with label-pair features), several
-    times over in the gradient."""
+    """`corpus_loss` of a corpus split into equally shaped blocks, summed one
+    block at a time.
+
+    Each block's loss is rematerialised in the gradient (`jax.checkpoint`),
+    so the peak memory is one block's temporaries, for one more forward
+    pass: the whole corpus at once needs `[N, L, L]` edge potentials (1.6 GB
+    for conll2000 POS with label-pair features), several times over in the
+    gradient.
+
+    Args:
+      model: a `LinearChainModel`.
+      blocks: `CorpusArrays` of `S` blocks (`features.pack_shards`: every
+        leaf `[S, ...]`), with labels.
+      loss: as in `corpus_loss`.
+
+    Returns:
+      `[]`, the summed loss.
+    """
     one = jax.checkpoint(lambda model, arrays: corpus_loss(model, arrays, loss))
     return jnp.sum(jax.lax.map(lambda arrays: one(model, arrays), blocks))
 
@@ -112,8 +137,20 @@ def weights_objective(
     model: LinearChainModel, loss: Callable | None = None, *, blockwise: bool = False
 ) -> WeightsObjective:
     """The `WeightsObjective` of `model`'s kind (its static sparse support),
-    `loss` and `blockwise`; the optimisation variables are
-    `model.weights()`. Nothing of `model` but its static support enters the result."""
+    `loss` and `blockwise`.
+
+    Nothing of `model` but its static support enters the result.
+
+    Args:
+      model: a `LinearChainModel`.
+      loss: as in `corpus_loss`.
+      blockwise: whether the data's arrays are blocks `[S, ...]`
+        (`blockwise_corpus_loss`).
+
+    Returns:
+      a `WeightsObjective`, `(ChainWeights, TrainingData) -> []`; its
+        optimisation variables are `model.weights()`.
+    """
     return WeightsObjective(model.pair_support, loss, blockwise)
 
 
@@ -125,12 +162,25 @@ def _constrained(model, arrays, moves: AllowedTransitions | None) -> tuple:
 
 
 def decode_by_bucket(decode: Callable, model: LinearChainModel, corpus: PackedCorpus, *arguments, moves=None) -> tuple:
-    """`decode(model, arrays, *arguments, moves)` (`viterbi`, `kbest`,
-    `marginals`) per bucket of `corpus` (packed with the model's feature ids),
-    each bucket's arrays on the shape ladder (`features.bucket_corpora`, the
-    model's feature rows padded likewise) and its program compiled once per
-    shape and kept (`compilation_cache.compiled`): other sentence sets, and
-    later processes, re-use the compiled decoders. Per bucket, `decode`'s result."""
+    """`decode(model, arrays, *arguments, moves)` per bucket of `corpus`.
+
+    Each bucket's arrays are on the shape ladder (`features.bucket_corpora`,
+    the model's feature rows padded likewise) and its program compiled once
+    per shape and kept (`compilation_cache.compiled`): other sentence sets,
+    and later processes, re-use the compiled decoders.
+
+    Args:
+      decode: `viterbi`, `kbest`, `marginals` or a function like them.
+      model: a `LinearChainModel`.
+      corpus: a `PackedCorpus` packed with the model's feature ids.
+      *arguments: `decode`'s other arguments (hashable, e.g. `k`).
+      moves: label-scheme constraints (`lattices.constraints.allowed_transitions`),
+        or None.
+
+    Returns:
+      a tuple with `decode`'s result per bucket (rows and length padded to
+        the ladder: `features.in_corpus_order` cuts them).
+    """
     num_features = ladder(model.emission.shape[0])
     model = model.with_num_features(num_features)
     out = []
@@ -144,15 +194,36 @@ def decode_by_bucket(decode: Callable, model: LinearChainModel, corpus: PackedCo
 
 @jax.jit
 def viterbi(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
-    """Per bucket, the best labels `[B_b, T_b]` int32 (-1 past each length)."""
+    """The best label sequences, per bucket.
+
+    Args:
+      model: a `LinearChainModel`.
+      arrays: the packed corpus (`CorpusArrays`; labels are not read).
+      moves: label-scheme constraints (`lattices.constraints.allowed_transitions`),
+        or None.
+
+    Returns:
+      a tuple with the labels `[B_b, T_b]` int32 of each bucket (-1 past each
+        length).
+    """
     return tuple(chain.viterbi(p, lengths)[1] for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths))
 
 
 @functools.partial(jax.jit, static_argnames="k")
 def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: AllowedTransitions | None = None) -> tuple:
-    """Per bucket, `(log-probabilities [B_b, k], labels [B_b, k, T_b])` of
-    the k best label sequences, best first (`-inf` and -1 where a sentence
-    has fewer than k)."""
+    """The k best label sequences, best first, per bucket.
+
+    Args:
+      model: a `LinearChainModel`.
+      arrays: the packed corpus (`CorpusArrays`; labels are not read).
+      k: the number of sequences (static).
+      moves: label-scheme constraints (`lattices.constraints.allowed_transitions`),
+        or None.
+
+    Returns:
+      a tuple with `(log-probabilities [B_b, k], labels [B_b, k, T_b])` of
+        each bucket (`-inf` and -1 where a sentence has fewer than k).
+    """
     out = []
     for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths):
         scores, labels = chain.kbest(p, lengths, k)
@@ -162,7 +233,18 @@ def kbest(model: LinearChainModel, arrays: CorpusArrays, k: int, moves: AllowedT
 
 @jax.jit
 def marginals(model: LinearChainModel, arrays: CorpusArrays, moves: AllowedTransitions | None = None) -> tuple:
-    """Per bucket, the label marginals `P(y_t = j | x)` `[B_b, T_b, L]` (0 past each length)."""
+    """The label marginals `P(y_t = j | x)`, per bucket.
+
+    Args:
+      model: a `LinearChainModel`.
+      arrays: the packed corpus (`CorpusArrays`; labels are not read).
+      moves: label-scheme constraints (`lattices.constraints.allowed_transitions`),
+        or None.
+
+    Returns:
+      a tuple with the marginals `[B_b, T_b, L]` of each bucket (0 past each
+        length).
+    """
     return tuple(
         chain.node_marginals(p, lengths) for p, lengths in zip(_constrained(model, arrays, moves), arrays.lengths)
     )

@@ -60,10 +60,16 @@ def _as_allowed(allowed, num_tags: int) -> AllowedTransitions | None:
 
 
 def possible_tags(tags, num_tags: int) -> jax.Array:
-    """Partial labels from tags with holes: `tags [..., T]` in `[-1, L)`,
-    -1 where a position is unlabelled; returns `[..., T, L]` bool, the tags
-    each position may take (all of them at -1, the given one elsewhere), for
-    `CRF.partial_log_likelihood`."""
+    """Partial labels from tags with holes, for `CRF.partial_log_likelihood`.
+
+    Args:
+      tags: `[..., T]` ints in `[-1, L)`, -1 where a position is unlabelled.
+      num_tags: `L`.
+
+    Returns:
+      `[..., T, L]` bool, the tags each position may take (all of them at
+        -1, the given one elsewhere).
+    """
     num_tags = check_int("num_tags", num_tags)
     tags = as_integer_array("tags", tags, "an integer array [..., T] with values in [-1, num_tags)")
     value = concrete(tags)
@@ -97,10 +103,16 @@ class CRF(eqx.Module):
     allowed: AllowedTransitions | None
 
     def __init__(self, num_tags: int, *, key, allowed=None, dtype=jnp.float32):
-        """Parameters drawn uniformly from `[-0.1, 0.1]` (pytorch-crf's
-        initialisation); `allowed`: None, an `[L, L]` bool mask of allowed
-        transitions (`allowed[i, j]`: `j` may follow `i`) or
-        `lattices.constraints.AllowedTransitions` (with start and end)."""
+        """Parameters drawn uniformly from `[-0.1, 0.1]` (pytorch-crf's initialisation).
+
+        Args:
+          num_tags: `L`.
+          key: a `jax.random` key.
+          allowed: None, an `[L, L]` bool mask of allowed transitions
+            (`allowed[i, j]`: `j` may follow `i`) or
+            `lattices.constraints.AllowedTransitions` (with start and end).
+          dtype: the parameters' float dtype.
+        """
         num_tags = check_int("num_tags", num_tags)
         compilation_cache.enable()  # a new process re-uses the programs of earlier ones
         parameters = _call(_initial_parameters, key, num_tags=num_tags, dtype=jnp.dtype(dtype).name)
@@ -109,17 +121,34 @@ class CRF(eqx.Module):
 
     @classmethod
     def from_labels(cls, labels: Sequence[str], scheme: str = "IOB2", *, key, dtype=jnp.float32) -> CRF:
-        """A CRF over `labels` (tag `i` is `labels[i]`) that forbids the moves
-        invalid in `scheme` ("IOB2", "IOBES" or "BILOU"; see
-        `lattices.constraints.allowed_transitions`)."""
+        """A CRF over `labels` that forbids the moves invalid in `scheme`.
+
+        Args:
+          labels: the tag names (tag `i` is `labels[i]`).
+          scheme: "IOB2", "IOBES" or "BILOU" (see
+            `lattices.constraints.allowed_transitions`).
+          key: a `jax.random` key.
+          dtype: the parameters' float dtype.
+
+        Returns:
+          a `CRF` of `len(labels)` tags.
+        """
         allowed = constraints.allowed_transitions(labels, scheme)
         return cls(len(labels), key=key, allowed=allowed, dtype=dtype)
 
     @classmethod
     def from_parameters(cls, transitions, start_transitions, end_transitions, *, allowed=None) -> CRF:
-        """A CRF with the given parameters `[L, L]`, `[L]`, `[L]` (e.g. a
-        trained pytorch-crf's `transitions`, `start_transitions` and
-        `end_transitions`, as arrays)."""
+        """A CRF with the given parameters (e.g. a trained pytorch-crf's, as arrays).
+
+        Args:
+          transitions: `[L, L]`, finite (forbid moves with `allowed`, not -inf).
+          start_transitions: `[L]`, finite.
+          end_transitions: `[L]`, finite.
+          allowed: as in the constructor.
+
+        Returns:
+          a `CRF` of `L` tags, in the parameters' common dtype.
+        """
         transitions = as_float_array("transitions", transitions, 2, "[L, L]")
         L = transitions.shape[-1]
         if transitions.shape != (L, L):
@@ -227,18 +256,38 @@ class CRF(eqx.Module):
     # function below (inlined when called under the caller's own `jit`).
 
     def log_partition(self, emissions, mask=None, *, lengths=None) -> jax.Array:
-        """`log Z`, the log of the summed exponentiated scores of every tag sequence, `[...]`."""
+        """`log Z`, the log of the summed exponentiated scores of every tag sequence.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          `[...]`, per sequence.
+        """
         return _call(_log_partition, self, *self._prepare(emissions, mask, lengths))
 
     def log_likelihood(self, emissions, tags, mask=None, *, lengths=None, reduction: str = "none") -> jax.Array:
-        """`log P(tags | emissions)` (pytorch-crf's `forward`): per sequence
-        `[...]` with `reduction="none"` (the default; train on `-jnp.mean` or
-        `-jnp.sum` of it), or pytorch-crf's `"sum"`, `"mean"` (over sequences)
-        and `"token_mean"` (the sum over the tokens inside the lengths), `[]`.
+        """`log P(tags | emissions)` (pytorch-crf's `forward`).
 
-        tags: `[..., T]` ints in `[0, L)` inside each sequence (anything, e.g.
-        -1, past it). A gold sequence through a forbidden move gives -inf
-        with a finite gradient.
+        A gold sequence through a forbidden move gives -inf with a finite gradient.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          tags: `[..., T]` ints in `[0, L)` inside each sequence (anything, e.g.
+            -1, past it).
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+          reduction: "none" (the default; train on `-jnp.mean` or `-jnp.sum` of
+            it), or pytorch-crf's "sum", "mean" (over sequences) and
+            "token_mean" (the sum divided by the number of tokens inside
+            the lengths).
+
+        Returns:
+          `[...]` per sequence with `reduction="none"`, else `[]`.
         """
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS} (pytorch-crf's), got {reduction!r}")
@@ -256,44 +305,102 @@ class CRF(eqx.Module):
     def decode(self, emissions, mask=None, *, lengths=None):
         """The best tag sequence (Viterbi; ties go to the lowest tag index).
 
-        Returns `(scores [...], tags [..., T] int32)`, tags -1 past each
-        sequence (and everywhere when no sequence is allowed: score -inf).
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          scores: `[...]`; -inf when no sequence is allowed.
+          tags: `[..., T]` int32, -1 past each sequence (and everywhere when no
+            sequence is allowed).
         """
         return _call(_decode, self, *self._prepare(emissions, mask, lengths))
 
     def kbest(self, emissions, k: int, mask=None, *, lengths=None):
-        """The `k` best tag sequences, best first: `(scores [..., k], tags
-        [..., k, T])`; scores -inf and tags -1 where fewer than `k` exist."""
+        """The `k` best tag sequences, best first.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          k: the number of sequences.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          scores: `[..., k]`; -inf where fewer than `k` exist.
+          tags: `[..., k, T]` int32, -1 past each sequence and where fewer than
+            `k` exist.
+        """
         k = check_int("k", k)
         return _call(_kbest, self, *self._prepare(emissions, mask, lengths), k=k)
 
     def marginals(self, emissions, mask=None, *, lengths=None) -> jax.Array:
-        """`P(y_t = j | emissions)`, `[..., T, L]` (0 past each sequence):
-        the derivative of `log Z` with respect to the emissions."""
+        """`P(y_t = j | emissions)`: the derivative of `log Z` with respect to the emissions.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          `[..., T, L]`, 0 past each sequence.
+        """
         return _call(_marginals, self, *self._prepare(emissions, mask, lengths))
 
     def sample(self, emissions, mask=None, *, key, lengths=None) -> jax.Array:
-        """One exact sample from `P(tags | emissions)` per sequence, `[..., T]`
-        int32, -1 past each sequence (and everywhere when none is allowed)."""
+        """One exact sample from `P(tags | emissions)` per sequence.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          key: a `jax.random` key.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          `[..., T]` int32, -1 past each sequence (and everywhere when none is
+            allowed).
+        """
         return _sample(self, *self._prepare(emissions, mask, lengths), key)
 
     def entropy(self, emissions, mask=None, *, lengths=None) -> jax.Array:
-        """Entropy of `P(tags | emissions)` in nats, `[...]`."""
+        """Entropy of `P(tags | emissions)` in nats.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          `[...]`, per sequence.
+        """
         return _call(_entropy, self, *self._prepare(emissions, mask, lengths))
 
     # -- training options -------------------------------------------------------
 
     def partial_log_likelihood(self, emissions, possible, mask=None, *, lengths=None) -> jax.Array:
-        """Log-likelihood of partial labels, `[...]`: `log sum_{y in Y} P(y |
-        emissions)` over the set `Y` of tag sequences with `possible[..., t,
-        y_t]` at every position: `log Z` with the other tags' scores at -inf,
-        minus `log Z`.
+        """Log-likelihood of partial labels: `log sum_{y in Y} P(y | emissions)`
+        over the set `Y` of tag sequences with `possible[..., t, y_t]` at every
+        position (`log Z` with the other tags' scores at -inf, minus `log Z`).
 
-        possible: `[..., T, L]` bool, the tags position `t` may take (all
-        True: unlabelled; one True: labelled, as in `log_likelihood`); see
-        `possible_tags` to build it from tags with -1 holes. Every position
-        inside a sequence must allow some tag. With one possible tag
-        everywhere this is `log_likelihood`; with all, 0.
+        With one possible tag everywhere this is `log_likelihood`; with all, 0.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          possible: `[..., T, L]` bool, the tags position `t` may take (all
+            True: unlabelled; one True: labelled, as in `log_likelihood`); see
+            `possible_tags` to build it from tags with -1 holes. Every position
+            inside a sequence must allow some tag.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+
+        Returns:
+          `[...]`, per sequence.
         """
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         possible = on_device(possible)
@@ -315,17 +422,26 @@ class CRF(eqx.Module):
         return _call(_partial_log_likelihood, self, emissions, lengths, prefix, possible)
 
     def softmax_margin_loss(self, emissions, tags, mask=None, *, lengths=None, cost=1.0) -> jax.Array:
-        """Softmax-margin (Gimpel & Smith 2010), `[...]`: `log sum_y
-        exp(s(y) + cost(y, tags)) - s(tags) >= -log_likelihood`, a
-        differentiable bound on the cost-augmented hinge that trains toward
-        fewer costly errors.
+        """Softmax-margin (Gimpel & Smith 2010), a differentiable bound on the
+        cost-augmented hinge that trains toward fewer costly errors.
 
-        cost (of predicting tag `j` at a position whose gold tag is `i`):
-          a number `c`: the Hamming cost `c [j != i]`;
-          `[L]`: a class-weighted Hamming cost `cost[i] [j != i]` (e.g.
-          larger for entity tags than for O, to favour recall);
-          `[L, L]`: any `cost[i, j] >= 0` with a zero diagonal.
-        With cost 0 this is `-log_likelihood`.
+        `log sum_y exp(s(y) + cost(y, tags)) - s(tags) >= -log_likelihood`.
+
+        Args:
+          emissions: `[..., T, L]` scores from the encoder.
+          tags: `[..., T]` gold ints in `[0, L)` inside each sequence.
+          mask: `[..., T]` bool prefix mask (True on each sequence's first
+            positions), or None; give `mask` or `lengths`, not both.
+          lengths: `[...]` ints in `[0, T]` (default: every position).
+          cost: the cost of predicting tag `j` at a position whose gold tag is
+            `i`: a number `c`, the Hamming cost `c [j != i]`; `[L]`, a
+            class-weighted Hamming cost `cost[i] [j != i]` (e.g. larger for
+            entity tags than for O, to favour recall); or `[L, L]`, any
+            `cost[i, j] >= 0` with a zero diagonal. With cost 0 this is
+            `-log_likelihood`.
+
+        Returns:
+          `[...]`, per sequence.
         """
         emissions, lengths, prefix = self._prepare(emissions, mask, lengths)
         tags = as_labels(tags, emissions.shape[:-1], self.num_tags, lengths, name="tags")

@@ -26,6 +26,13 @@ def logsumexp(x: jax.Array, axis: int = -1) -> jax.Array:
     among finite ones get a zero gradient (jax.nn.logsumexp gives NaN for the
     first case); NaN stays NaN. A custom JVP rather than a VJP, so forward
     mode, reverse mode and any order of derivatives all work.
+
+    Args:
+      x: an array, e.g. `[..., N]`.
+      axis: the axis summed over.
+
+    Returns:
+      `x`'s shape without `axis`, e.g. `[...]`.
     """
     return _logsumexp_parts(x, axis)[0]
 
@@ -64,6 +71,13 @@ def finite_max(x: jax.Array, axis) -> jax.Array:
 
     Used as a shift under `stop_gradient`: the quantity it shifts is exactly
     invariant to the shift, so no derivative flows through it.
+
+    Args:
+      x: an array.
+      axis: the axis (or axes) reduced.
+
+    Returns:
+      `x`'s shape without `axis`, with no derivative.
     """
     peak = jnp.max(x, axis=axis)
     return jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
@@ -71,7 +85,14 @@ def finite_max(x: jax.Array, axis) -> jax.Array:
 
 def pairwise_sum(x: jax.Array) -> jax.Array:
     """Sum over the leading axis as a balanced tree: rounding error grows like
-    log T, not T, when summing T per-step log normalisers in float32."""
+    log T, not T, when summing T per-step log normalisers in float32.
+
+    Args:
+      x: `[T, ...]`.
+
+    Returns:
+      `[...]`.
+    """
     while x.shape[0] > 1:
         if x.shape[0] % 2:
             x = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])

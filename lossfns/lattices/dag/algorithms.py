@@ -225,9 +225,10 @@ def forward(semiring: Semiring, lattice: Lattice, arc_scores):
       lattice: a `Lattice`, unbatched or with the batch shape of the scores.
       arc_scores: `[..., A]` log-space scores; `-inf` forbids an arc; padding
         arcs' scores are ignored.
+
     Returns:
       `[...]` (`[..., k]` for k-max). A lattice without an accepting path
-      gives the semiring zero (`-inf` log Z) with zero gradients.
+        gives the semiring zero (`-inf` log Z) with zero gradients.
     """
     lattice, arc_scores = _prepare(lattice, arc_scores)
     return _forward_batch(semiring, lattice, arc_scores)
@@ -245,17 +246,35 @@ def _viterbi_batch(lattice, arc_scores):
 
 
 def log_partition(lattice: Lattice, arc_scores, *, semiring: Semiring = semirings.Log):
-    """`log` of the sum over accepting paths of `exp(path score)`, `[...]`.
-    `semiring` is `Log` or `Real` (both exact: every state is shifted by its
-    own best in-arc)."""
+    """`log` of the sum over accepting paths of `exp(path score)`.
+
+    Args:
+      lattice: a `Lattice`, unbatched or with the batch shape of the scores.
+      arc_scores: `[..., A]` log-space scores; `-inf` forbids an arc; padding
+        arcs' scores are ignored.
+      semiring: `semirings.Log` or `Real` (both exact: every state is shifted
+        by its own best in-arc).
+
+    Returns:
+      `[...]`, `log Z` per lattice.
+    """
     if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
     return forward(semiring, lattice, arc_scores)
 
 
 def arc_marginals(lattice: Lattice, arc_scores, *, semiring: Semiring = semirings.Log):
-    """Posterior probability of each arc, `[..., A]` (the derivative of
-    `log_partition`; 0 for padding, forbidden and unreachable arcs)."""
+    """Posterior probability of each arc (the derivative of `log_partition`).
+
+    Args:
+      lattice: a `Lattice`, unbatched or with the batch shape of the scores.
+      arc_scores: `[..., A]` log-space scores; `-inf` forbids an arc; padding
+        arcs' scores are ignored.
+      semiring: `semirings.Log` or `Real`, as in `log_partition`.
+
+    Returns:
+      `[..., A]`; 0 for padding, forbidden and unreachable arcs.
+    """
     total = lambda scores: jnp.sum(log_partition(lattice, scores, semiring=semiring))
     return jax.grad(total)(arc_scores)
 
@@ -263,9 +282,17 @@ def arc_marginals(lattice: Lattice, arc_scores, *, semiring: Semiring = semiring
 def viterbi(lattice: Lattice, arc_scores):
     """Best accepting path by back-pointers (ties: lowest arc slot wins).
 
-    Returns `(score [...], arcs [..., N], symbols [..., N])`: the path's arc
-    ids and symbols from the start, padded with -1 (N is the number of levels,
-    the longest possible path). Without an accepting path: score -inf, all -1.
+    Args:
+      lattice: a `Lattice`, unbatched or with the batch shape of the scores.
+      arc_scores: `[..., A]` log-space scores; `-inf` forbids an arc; padding
+        arcs' scores are ignored.
+
+    Returns:
+      score: `[...]`; -inf without an accepting path.
+      arcs: `[..., N]` int32, the path's arc ids from the start, padded with
+        -1 (N is the number of levels, the longest possible path); all -1
+        without an accepting path.
+      symbols: `[..., N]` int32, the path's symbols, padded likewise.
     """
     lattice, arc_scores = _prepare(lattice, arc_scores)
     return _viterbi_batch(lattice, arc_scores)
@@ -362,9 +389,17 @@ def _packed_forward_jit(semiring, packed, arc_scores):
 
 
 def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
-    """`forward` of each lattice of a pack, `[B]` (`[B, k]` for k-max);
-    `arc_scores [A]` in the pack's arc order. Only `PACKABLE_SEMIRINGS`
-    (the others need one shared scale per lattice: use `stack`)."""
+    """`forward` of each lattice of a pack.
+
+    Args:
+      semiring: one of `PACKABLE_SEMIRINGS` (the others need one shared scale
+        per lattice: use `stack`).
+      packed: a `PackedLattices` of `B` lattices (`pack`).
+      arc_scores: `[A]` log-space scores in the pack's arc order.
+
+    Returns:
+      `[B]` (`[B, k]` for k-max).
+    """
     if not isinstance(packed, PackedLattices):
         raise TypeError(f"packed must be a dag.PackedLattices, got {type(packed).__name__}")
     if type(semiring) not in PACKABLE_SEMIRINGS:
@@ -381,8 +416,17 @@ def packed_forward(semiring: Semiring, packed: PackedLattices, arc_scores):
 
 
 def packed_log_partition(packed: PackedLattices, arc_scores, *, semiring: Semiring = semirings.Log):
-    """`log_partition` of each lattice of a pack, `[B]`; `semiring` is `Log`
-    (the default, as `log_partition`'s) or `Real`, both exact."""
+    """`log_partition` of each lattice of a pack.
+
+    Args:
+      packed: a `PackedLattices` of `B` lattices (`pack`).
+      arc_scores: `[A]` log-space scores in the pack's arc order.
+      semiring: `semirings.Log` (the default, as `log_partition`'s) or
+        `Real`, both exact.
+
+    Returns:
+      `[B]`, `log Z` per lattice.
+    """
     if not _computes_log_z(semiring):
         raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
     return packed_forward(semiring, packed, arc_scores)
@@ -394,8 +438,17 @@ def _packed_viterbi_jit(packed, arc_scores):
 
 
 def packed_viterbi(packed: PackedLattices, arc_scores):
-    """`viterbi` of each lattice of a pack: `(score [B], arcs [B, N], symbols
-    [B, N])`, arcs as pack arc ids (ties: lowest slot wins)."""
+    """`viterbi` of each lattice of a pack (ties: lowest slot wins).
+
+    Args:
+      packed: a `PackedLattices` of `B` lattices (`pack`).
+      arc_scores: `[A]` log-space scores in the pack's arc order.
+
+    Returns:
+      score: `[B]`; -inf without an accepting path.
+      arcs: `[B, N]` int32, pack arc ids, padded with -1 (N the pack's levels).
+      symbols: `[B, N]` int32, padded with -1.
+    """
     if not isinstance(packed, PackedLattices):
         raise TypeError(f"packed must be a dag.PackedLattices, got {type(packed).__name__}")
     arc_scores = as_float_array("arc_scores", arc_scores, 1, "[A]")

@@ -62,7 +62,14 @@ def _build(src, dst, symbol, final, num_states: int) -> Lattice:
 
 
 def to_jax(lattice: Lattice) -> Lattice:
-    """A lattice with numpy fields (`from_arcs_numpy`) as device arrays."""
+    """A lattice with numpy fields (`from_arcs_numpy`) as device arrays.
+
+    Args:
+      lattice: a `Lattice` with numpy fields.
+
+    Returns:
+      the `Lattice` with the same fields as jax arrays.
+    """
     # device_put of finished numpy arrays: no per-shape compilation (jnp.ones
     # and friends compile one small program per new shape).
     return Lattice(*jax.device_put(tuple(np.asarray(field) for field in lattice)))
@@ -126,15 +133,21 @@ def _levels(src, dst, num_states: int) -> np.ndarray:
 
 
 def from_arcs(arcs, final, num_states: int | None = None) -> Lattice:
-    """A lattice from `arcs`, a sequence of `(src, dst, symbol)` triples (or an
-    int array `[A, 3]`), in the order their scores will be given.
+    """A lattice from its arcs.
 
-    `final` is a sequence of final state ids, or a boolean mask with one
-    entry per state (`[num_states]`). Ids must be integers (floats are
-    refused, not truncated). States must be numbered in
-    topological order with 0 the start state (`src < dst` for every arc);
-    anything else, a cycle included, raises `ValueError`.
-    `num_states` defaults to one more than the largest state id used.
+    Ids must be integers (floats are refused, not truncated). States must be
+    numbered in topological order with 0 the start state (`src < dst` for
+    every arc); anything else, a cycle included, raises `ValueError`.
+
+    Args:
+      arcs: a sequence of `(src, dst, symbol)` triples (or an int array
+        `[A, 3]`), in the order their scores will be given.
+      final: a sequence of final state ids, or a boolean mask with one entry
+        per state (`[num_states]`).
+      num_states: `S`; default one more than the largest state id used.
+
+    Returns:
+      an unbatched `Lattice` (`src [A]`, `final [S]`, ...).
     """
     return to_jax(from_arcs_numpy(arcs, final, num_states))
 
@@ -165,8 +178,18 @@ def _integer_ids(name: str, x, expected: str, *, allow_bool: bool = False) -> np
 
 
 def from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
-    """`from_arcs` with numpy fields (bulk construction: no device arrays;
-    `to_jax` moves the finished lattice to the device)."""
+    """`from_arcs` with numpy fields (bulk construction: no device arrays).
+
+    Args:
+      arcs: a sequence of `(src, dst, symbol)` triples (or an int array
+        `[A, 3]`), as in `from_arcs`.
+      final: a sequence of final state ids, or a boolean mask `[num_states]`.
+      num_states: `S`; default one more than the largest state id used.
+
+    Returns:
+      an unbatched `Lattice` of numpy arrays (`to_jax` moves the finished
+        lattice to the device).
+    """
     arcs = _integer_ids("arcs", arcs, "(src, dst, symbol) integer triples, shape [A, 3]")
     if arcs.size == 0:
         arcs = np.zeros((0, 3), np.int64)
@@ -196,7 +219,14 @@ def from_arcs_numpy(arcs, final, num_states: int | None = None) -> Lattice:
 
 
 def from_string(symbols: Sequence[int]) -> Lattice:
-    """The chain accepting exactly `symbols`: states `0..m`, arc `i` reads `symbols[i]`."""
+    """The chain accepting exactly `symbols`.
+
+    Args:
+      symbols: a sequence of `m` integer symbol ids.
+
+    Returns:
+      a `Lattice` with states `0..m`, arc `i` reading `symbols[i]`.
+    """
     ids = _integer_ids("symbols", symbols, "a sequence of integer symbol ids").reshape(-1)
     m = len(ids)
     return from_arcs([(i, i + 1, int(s)) for i, s in enumerate(ids)], final=[m], num_states=m + 1)
@@ -205,11 +235,16 @@ def from_string(symbols: Sequence[int]) -> Lattice:
 def from_strings(strings: Sequence[Sequence[int]], *, deterministic: bool = False) -> Lattice:
     """A lattice accepting a list of strings (e.g. an N-best candidate list).
 
-    With `deterministic=False`, candidate `i` is its own path (shared start
-    and final states) and its arcs are contiguous and in order, so a
-    duplicated candidate is two paths. With `deterministic=True`, the
-    minimal deterministic acceptor of the *set* of strings: every string on
-    exactly one path, shared prefixes and suffixes merged.
+    Args:
+      strings: a sequence of integer symbol sequences.
+      deterministic: with False, candidate `i` is its own path (shared start
+        and final states) and its arcs are contiguous and in order, so a
+        duplicated candidate is two paths. With True, the minimal
+        deterministic acceptor of the *set* of strings: every string on
+        exactly one path, shared prefixes and suffixes merged.
+
+    Returns:
+      an unbatched `Lattice`.
     """
     strings = [
         tuple(int(s) for s in _integer_ids(f"strings[{i}]", string, "a sequence of integer symbol ids").reshape(-1))
@@ -279,8 +314,16 @@ def _numpy_lattice(lattice: Lattice) -> Lattice:
 
 def union(*lattices: Lattice) -> Lattice:
     """A lattice accepting every path of every argument: the start states are
-    merged (arcs out of each start leave the new start 0). Not deterministic
-    when the arguments share strings."""
+    merged (arcs out of each start leave the new start 0).
+
+    Not deterministic when the arguments share strings.
+
+    Args:
+      *lattices: unbatched `Lattice`s.
+
+    Returns:
+      an unbatched `Lattice`.
+    """
     src, dst, symbol, start_final, offset = [], [], [], False, 1
     finals = []
     for lattice in lattices:
@@ -302,8 +345,21 @@ def union(*lattices: Lattice) -> Lattice:
 
 
 def pad(lattice: Lattice, num_states: int, num_arcs: int, num_levels: int, width: int, in_degree: int) -> Lattice:
-    """Pad one lattice to larger static sizes (padding states are unreachable
-    and not final; padding arcs are invalid), so lattices can be stacked."""
+    """Pad one lattice to larger static sizes, so lattices can be stacked.
+
+    Padding states are unreachable and not final; padding arcs are invalid.
+
+    Args:
+      lattice: an unbatched `Lattice`.
+      num_states: `S`, at least the lattice's.
+      num_arcs: `A`, at least the lattice's.
+      num_levels: `N`, at least the lattice's.
+      width: `W`, at least the lattice's.
+      in_degree: `D`, at least the lattice's.
+
+    Returns:
+      the padded `Lattice`: `src [A]`, `final [S]`, `level_arcs [N, W, D]`, ...
+    """
     return to_jax(_pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree))
 
 
@@ -335,7 +391,14 @@ def _pad_numpy(lattice, num_states, num_arcs, num_levels, width, in_degree) -> L
 
 
 def stack(lattices: Sequence[Lattice]) -> Lattice:
-    """Pad lattices to common sizes and stack them into a batch `[B, ...]`."""
+    """Pad lattices to common sizes and stack them into a batch.
+
+    Args:
+      lattices: a non-empty sequence of `B` unbatched `Lattice`s.
+
+    Returns:
+      a `Lattice` whose fields are `[B, ...]`.
+    """
     lattices = [_numpy_lattice(lattice) for lattice in lattices]
     if not lattices:
         raise ValueError("stack needs at least one lattice")
@@ -433,13 +496,25 @@ def pack(
 ) -> PackedLattices:
     """Pack unbatched lattices into one `PackedLattices` (numpy fields).
 
-    `in_degree`: the blocks' in-degree bounds (ascending; default: chosen to
-    minimise padding, at most 3 blocks). The optional sizes pad the result
-    (more rows: empty-string lattices with log Z = 0; more arcs, levels,
-    block widths `width` (one per block), final slots, states: padding), so
-    that packs of different data share one compiled program (`packed_sizes`).
-    Arc `j` of lattice `b` is arc `offset_b + j` with `offset_b` the arc
-    count of the lattices before `b`.
+    The optional sizes pad the result, so that packs of different data share
+    one compiled program (`packed_sizes`); each must be at least what the
+    lattices need. Arc `j` of lattice `b` is arc `offset_b + j` with
+    `offset_b` the arc count of the lattices before `b`.
+
+    Args:
+      lattices: a sequence of `B` unbatched `Lattice`s.
+      num_lattices: rows (default `B`); more rows are empty-string lattices
+        with log Z = 0.
+      num_arcs: arcs `A` (padding arcs are invalid).
+      num_levels: levels `N`.
+      width: block widths `W_k`, one per block.
+      in_degree: the blocks' in-degree bounds (ascending; default: chosen to
+        minimise padding, at most 3 blocks).
+      num_finals: final slots per lattice `F`.
+      num_states: states `S`.
+
+    Returns:
+      a `PackedLattices` with numpy fields.
     """
     lattices = [_numpy_lattice(lattice) for lattice in lattices]
     B = len(lattices)
@@ -544,7 +619,14 @@ def pack(
 
 
 def packed_sizes(packed: PackedLattices) -> dict:
-    """`pack`'s size arguments that reproduce `packed`'s shapes."""
+    """`pack`'s size arguments that reproduce `packed`'s shapes.
+
+    Args:
+      packed: a `PackedLattices`.
+
+    Returns:
+      a dict of `pack`'s keyword arguments (`num_lattices`, `num_arcs`, ...).
+    """
     return dict(
         num_lattices=packed.final_slots.shape[0],
         num_arcs=packed.src.shape[0],
@@ -557,8 +639,15 @@ def packed_sizes(packed: PackedLattices) -> dict:
 
 
 def enumerate_paths(lattice: Lattice) -> list[tuple[int, ...]]:
-    """Every accepting path of one small lattice, as a tuple of arc ids
-    (depth first, arcs in id order). For tests and debugging."""
+    """Every accepting path of one small lattice. For tests and debugging.
+
+    Args:
+      lattice: an unbatched `Lattice`.
+
+    Returns:
+      a list with one tuple of arc ids per accepting path (depth first, arcs
+        in id order).
+    """
     lattice = _numpy_lattice(lattice)
     outgoing = [[] for _ in range(lattice.num_states)]
     for arc in np.flatnonzero(lattice.arc_valid):
@@ -576,6 +665,13 @@ def enumerate_paths(lattice: Lattice) -> list[tuple[int, ...]]:
 
 
 def enumerate_strings(lattice: Lattice) -> list[tuple[int, ...]]:
-    """The symbol string of every accepting path (one entry per path)."""
+    """The symbol string of every accepting path.
+
+    Args:
+      lattice: an unbatched `Lattice`.
+
+    Returns:
+      a list with one tuple of symbol ids per path (as `enumerate_paths`).
+    """
     symbol = np.asarray(lattice.symbol)
     return [tuple(int(symbol[arc]) for arc in path) for path in enumerate_paths(lattice)]
