@@ -1,5 +1,6 @@
-"""The altun2002 and gao2006 experiments: their quick CLI runs on the real
-corpora (skipped locally without them, failing in CI), and gao2006's
+"""The altun2002 and gao2006 experiments: gao2006's quick CLI run on the real
+corpora (skipped locally without them, failing in CI; altun2002's runs in
+tests/experiments/test_altun2003.py, on the altun2003 quick run's units), and gao2006's
 methods (the library's rerankers on their sparse layout) against the dense
 ones. (altun2002's boosting is the library's: its oracles are in
 tests/training/test_chain_boosting.py.)
@@ -21,43 +22,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _quick(name: str, tasks: str, out) -> None:
-    quick_experiment(name, out, "--tasks", tasks, optimised=True)  # its loops run longer than they compile
+    quick_experiment(name, out, "--tasks", tasks)
 
 
 # ---------------------------------------------------------------------------
 # altun2002
 # ---------------------------------------------------------------------------
-
-
-@pytest.mark.slow  # about 45 s of CPU, mostly compiling the L-BFGS loops and the boosting round
-def test_altun2002_quick_run_shares_altun2003_units_and_writes_table_json_plot(tmp_path):
-    corpus_or_fail(("corpora", "conll2002"))
-    out = tmp_path / "altun2002"
-    _quick("altun2002", "ner-S2", out)
-    table = (out / "results.md").read_text()
-    assert "66.11" in table and "69.75" in table  # the paper's S2 boosting and log-loss F1 beside ours
-    assert "not judged (quick run)" in table and "| S2 converged |" in table
-    summary = json.loads((out / "results.json").read_text())
-    result = summary["results"]["ner"]
-    assert result["source"].startswith("CoNLL-2002")
-    rows = {row["method"]: row for row in result["rows"]}
-    assert set(rows) == set(altun2002.METHODS)
-    for row in rows.values():
-        assert 0.0 <= row["score"] <= 100.0 and 0.0 <= row["token_error"] <= 100.0
-    boost = rows["boosting"]
-    assert 0 < boost["features_used"] <= boost["best_round"] <= boost["steps"] < rows["sequential log"]["features_used"]
-    # The model scored is the best development evaluation's: the weak learners chosen up to its round.
-    used = altun2002.features_used_by_round(boost["chosen_features"], [boost["best_round"]])[0]
-    assert boost["features_used"] == used and boost["curve_split"] == "dev"
-    assert boost["convergence"]["cap"] == altun2002.configs(True)["ner"]["boosting"]["max_rounds"]
-    # The whole-sentence and boosting rows are altun2003's units, beside this run; the pieces row is altun2002's.
-    shared = sorted(path.name for path in (tmp_path / "altun2003-quick" / "units").iterdir())
-    assert shared == ["ner-S2-boosting.json", "ner-S2-sequential_exp.json", "ner-S2-sequential_log.json"]
-    assert [path.name for path in (out / "units").iterdir()] == ["ner-S2-sequential_exp_pieces.json"]
-    pieces = json.loads((out / "units" / "ner-S2-sequential_exp_pieces.json").read_text())
-    assert pieces["unit_settings"]["piece_length"] == 8 and pieces["loss"] == "sequential exp"
-    assert (out / "boosting_rounds.png").read_bytes()[:8] == PNG
-    assert "-m experiments altun2002 --quick" in (out / "COMMAND.txt").read_text()
 
 
 def test_altun2002_features_used_counts_distinct_first_choices():

@@ -1,4 +1,4 @@
-"""The experiments harness: the quick CLI run, resumption, the planted-model
+"""The experiments harness: the quick CLI run (and altun2002's on its units), resumption, the planted-model
 generator, the training objective against brute force, and decoding order.
 
 Uses the real corpora when NLTK_DATA has them (CI), else synthetic data.
@@ -7,12 +7,13 @@ Uses the real corpora when NLTK_DATA has them (CI), else synthetic data.
 import json
 import math
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import quick_experiment
+from conftest import corpus_or_fail, quick_experiment
 
 from lossfns import checkpoint, optimizers, testing, training
 from lossfns.lattices import chain
@@ -20,7 +21,7 @@ from lossfns.losses import sequence
 from lossfns.training import chain_boosting_data
 
 from experiments import __main__ as experiments_main
-from experiments import altun2003, synthetic, tagging
+from experiments import altun2002, altun2003, synthetic, tagging
 from experiments.harness import (
     RunDirectory,
     converged_cell,
@@ -90,6 +91,44 @@ def test_quick_run_writes_table_json_plots_and_command(quick_run):
     assert (quick_run / "losses_by_feature_set.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     command = (quick_run / "COMMAND.txt").read_text()
     assert "-m experiments altun2003 --quick" in command
+
+
+def test_altun2002_quick_run_reads_altun2003s_units_and_writes_table_json_plot(quick_run, tmp_path):
+    """altun2002's whole-sentence and boosting rows are altun2003's units, read
+    from the altun2003 run beside it (here the quick run's, copied), not
+    computed again; only its pieces row is its own."""
+    corpus_or_fail(("corpora", "conll2002"))
+    shared_units = tmp_path / "altun2003-quick" / "units"
+    shared_units.mkdir(parents=True)
+    names = ["ner-S2-boosting.json", "ner-S2-sequential_exp.json", "ner-S2-sequential_log.json"]
+    for name in names:
+        shutil.copy(quick_run / "units" / name, shared_units / name)
+    before = {name: (shared_units / name).read_bytes() for name in names}
+    out = tmp_path / "altun2002"
+    quick_experiment("altun2002", out, "--tasks", "ner-S2", optimised=True)
+    assert sorted(path.name for path in shared_units.iterdir()) == names
+    assert {name: (shared_units / name).read_bytes() for name in names} == before  # read back, not recomputed
+    assert [path.name for path in (out / "units").iterdir()] == ["ner-S2-sequential_exp_pieces.json"]
+    table = (out / "results.md").read_text()
+    assert "66.11" in table and "69.75" in table  # the paper's S2 boosting and log-loss F1 beside ours
+    assert "not judged (quick run)" in table and "| S2 converged |" in table
+    summary = json.loads((out / "results.json").read_text())
+    result = summary["results"]["ner"]
+    assert result["source"].startswith("CoNLL-2002")
+    rows = {row["method"]: row for row in result["rows"]}
+    assert set(rows) == set(altun2002.METHODS)
+    for row in rows.values():
+        assert 0.0 <= row["score"] <= 100.0 and 0.0 <= row["token_error"] <= 100.0
+    boost = rows["boosting"]
+    assert 0 < boost["features_used"] <= boost["best_round"] <= boost["steps"] < rows["sequential log"]["features_used"]
+    # The model scored is the best development evaluation's: the weak learners chosen up to its round.
+    used = altun2002.features_used_by_round(boost["chosen_features"], [boost["best_round"]])[0]
+    assert boost["features_used"] == used and boost["curve_split"] == "dev"
+    assert boost["convergence"]["cap"] == altun2002.configs(True)["ner"]["boosting"]["max_rounds"]
+    pieces = json.loads((out / "units" / "ner-S2-sequential_exp_pieces.json").read_text())
+    assert pieces["unit_settings"]["piece_length"] == 8 and pieces["loss"] == "sequential exp"
+    assert (out / "boosting_rounds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "-m experiments altun2002 --quick" in (out / "COMMAND.txt").read_text()
 
 
 def test_unit_is_computed_once_and_read_back(tmp_path):
