@@ -29,6 +29,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from jax._src import compilation_cache as jax_compilation_cache  # its state, read once per process
 from jax._src import config as jax_config  # a context that turns JAX's own cache off (no public one)
 
 from . import checkpoint
@@ -252,6 +253,20 @@ def _load_or_compile(program: str, function: Callable, arguments: tuple) -> _Sto
     return stored
 
 
+@contextlib.contextmanager
+def _without_jax_cache():
+    """JAX's persistent cache off for the compilations inside. JAX reads its
+    setting once per process (`is_cache_used`), so the setting alone is not
+    enough: its cache state is reset on the way in and out (a compilation
+    of another thread meanwhile misses the cache; it is never wrong)."""
+    with jax_config.enable_compilation_cache(False):
+        jax_compilation_cache.reset_cache()
+        try:
+            yield
+        finally:
+            jax_compilation_cache.reset_cache()
+
+
 class _StoredProgram:
     """An executable of the arguments' leaves, flat (a stored program's input
     structure is then a plain tuple, whatever pytree types, such as equinox
@@ -275,8 +290,8 @@ class _StoredProgram:
             return function(*jax.tree_util.tree_unflatten(structure, leaves))
 
         # Compiled afresh, not taken from JAX's own cache: an executable that was itself loaded
-        # from a cache does not always serialise whole on CPU (its kernels missing when run).
-        with jax_config.enable_compilation_cache(False):
+        # from a cache serialises without its kernels on CPU (a third of them missing when run).
+        with _without_jax_cache():
             self.executable = jax.jit(stored_program).lower(*self.leaves).compile()
         self.verified = True
         store_executable(self.program, self.executable)

@@ -155,6 +155,13 @@ def test_a_new_process_reuses_the_stored_programs_and_survives_damaged_entries(t
             os.mkfifo(entry)
     damaged = _child(cache)
     assert (damaged["loss"], damaged["labels"]) == (first["loss"], first["labels"])
+    # The programs compiled again in a process that loaded others from JAX's cache are stored
+    # whole (never taken from JAX's cache, whose loaded executables serialise without their
+    # kernels on CPU): the next process runs them without tracing.
+    assert not list((tmp_path / "cache" / "xla").glob("jit_stored_program-*")), "stored programs in JAX's cache"
+    repaired = _child(cache)
+    assert (repaired["loss"], repaired["labels"]) == (first["loss"], first["labels"])
+    assert "jit(stored_program)" not in repaired["lowered"], f"repaired entries failed: {repaired['lowered']}"
 
 
 _CRF_CHILD = textwrap.dedent(

@@ -13,6 +13,7 @@ Design notes: docs/internals.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import equinox as eqx
@@ -25,7 +26,7 @@ from ..features.design import SparseDesign, bucket_slices, design_matmul, scatte
 from ..features.index import FeatureBatch, observed_label_pairs, observed_label_triples
 from ..lattices.chain import FactoredPotentials
 from ..lattices.sparse_chain import SparsePotentials
-from ..validation import as_integer_array, check_allocation, concrete
+from ..validation import as_integer_array, check_allocation, concrete, on_device
 
 
 @jax.custom_vjp
@@ -87,6 +88,35 @@ class ChainWeights(NamedTuple):
     transitions: jax.Array
     start: jax.Array
     pair_emission: jax.Array
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _zero_tables(num_features: int, num_labels: int, num_pair_features: int, dtype) -> tuple:
+    """`[K, L]`, `[L, L]`, `[L]` and `[K2, L, L]` zeros in one program (one
+    compilation, or cache load, per model shape instead of one per table)."""
+    K, L = num_features, num_labels
+    return tuple(jnp.zeros(shape, dtype) for shape in ((K, L), (L, L), (L,), (num_pair_features, L, L)))
+
+
+@jax.jit  # one program: indexing by arrays outside `jit` runs five
+def _existing(emission: jax.Array, rows, columns) -> jax.Array:
+    """`emission[rows, columns]`, `[P]`."""
+    return emission[rows, columns]
+
+
+@jax.jit  # one program where the steps outside `jit` would run one each
+def _dense_tables(weights, structure) -> tuple:
+    """`(emission [K, L], transitions [L, L], start [L])` of `weights` (`ChainWeights`)
+    and `structure` (`ChainStructure`): weights that do not exist read 0."""
+    emission, transitions = weights.emission, weights.transitions
+    if structure.emission_pairs is not None:
+        rows, columns = structure.emission_pairs
+        emission = jnp.zeros(structure.emission_mask.shape, emission.dtype).at[rows, columns].set(emission)
+    if structure.transition_mask is not None:
+        # A transition that does not exist reads 0, so its gradient is 0.
+        transitions = jnp.where(structure.transition_mask, transitions, 0.0)
+    start = weights.start if structure.start_mask is None else jnp.where(structure.start_mask, weights.start, 0.0)
+    return emission, transitions, start
 
 
 class ChainStructure(NamedTuple):
@@ -205,7 +235,11 @@ class LinearChainModel(eqx.Module):
                 f"{num_features}, {num_labels}, {num_pair_features}"
             )
         if emission_mask is not None:
-            emission_mask = jnp.asarray(emission_mask, dtype=bool)
+            emission_mask = (
+                emission_mask.astype(bool)
+                if isinstance(emission_mask, jax.Array)
+                else on_device(np.asarray(emission_mask, dtype=bool))
+            )
             if emission_mask.shape != (num_features, num_labels):
                 raise ValueError(
                     f"emission_mask must have shape [K, L] = {(num_features, num_labels)}, "
@@ -214,11 +248,7 @@ class LinearChainModel(eqx.Module):
         check_allocation("emission weights W", (num_features, num_labels), dtype)
         check_allocation("label-pair-observation weights", (num_pair_features, num_labels, num_labels), dtype)
         return LinearChainModel(
-            jnp.zeros((num_features, num_labels), dtype),
-            jnp.zeros((num_labels, num_labels), dtype),
-            jnp.zeros((num_labels,), dtype),
-            jnp.zeros((num_pair_features, num_labels, num_labels), dtype),
-            emission_mask,
+            *_zero_tables(num_features, num_labels, num_pair_features, jnp.dtype(dtype)), emission_mask
         )
 
     @staticmethod
@@ -406,7 +436,7 @@ class LinearChainModel(eqx.Module):
         """The optimisation variables (`ChainWeights`)."""
         emission = self.emission
         if self.emission_mask is not None:
-            emission = emission[np.asarray(self.emission_mask)]
+            emission = _existing(emission, *np.nonzero(np.asarray(self.emission_mask)))
         return ChainWeights(emission, self.transitions, self.start, self.pair_emission)
 
     def weight_masks(self) -> ChainWeights:
@@ -445,14 +475,7 @@ class LinearChainModel(eqx.Module):
         with the static sparse `pair_support` (`with_pair_mask`): nothing
         else is needed, so a training objective is a function of shapes and
         settings only, equal across models of equal shapes (compiled once)."""
-        emission, transitions = weights.emission, weights.transitions
-        if structure.emission_pairs is not None:
-            rows, columns = structure.emission_pairs
-            emission = jnp.zeros(structure.emission_mask.shape, emission.dtype).at[rows, columns].set(emission)
-        if structure.transition_mask is not None:
-            # A transition that does not exist reads 0, so its gradient is 0.
-            transitions = jnp.where(structure.transition_mask, transitions, 0.0)
-        start = weights.start if structure.start_mask is None else jnp.where(structure.start_mask, weights.start, 0.0)
+        emission, transitions, start = _dense_tables(weights, structure)
         return LinearChainModel(
             emission,
             transitions,

@@ -173,13 +173,17 @@ def _with_records(make_step, record: Callable, loop: LoopState, data) -> tuple[R
     if not isinstance(shapes, dict) or any(getattr(v, "shape", None) != () for v in shapes.values()):
         raise TypeError(f"record must return a dict of scalars, got {shapes!r:.200}")
     max_steps = loop.trace.shape[0]
-    records = {
-        str(name): jnp.full(
-            (max_steps,), jnp.nan if jnp.issubdtype(shape.dtype, jnp.inexact) else -1, jnp.dtype(shape.dtype)
-        )
-        for name, shape in shapes.items()
-    }
+    records = _unrecorded(max_steps, tuple((str(name), jnp.dtype(shape.dtype)) for name, shape in shapes.items()))
     return Recorded(make_step, record, kind), loop._replace(inner=(*inner, records))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))  # one program, not one per column
+def _unrecorded(max_steps: int, columns: tuple) -> dict:
+    """`{name: [max_steps]}` of NaN (-1 for integers) for `columns`, `((name, dtype), ...)`."""
+    return {
+        name: jnp.full((max_steps,), jnp.nan if jnp.issubdtype(dtype, jnp.inexact) else -1, dtype)
+        for name, dtype in columns
+    }
 
 
 def _compiled_chunk(make_step, stop, loop, data, mesh):
@@ -191,7 +195,7 @@ def _compiled_chunk(make_step, stop, loop, data, mesh):
         copy = NamedSharding(mesh, PartitionSpec())
         split = NamedSharding(mesh, PartitionSpec(parallel.data_axis(mesh)))
         options = dict(in_shardings=(copy, copy, jax.tree_util.tree_map(lambda _: split, data)), out_shardings=copy)
-    arguments = (loop, jnp.zeros((), jnp.int32), data)
+    arguments = (loop, np.zeros((), np.int32), data)
     return compilation_cache.compiled(
         (make_step, stop, mesh), arguments, functools.partial(advance, make_step, stop), **options
     )
@@ -309,7 +313,7 @@ def drive(
             if executable is None:
                 executable, compile_seconds = _compiled_chunk(make_step, stop, loop, data, mesh)
             start = time.perf_counter()
-            loop = executable(loop, jnp.asarray(min(step + chunk_steps, until), jnp.int32), data)
+            loop = executable(loop, np.asarray(min(step + chunk_steps, until), np.int32), data)
             before, step = step, int(loop.step)  # int() waits for the chunk
             seconds = time.perf_counter() - start
             run_seconds += seconds

@@ -13,6 +13,7 @@ specialises the loop to optax transformations, line searches included.
 from __future__ import annotations
 
 import enum
+import functools
 import numbers
 import warnings
 from collections.abc import Callable
@@ -98,6 +99,7 @@ def halt_on_failure(inner, value) -> jax.Array:
     return ~jnp.isfinite(value) | (optimizer_status(inner[1]) >= NON_FINITE_OBJECTIVE)
 
 
+@jax.jit  # one program, where its steps outside `jit` would compile or load one each
 def loop_status(loop: LoopState) -> jax.Array:
     """The `Status` code `[]` int32 of a finished `minimize` loop."""
     failure = optimizer_status(loop.inner[1])
@@ -180,10 +182,15 @@ class LoopState(NamedTuple):
 def init_loop(inner, max_steps: int, dtype=None) -> LoopState:
     """A fresh `LoopState` around the optimizer state `inner`."""
     max_steps = check_int("max_steps", max_steps)
-    if dtype is None:
-        dtype = jnp.result_type(float)
     return LoopState(
-        inner,
+        inner, *_fresh_loop_fields(max_steps, jnp.dtype(jnp.result_type(float) if dtype is None else dtype))
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _fresh_loop_fields(max_steps: int, dtype) -> tuple:
+    """A fresh loop's `(step, value, trace [max_steps], done)`, in one program."""
+    return (
         jnp.zeros((), jnp.int32),
         jnp.asarray(jnp.inf, dtype),
         jnp.full((max_steps,), jnp.nan, dtype),
@@ -344,6 +351,35 @@ def update_and_value(optimizer: optax.GradientTransformation, fun: Callable, par
     return params, opt_state, fun(params) if stored is None else stored
 
 
+def _undo_a_failed_search_that_rose(before, after):
+    """`after = (params, opt_state, value)` of a step from `before = (params,
+    value, grad)`, or, where a line search that failed (a positive
+    `decrease_error` at its end) raised the objective by more than its own
+    magnitude, `before` again with the state reporting the failure
+    (`optimizer_status`: a zero learning rate), which halts the loop. optax's
+    zoom search, finding neither a sufficient decrease nor a safe step, moves
+    to its last trial point, however high (seen: a float32 run of the sequential
+    exp loss from -336 to 4e7, then reported as converged). Smaller rises,
+    float32 noise near an optimum, are left to the stop rules."""
+    params, start, grad = before
+    new_params, state, value = after
+    try:
+        rate, decrease_error = optax.tree.get(state, "learning_rate"), optax.tree.get(state, "decrease_error")
+    except KeyError:  # several fields of one name: no single line search to read
+        return after
+    if rate is None or decrease_error is None:
+        return after
+    rose = (decrease_error > 0) & (value - start > jnp.maximum(jnp.abs(start), 1.0))
+    kept = lambda old, new: jnp.where(rose, old, new)
+    state = optax.tree.set(
+        state,
+        learning_rate=kept(jnp.zeros_like(rate), rate),
+        value=kept(start, optax.tree.get(state, "value")),
+        grad=jax.tree_util.tree_map(kept, grad, optax.tree.get(state, "grad")),
+    )
+    return jax.tree_util.tree_map(kept, params, new_params), state, kept(start, value)
+
+
 def gradient_step_fn(
     fun: Callable, optimizer: optax.GradientTransformation, penalty: Callable | None = None
 ) -> Callable:
@@ -367,8 +403,8 @@ def gradient_step_fn(
                 updates, new_state = update(grad, opt_state, params, value=start, grad=grad, value_fn=fun)
                 new_params = optax.apply_updates(params, updates)
                 stored = optax.tree.get(new_state, "value")
-                value = fun(new_params) if stored is None else stored
-                return new_params, new_state, jnp.asarray(value, jnp.result_type(start))
+                value = jnp.asarray(fun(new_params) if stored is None else stored, jnp.result_type(start))
+                return _undo_a_failed_search_that_rose((params, start, grad), (new_params, new_state, value))
 
             # A NaN/inf objective at `params`: no update (it would spread NaN
             # into the parameters); the loop's `halt_on_failure` stops there.

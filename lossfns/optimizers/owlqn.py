@@ -12,6 +12,7 @@ Design notes: docs/internals.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -141,6 +142,23 @@ def check_penalties(l1, l2) -> None:
     check_scalar("l2", l2, 0)
 
 
+@functools.partial(jax.jit, static_argnums=1)  # one program, where its steps outside `jit` would run one each
+def _initial_state(params, memory_size: int) -> OwlqnState:
+    """OWL-QN's state before its first step: empty memory `[memory_size, n]`."""
+    flat, _ = ravel_pytree(params)
+    memory = jnp.zeros((memory_size,) + flat.shape, flat.dtype)
+    return OwlqnState(
+        jnp.zeros((), jnp.int32),
+        memory,
+        memory,
+        jnp.asarray(jnp.inf, flat.dtype),
+        jax.tree_util.tree_map(jnp.zeros_like, params),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), flat.dtype),
+    )
+
+
 def owlqn(
     l1: float,
     l2: float = 0.0,
@@ -182,18 +200,7 @@ def owlqn(
 
     def init(params):
         check_float_params(params)
-        flat, _ = ravel_pytree(params)
-        memory = jnp.zeros((memory_size,) + flat.shape, flat.dtype)
-        return OwlqnState(
-            jnp.zeros((), jnp.int32),
-            memory,
-            memory,
-            jnp.asarray(jnp.inf, flat.dtype),
-            jax.tree_util.tree_map(jnp.zeros_like, params),
-            jnp.zeros((), jnp.int32),
-            jnp.zeros((), jnp.int32),
-            jnp.zeros((), flat.dtype),
-        )
+        return _initial_state(params, memory_size)
 
     def update(grads, state, params=None, *, value=None, grad=None, value_fn=None, **extra_args):
         del grad  # `grads` is the same gradient of f

@@ -12,7 +12,6 @@ Design notes: docs/internals.md.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -394,8 +393,8 @@ def _weights(theta, data: ChainBoostingData):
 def chain_boosting_model(theta, data: ChainBoostingData) -> LinearChainModel:
     """The `LinearChainModel` of flat boosting weights `theta [K L + L^2 + L]`."""
     emission, transitions, start = _weights(theta, data)
-    model = LinearChainModel.zeros(data.num_features, data.num_labels, dtype=theta.dtype)
-    return dataclasses.replace(model, emission=emission, transitions=transitions, start=start)
+    L = data.num_labels
+    return LinearChainModel(emission, transitions, start, jnp.zeros((0, L, L), theta.dtype))
 
 
 def _slots(data: ChainBoostingData, rows):

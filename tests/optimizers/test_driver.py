@@ -4,7 +4,9 @@ trace against a Python restatement of CRFsuite's test, `minimize` and
 a run, checkpoints refused for other data or settings and resumed
 bit-identically, and the optimizer choice of `elastic_net_training`."""
 
+import contextlib
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.flatten_util
@@ -291,3 +293,55 @@ def test_record_keeps_per_step_values_in_the_loop_and_resumes_with_them(crf, tmp
     for name in ("norm", "trials"):
         np.testing.assert_array_equal(resumed.records[name], straight.records[name])
     assert np.all(np.isnan(resumed.step_seconds[:5])) and np.all(resumed.step_seconds[5:] > 0)
+
+
+class _SearchInfo(NamedTuple):
+    decrease_error: jax.Array
+
+
+class _SearchState(NamedTuple):
+    learning_rate: jax.Array
+    value: jax.Array
+    grad: jax.Array
+    info: _SearchInfo
+
+
+def _line_search_that_moves_by(shift: float, decrease_error: float) -> optax.GradientTransformation:
+    """A stand-in for a line search (optax's zoom search's state fields) that
+    always moves the parameters by `shift` and ends with `decrease_error`."""
+
+    def init(params):
+        return _SearchState(jnp.ones(()), jnp.asarray(jnp.inf), jnp.zeros_like(params), _SearchInfo(jnp.zeros(())))
+
+    def update(updates, state, params, *, value_fn, **extra):
+        del updates, extra
+        moved = params + shift
+        value, grad = jax.value_and_grad(value_fn)(moved)
+        return jnp.full_like(params, shift), _SearchState(jnp.ones(()), value, grad, _SearchInfo(decrease_error))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+@pytest.mark.parametrize(
+    "shift, decrease_error, undone",
+    [(10.0, 1.0, True), (10.0, 0.0, False), (1e-3, 1.0, False)],
+    ids=["failed-and-rose-far", "succeeded", "failed-with-a-small-rise"],
+)
+def test_a_failed_line_search_that_raises_the_objective_is_undone_and_reported(shift, decrease_error, undone):
+    """A failed search whose last trial point raised the objective by more
+    than its magnitude (optax's zoom search moves there) is undone and
+    halts the run as LINE_SEARCH_FAILED; a successful search, or a small
+    rise (float32 noise near an optimum), is kept for the stop rules."""
+    objective = lambda params, data: jnp.sum((params - 1.0) ** 2)
+    start = jnp.asarray([1.5, 0.5])
+    search = _line_search_that_moves_by(shift, decrease_error)
+    warned = pytest.warns(RuntimeWarning, match="LINE_SEARCH_FAILED") if undone else contextlib.nullcontext()
+    with warned:  # not silent: the driver warns
+        result = optimizers.train(objective, start, search, None, max_steps=3)
+    if undone:
+        assert optimizers.status_name(result.status) == "LINE_SEARCH_FAILED"
+        np.testing.assert_array_equal(result.params, start)
+        assert int(result.num_steps) == 1 and float(result.trace[0]) == 0.5
+    else:
+        assert optimizers.status_name(result.status) != "LINE_SEARCH_FAILED"
+        np.testing.assert_allclose(result.params, start + shift * int(result.num_steps))
