@@ -247,9 +247,10 @@ class LinearChainModel(eqx.Module):
                 )
         check_allocation("emission weights W", (num_features, num_labels), dtype)
         check_allocation("label-pair-observation weights", (num_pair_features, num_labels, num_labels), dtype)
-        return LinearChainModel(
-            *_zero_tables(num_features, num_labels, num_pair_features, jnp.dtype(dtype)), emission_mask
+        emission, transitions, start, pair_emission = _zero_tables(
+            num_features, num_labels, num_pair_features, jnp.dtype(dtype)
         )
+        return LinearChainModel(emission, transitions, start, pair_emission, emission_mask)
 
     @staticmethod
     def observed(
