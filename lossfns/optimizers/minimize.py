@@ -70,22 +70,25 @@ def status_name(code) -> str:
         ) from None
 
 
+def _state_field(opt_state, name: str):
+    """The optimizer state's one field `name`, or None (none, or several: a
+    chain of transformations, which gives no single signal)."""
+    try:
+        return optax.tree.get(opt_state, name)
+    except KeyError:
+        return None
+
+
 def optimizer_status(opt_state) -> jax.Array:
     """`[]` int32 from the optimizer's own state: `LINE_SEARCH_FAILED` or
     `NON_FINITE_OBJECTIVE` when its last update could not move (`owlqn`'s
     `status`; an `optax.lbfgs` zoom line search that ended with a zero step
     and no sufficient decrease), else `CONVERGED` (no failure to report)."""
 
-    def field(name):
-        try:
-            return optax.tree.get(opt_state, name)
-        except KeyError:  # several fields of that name (a chain of transformations): no single signal
-            return None
-
-    code = field("status")
+    code = _state_field(opt_state, "status")
     if code is not None:
         return jnp.asarray(code, jnp.int32)
-    rate, decrease_error = field("learning_rate"), field("decrease_error")
+    rate, decrease_error = _state_field(opt_state, "learning_rate"), _state_field(opt_state, "decrease_error")
     if rate is None or decrease_error is None:
         return jnp.asarray(CONVERGED, jnp.int32)
     failed = (rate == 0) & (decrease_error > 0)
@@ -363,10 +366,7 @@ def _undo_a_failed_search_that_rose(before, after):
     float32 noise near an optimum, are left to the stop rules."""
     params, start, grad = before
     new_params, state, value = after
-    try:
-        rate, decrease_error = optax.tree.get(state, "learning_rate"), optax.tree.get(state, "decrease_error")
-    except KeyError:  # several fields of one name: no single line search to read
-        return after
+    rate, decrease_error = _state_field(state, "learning_rate"), _state_field(state, "decrease_error")
     if rate is None or decrease_error is None:
         return after
     rose = (decrease_error > 0) & (value - start > jnp.maximum(jnp.abs(start), 1.0))
