@@ -9,6 +9,7 @@ and a markdown summary to `benchmarks/results/`.
     python -m benchmarks --only perceptron --tag cpu-perceptron   # averaged perceptron vs CRFsuite
     python -m benchmarks --only sklearn --tag cpu-sklearn         # sklearn-crfsuite's tutorial, both estimators
     python -m benchmarks --only everyday --tag cpu-2core          # fit, predict, search: fresh processes
+    python -m benchmarks --only margin --tag cpu-2core            # pa and arow on all of CoNLL-2002
     python -m benchmarks --only cli --tag cpu-2core               # `lossfns label` vs `wapiti label` (WAPITI=...)
 
 Peers (torch==2.13.0 with torch-struct 0.5 and pytorch-crf 0.7.2, python-crfsuite) are installed
@@ -188,6 +189,10 @@ def markdown(report) -> str:
         from benchmarks import everyday_benchmark
 
         lines += everyday_benchmark.markdown(report["everyday"])
+    if "margin" in report:
+        from benchmarks import online_margin_benchmark
+
+        lines += online_margin_benchmark.markdown(report["margin"])
     if "cli" in report:
         from benchmarks import cli_benchmark
 
@@ -257,7 +262,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--only",
-        choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn", "everyday", "cli"),
+        choices=("chain", "crf", "nn", "sparse", "training", "perceptron", "sklearn", "everyday", "margin", "cli"),
         action="append",
     )
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
@@ -345,6 +350,10 @@ def main(argv=None):
         from benchmarks import everyday_benchmark
 
         report["everyday"] = everyday_benchmark.run(quick=args.quick)
+    if "margin" in parts:
+        from benchmarks import online_margin_benchmark
+
+        report["margin"] = online_margin_benchmark.run(quick=args.quick)
     if "cli" in parts:
         from benchmarks import cli_benchmark
 

@@ -32,7 +32,7 @@ from .crfsuite_tagger import CrfsuiteTagger
 from .features.corpus import in_corpus_order
 from .features.dicts import flatten_corpus
 from .features.index import ragged_rows
-from .models import LinearChainModel, packed
+from .models import ChainWeights, LinearChainModel, packed
 from .optimizers import (
     Status,
     crfsuite_elastic_net,
@@ -50,16 +50,17 @@ from .tagger import Tagger
 from .training import (
     MeanLossBelow,
     SequenceData,
-    arow_epoch_fn,
     arow_init,
     arow_params,
     averaged_params,
     calibrate_learning_rate,
-    pa_epoch_fn,
     pa_init,
     pa_params,
     perceptron_epoch_fn,
     perceptron_init,
+    sparse_arow_epoch_fn,
+    sparse_pa_epoch_fn,
+    token_stack,
 )
 from .validation import check_allocation, check_int, check_scalar
 
@@ -770,28 +771,28 @@ _MARGIN = ("pa_type", "c", "error_sensitive", "gamma")  # pa's and arow's settin
 class OnlineMarginEpochs(NamedTuple):
     """`drive`'s `make_step` for CRFsuite's passive-aggressive (`algorithm`
     "pa": `pa_type`, `c`, `error_sensitive`) and AROW ("arow": `gamma`): one
-    shuffled epoch over `data = (SequenceData, ChainStructure)`
-    (`training.pa_epoch_fn`, `training.arow_epoch_fn`)."""
+    shuffled epoch over `data = (TokenStack, weight masks)` on the model's
+    dense tables (`training.sparse_pa_epoch_fn`, `sparse_arow_epoch_fn`)."""
 
     algorithm: str
-    pair_support: tuple | None = None
+    max_length: int
     pa_type: int = 1
     c: float = 1.0
     error_sensitive: bool = True
     gamma: float = 1.0
 
     def __call__(self, data):
-        sentences, structure = data
-
-        def potentials(params, inputs):
-            ids, values = inputs
-            return LinearChainModel.from_weights(params, structure, self.pair_support)(ids, None, values)
-
+        stack, masks = data
         if self.algorithm == "pa":
-            return pa_epoch_fn(
-                potentials, sentences, pa_type=self.pa_type, c=self.c, error_sensitive=bool(self.error_sensitive)
+            return sparse_pa_epoch_fn(
+                stack,
+                masks,
+                max_length=self.max_length,
+                pa_type=self.pa_type,
+                c=self.c,
+                error_sensitive=bool(self.error_sensitive),
             )
-        return arow_epoch_fn(potentials, sentences, gamma=self.gamma)
+        return sparse_arow_epoch_fn(stack, masks, max_length=self.max_length, gamma=self.gamma)
 
 
 class SgdEpochs(NamedTuple):
@@ -910,9 +911,15 @@ def _fit_sentences(
     """Train `tagger` by CRFsuite's per-sentence algorithms (`"ap"`, `"pa"`,
     `"arow"`, `"l2sgd"`) on the library's loops (`training.perceptron_epoch_fn`,
     `pa_epoch_fn`, `arow_epoch_fn`, `epoch_step_fn` with `sgd_l1`), run by `optimizers.drive`."""
-    sentences = _sentence_data(corpus, index, ids)
-    data, weights = (sentences, model.structure()), model.weights()
     total = len(ids)
+    if algorithm in ("pa", "arow"):  # sparse updates of the dense tables: only a sentence's wrong positions
+        unigram_ids, values = corpus.token_arrays(index)
+        values = None if values is None else values.astype(jnp.dtype(tagger.dtype))
+        labels_flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32)
+        data = (token_stack(unigram_ids, values, labels_flat, corpus.sentence_lengths), model.weight_masks())
+        weights = ChainWeights(model.emission, model.transitions, model.start, model.pair_emission)
+    else:
+        data, weights = (_sentence_data(corpus, index, ids), model.structure()), model.weights()
     if algorithm == "ap":
         make_step, stop = PerceptronEpochs(model.pair_support), MistakesBelow(settings["epsilon"], total)
         inner = perceptron_init(weights)
@@ -921,9 +928,8 @@ def _fit_sentences(
             raise ValueError(
                 f"pa_type must be 0, 1 or 2 (CRFsuite's passive-aggressive variants), got {settings['pa_type']!r}"
             )
-        make_step = OnlineMarginEpochs(
-            algorithm, model.pair_support, **{k: v for k, v in settings.items() if k in _MARGIN}
-        )
+        longest = int(corpus.sentence_lengths.max())
+        make_step = OnlineMarginEpochs(algorithm, longest, **{k: v for k, v in settings.items() if k in _MARGIN})
         # CRFsuite's stop rules: pa's mean loss below epsilon, arow's at most epsilon (an epoch without mistakes).
         stop = MeanLossBelow(float(settings["epsilon"]), total, inclusive=algorithm == "arow")
         key = jax.random.PRNGKey(0)  # CRFsuite shuffles every epoch
@@ -956,8 +962,11 @@ def _fit_sentences(
     else:
         params = final.inner[0]
     trace = np.asarray(final.trace)[: int(final.step)]
+    structure = model.structure()
+    if algorithm in ("pa", "arow"):  # whole tables: the emission weights off the mask are 0
+        structure = structure._replace(emission_pairs=None)
     tagger.labels, tagger.index = labels, index
-    tagger.model = model.with_weights(params, model.structure())
+    tagger.model = model.with_weights(params, structure)
     tagger.history = [float(value) for value in trace if np.isfinite(value)]
     tagger.status, tagger.training_seconds = Status(int(final.status)), result.compile_seconds + result.run_seconds
     tagger.iteration_records = {"objective": trace, "seconds": result.step_seconds, **(result.records or {})}

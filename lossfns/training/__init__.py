@@ -40,6 +40,7 @@ from .reranking import (
 )
 from .sequence_boosting import BoostingData, BoostingRun, boost, boosting_data, sequence_boosting
 from .sgd_l1 import calibrate_learning_rate, chain_batch_rows, lazy_epoch_step_fn, max_rows_per_batch
+from .sparse_online_margin import TokenStack, sparse_arow_epoch_fn, sparse_pa_epoch_fn, token_stack
 from .sparse_perceptron import (
     SparseSequenceData,
     sparse_averaged_params,
@@ -85,6 +86,10 @@ __all__ = [
     "arow_epoch_fn",
     "arow_params",
     "MeanLossBelow",
+    "token_stack",
+    "TokenStack",
+    "sparse_pa_epoch_fn",
+    "sparse_arow_epoch_fn",
     # reranking with L1 (Gao et al. 2006)
     "reranking_data",
     "RerankingData",

@@ -63,7 +63,8 @@ class MeanLossBelow(NamedTuple):
         return mean <= self.epsilon if self.inclusive else mean < self.epsilon
 
 
-def _check_positive(name: str, value) -> float:
+def check_positive(name: str, value) -> float:
+    """`value` as a float, else a ValueError naming `name` unless it is finite and > 0."""
     value = float(value)
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -89,7 +90,7 @@ def pa_params(state: PassiveAggressiveState, *, averaging: bool = True):
 def arow_init(params, variance: float = 1.0, key=None) -> ArowState:
     """The AROW state before the first epoch: mean `params`, every weight's
     variance `variance` (> 0); `key` (optional) shuffles every epoch."""
-    variance = _check_positive("variance", variance)
+    variance = check_positive("variance", variance)
     return ArowState(params, _tree_map(lambda w: jnp.full_like(w, variance), params), key)
 
 
@@ -122,6 +123,13 @@ def _total(tree) -> jax.Array:
     return jnp.asarray(sum((jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(tree)), 0.0))
 
 
+def epoch_order(key, step, total: int) -> jax.Array:
+    """`[total]` int: the examples' order in epoch `step`, shuffled by `key`
+    (corpus order when None). It depends only on the step, so a resumed run
+    replays the same epochs."""
+    return jnp.arange(total) if key is None else jax.random.permutation(jax.random.fold_in(key, step), total)
+
+
 def _epoch_fn(data: SequenceData, update: Callable) -> Callable:
     """One epoch of `update(state, inputs, labels, length) -> (state, cost)`
     over `data`, in the order of `state.key` (corpus order without one);
@@ -129,12 +137,7 @@ def _epoch_fn(data: SequenceData, update: Callable) -> Callable:
     total = num_examples(data)
 
     def step_fn(state, step):
-        # The permutation depends only on the step, so a resumed run replays the same epochs.
-        order = (
-            jnp.arange(total)
-            if state.key is None
-            else jax.random.permutation(jax.random.fold_in(state.key, step), total)
-        )
+        order = epoch_order(state.key, step, total)
 
         def example(index, carry):
             state, loss = carry
@@ -165,7 +168,7 @@ def pa_epoch_fn(
     check_sequence_data(data)
     if pa_type not in (0, 1, 2) or isinstance(pa_type, bool):
         raise ValueError(f"pa_type must be 0, 1 or 2, got {pa_type!r}")
-    c = _check_positive("c", c)
+    c = check_positive("c", c)
 
     def update(state: PassiveAggressiveState, inputs, labels, length):
         excess, wrong, gradient = margin_terms(potentials_fn, state.params, inputs, labels, length)
@@ -201,7 +204,7 @@ def arow_epoch_fn(potentials_fn: Callable, data: SequenceData, *, gamma: float =
     """
     check_callable("potentials_fn", potentials_fn)
     check_sequence_data(data)
-    gamma = _check_positive("gamma", gamma)
+    gamma = check_positive("gamma", gamma)
 
     def update(state: ArowState, inputs, labels, length):
         excess, wrong, gradient = margin_terms(potentials_fn, state.params, inputs, labels, length)
