@@ -23,8 +23,7 @@ import time
 
 import numpy as np
 
-from lossfns import corpora, metrics
-from lossfns.tagger import Tagger
+from lossfns import corpora, crfsuite_model, metrics
 
 from benchmarks.tutorial_features import word2features
 
@@ -49,6 +48,41 @@ def _load_and_tag(open_file, estimator, path, xseq):
     return seconds, first
 
 
+def _model_files_both_ways(estimator, pycrfsuite, directory: str, X_test, lossfns_labels, log) -> dict:
+    """CRFsuite's model of the training set (written by sklearn-crfsuite)
+    opened by lossfns, and lossfns' (written in CRFsuite's format by its
+    `fit`) opened by pycrfsuite: the tokens of `X_test` labelled differently
+    by the two readers of each file, and for CRFsuite's model the largest
+    difference of the marginals."""
+    tagger = pycrfsuite.Tagger()
+    tagger.open(os.path.join(directory, "sklearn-crfsuite.model"))
+    crfsuite = estimator(model_filename=os.path.join(directory, "sklearn-crfsuite.model"))
+    ours = crfsuite.predict(X_test)
+    theirs, largest = [], 0.0
+    for xseq, sentence in zip(X_test, crfsuite.predict_marginals(X_test)):
+        theirs.append(tagger.tag(xseq))
+        tagger.set(xseq)
+        for t, token in enumerate(sentence):
+            largest = max(largest, *(abs(p - tagger.marginal(label, t)) for label, p in token.items()))
+    exported = pycrfsuite.Tagger()
+    exported.open(os.path.join(directory, "lossfns.model"))
+    in_pycrfsuite = [exported.tag(xseq) for xseq in X_test]
+    tokens = sum(map(len, X_test))
+    differ = lambda a, b: sum(x != y for p, q in zip(a, b) for x, y in zip(p, q))
+    report = {
+        "tokens": tokens,
+        "crfsuite_model_labels_differing": differ(ours, theirs),
+        "crfsuite_model_marginals_max_abs_difference": largest,
+        "lossfns_model_labels_differing_in_pycrfsuite": differ(lossfns_labels, in_pycrfsuite),
+    }
+    log(
+        f"model files: CRFsuite's model in lossfns, {report['crfsuite_model_labels_differing']} of {tokens} "
+        f"tokens labelled differently, marginals max |difference| {largest:.1e}; lossfns' model in pycrfsuite, "
+        f"{report['lossfns_model_labels_differing_in_pycrfsuite']} tokens labelled differently"
+    )
+    return report
+
+
 def run(quick: bool = False, log=print) -> dict:
     import pycrfsuite
     import sklearn_crfsuite
@@ -63,12 +97,13 @@ def run(quick: bool = False, log=print) -> dict:
     log(f"esp.train {len(X_train)} sentences, esp.testb {len(X_test)}; word2features {seconds:.2f} s (user code)")
     settings = dict(SETTINGS, max_iterations=10) if quick else SETTINGS
     result = {"task": "CoNLL-2002 esp.train -> esp.testb, sklearn-crfsuite tutorial", "settings": settings}
-    marginals = {}
+    marginals, predictions = {}, {}
     with tempfile.TemporaryDirectory() as directory:
         for name, estimator in (("sklearn-crfsuite", sklearn_crfsuite.CRF), ("lossfns", CRF)):
             path = os.path.join(directory, name + ".model")
             fit_seconds, crf = _timed(lambda: estimator(**settings, model_filename=path).fit(X_train, y_train))
             predict_seconds, predicted = _timed(lambda: crf.predict(X_test))
+            predictions[name] = predicted
             scores = metrics.entity_scores(y_test, predicted)
             marginals[name] = np.array(
                 [
@@ -77,7 +112,8 @@ def run(quick: bool = False, log=print) -> dict:
                     for token in sentence
                 ]
             )
-            open_file = Tagger.load if name == "lossfns" else lambda p: pycrfsuite.Tagger().open(p)
+            # Both estimators write CRFsuite's format (`model_filename`); lossfns reads it with `crfsuite_model`.
+            open_file = crfsuite_model.read if name == "lossfns" else lambda p: pycrfsuite.Tagger().open(p)
             load_seconds, first_seconds = _load_and_tag(open_file, estimator, path, X_test[0])
             extra = {"iterations": len(crf.training_log_.iterations)}
             if name == "lossfns":
@@ -99,6 +135,7 @@ def run(quick: bool = False, log=print) -> dict:
                 f"{name}: fit {fit_seconds:.1f} s, predict {predict_seconds:.1f} s, F1 {scores.f1:.4f}, "
                 f"model {os.path.getsize(path) / 1e6:.2f} MB, load {load_seconds:.3f} s"
             )
+        result["model_files"] = _model_files_both_ways(CRF, pycrfsuite, directory, X_test, predictions["lossfns"], log)
     difference = np.abs(marginals["lossfns"] - marginals["sklearn-crfsuite"])
     ours, theirs = result["lossfns"], result["sklearn-crfsuite"]
     result["marginals_abs_difference"] = {
@@ -149,4 +186,14 @@ def markdown(result: dict) -> list:
         f"{m['tokens']} tokens: mean {m['mean']:.4f}, p99 {m['p99']:.4f}, max {m['max']:.3f}.",
         "",
     ]
+    files = result.get("model_files")
+    if files:
+        lines += [
+            f"Model files both ways, over the {files['tokens']} test tokens: sklearn-crfsuite's (CRFsuite's) "
+            f"model opened by lossfns labels {files['crfsuite_model_labels_differing']} tokens differently from "
+            f"pycrfsuite, marginals max |difference| {files['crfsuite_model_marginals_max_abs_difference']:.1e}; "
+            f"lossfns' model, written in CRFsuite's format, labels "
+            f"{files['lossfns_model_labels_differing_in_pycrfsuite']} tokens differently in pycrfsuite.",
+            "",
+        ]
     return lines

@@ -174,10 +174,15 @@ def test_boosting_data_sequences_is_data():
         training.boosting_data(lambda theta, x: x, sequences=(1, 2), num_features=3)
 
 
+# Public names of `lossfns.training` added after the split, never exported by `lossfns.optimizers`.
+ADDED_TO_TRAINING = {"token_stack", "TokenStack", "sparse_pa_epoch_fn", "sparse_arow_epoch_fn"}
+
+
 def test_every_trainer_moved_to_training_is_found_in_optimizers():
     """Each public name of `lossfns.training` that `lossfns.optimizers` exported
     before the split is still found there (one release), as the same object."""
-    for name in training.__all__:
+    assert ADDED_TO_TRAINING <= set(training.__all__)
+    for name in sorted(set(training.__all__) - ADDED_TO_TRAINING):
         with pytest.warns(
             DeprecationWarning, match=rf"^lossfns\.optimizers: '{name}' .* use 'lossfns\.training\.{name}'"
         ):
