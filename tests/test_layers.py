@@ -48,6 +48,7 @@ LAYERS = [
             "lossfns.crfsuite_model",
             "lossfns.tagger",
             "lossfns.crfsuite_tagger",
+            "lossfns.crfsuite_training",
             "lossfns.sklearn",
             "lossfns.labelled_output",
             "lossfns.cli",
