@@ -129,10 +129,12 @@ def _emission_entries(masks: ChainWeights, data: TokenStack, offset, positions, 
 
 
 def _epoch_fn(data: TokenStack, masks: ChainWeights, max_length: int, update) -> Callable:
-    """One epoch of `update(state, scratch, difference, cost_parts) -> (state,
-    scratch, cost)` over `data` in `epoch_order`, each sentence decoded in its
-    window; `difference(rows_pass)` runs a pass over the chunks of its wrong
-    positions. Objective: the summed cost."""
+    """One epoch over `data` in `epoch_order`: each sentence decoded in its
+    window, then `update(state, scratch, over_chunks, num_wrong, excess,
+    transitions, start) -> (state, scratch, cost)`, where
+    `over_chunks(body, init)` folds `body(entries, carry)` over the chunks of
+    the sentence's wrong positions (`_emission_entries`) and the last three
+    are `_decode`'s. Objective: the summed cost."""
     max_length = check_int("max_length", max_length)
     windows = _windows(max_length)
     total = data.lengths.shape[0]
