@@ -38,8 +38,8 @@ def measure(task: str, set_name: str, rounds: int) -> dict:
     )
     sparse = chain_boosting_data(*pieces, encoded.num_features, len(data.labels))
     build = time.perf_counter() - start
-    run = boost(sparse, max_rounds=rounds, tol=0.0, chunk_rounds=rounds)
-    done = int(run.loop.step)
+    run = boost(sparse, max_steps=rounds, tol=0.0, chunk_rounds=rounds)
+    done = int(run.num_steps)
     return {
         "task": task,
         "features": set_name,
@@ -48,9 +48,9 @@ def measure(task: str, set_name: str, rounds: int) -> dict:
         "labels": len(data.labels),
         "weak_learners": sparse.num_weak_learners,
         "build_seconds": build,
-        "setup_seconds": run.setup_seconds,
+        "setup_seconds": run.compile_seconds,
         "rounds": done,
-        "rounds_per_second": done / run.seconds,
+        "rounds_per_second": done / run.run_seconds,
     }
 
 

@@ -157,9 +157,7 @@ def _lossfns_variant(form: str, semiring: str, algorithm: str) -> Variant:
 
         @jax.jit
         def value_and_marginals(potentials):
-            total = lambda p: jnp.sum(
-                chain.log_partition(p, lengths, semiring=SEMIRINGS[semiring], algorithm=algorithm)
-            )
+            total = lambda p: jnp.sum(chain.forward(SEMIRINGS[semiring], p, lengths, algorithm=algorithm))
             return jax.value_and_grad(total)(potentials)
 
         def run():
@@ -444,7 +442,7 @@ def _lossfns_crf_loss(semiring, mapped: bool = False):
         if semiring is None:  # the default call
             log_partition = chain.log_partition
         else:
-            log_partition = lambda p: chain.log_partition(p, semiring=semiring)
+            log_partition = lambda p: chain.forward(semiring, p)
 
         def loss(p):
             if mapped:
@@ -610,16 +608,10 @@ def benchmark_sparse(
 
         sparse_fn = jax.jit(jax.value_and_grad(lambda f: jnp.sum(chain.log_partition(with_fields(f), lengths))))
         dense_fn = jax.jit(
-            jax.value_and_grad(
-                lambda f: jnp.sum(
-                    chain.log_partition(sparse_chain.to_dense(with_fields(f)), lengths, semiring=semirings.Real)
-                )
-            )
+            jax.value_and_grad(lambda f: jnp.sum(chain.log_partition(sparse_chain.to_dense(with_fields(f)), lengths)))
         )
         dense_matrices = sparse_chain.to_dense(potentials)
-        dense_given_fn = jax.jit(
-            jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(p, lengths, semiring=semirings.Real)))
-        )
+        dense_given_fn = jax.jit(jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(p, lengths))))
         runs = {
             "sparse": lambda: jax.block_until_ready(sparse_fn(fields)),
             "dense (from the sparse weights)": lambda: jax.block_until_ready(dense_fn(fields)),

@@ -57,8 +57,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lossfns import corpora, features, optimizers, training
-from lossfns.models.linear_chain import LinearChainModel
+from lossfns import corpora, features, models, optimizers, training
+from lossfns.models import LinearChainModel
 
 from experiments import lavergne2010
 from experiments.harness import RunDirectory
@@ -100,7 +100,7 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
     N = int(stacked.lengths.shape[0])
     model = LinearChainModel.zeros(encoded.num_unigram, L, encoded.num_pair)
     penalty = optimizers.elastic_net_penalty(lavergne2010.L1, lavergne2010.L2)
-    objective = lambda m, d: lavergne2010.batch_loss(m, d) + penalty(m)
+    objective = lambda m, d: models.batch_loss(m, d) + penalty(m)
     log(
         f"conll2000 POS: {N} sentences, {encoded.num_unigram} observation tests, {L} labels, "
         f"{model.emission.size + L * L + L} weights; indexing {index_seconds:.1f} s"
@@ -118,7 +118,7 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
         # sentences) against every step at the corpus's padded width.
         for tiers, prefix in ((None, "lazy"), ((), "lazy_whole_width")):
             lazy_epoch = lambda inner, d, tiers=tiers: training.lazy_epoch_step_fn(
-                lavergne2010.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows, length_tiers=tiers
+                models.batch_loss, lazy, d, batch_size=batch_size, max_rows=max_rows, length_tiers=tiers
             )(inner, jnp.int32(0))
             compiled, row[f"{prefix}_compile_s"] = _compiled(lazy_epoch, inner, stacked)
             (_, value), seconds = _timed(compiled, inner, stacked)
@@ -134,13 +134,13 @@ def sgd_part(batch_sizes, dense_sentences: int, sentences=None, log=print) -> di
         subset = _subset(stacked, max(batch_size, min(dense_sentences, N)))
         part = int(subset.lengths.shape[0])
         dense = optimizers.sgd_l1(RATE, lavergne2010.L1, lavergne2010.L2)
-        dense_epoch = lambda inner, d: optimizers.epoch_step_fn(
-            lavergne2010.batch_loss, dense, d, batch_size=batch_size
-        )(inner, jnp.int32(0))
+        dense_epoch = lambda inner, d: optimizers.epoch_step_fn(models.batch_loss, dense, d, batch_size=batch_size)(
+            inner, jnp.int32(0)
+        )
         inner = (model, dense.init(model), key)
         compiled, row["dense_compile_s"] = _compiled(dense_epoch, inner, subset)
         _, seconds = _timed(compiled, inner, subset)
-        part_objective, _ = _compiled(lavergne2010.batch_loss, model, subset)
+        part_objective, _ = _compiled(models.batch_loss, model, subset)
         _, subset_objective = _timed(part_objective, model, subset)
         per_step = (seconds - subset_objective) / (part // batch_size)
         row.update(
@@ -215,13 +215,13 @@ def startup_part(iterations: int, log=print) -> dict:
     indexed = time.perf_counter()
     packed = features.pack_rows(encoded, ids)
     setup = time.perf_counter()
-    _, result = training.train_linear_chain(
+    result = training.train_linear_chain(
         packed,
         len(labels),
         index.num_unigram,
         l1=lavergne2010.L1,
         l2=lavergne2010.L2,
-        max_iterations=iterations,
+        max_steps=iterations,
         stop=optimizers.relative_improvement_below(1e-5, 10),
         progress=False,
     )

@@ -1,6 +1,6 @@
 """Cost of each chain loss plus its gradient, relative to `sequence_log_loss`.
 
-    .venv/bin/python benchmarks/losses_benchmark.py [--semiring log|real] [--form factored|dense]
+    .venv/bin/python benchmarks/losses_benchmark.py [--form factored|dense]
 
 Shapes (B, T, L) = (32, 40, 9) and (32, 40, 45), float32, random lengths in
 [T/2, T]. Each loss is jitted as `value_and_grad` of its batch sum and timed
@@ -12,14 +12,13 @@ shared machine).
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lossfns import losses, semirings
+from lossfns import losses
 from lossfns.lattices.chain import FactoredPotentials, materialize
 
 SHAPES = [(32, 40, 9), (32, 40, 45)]
@@ -64,12 +63,6 @@ def time_loss(loss, potentials, labels, lengths, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--semiring",
-        choices=["log", "real"],
-        default="log",
-        help="semiring of the log-partition behind the marginal-based losses",
-    )
-    parser.add_argument(
         "--form",
         choices=["factored", "dense"],
         default="factored",
@@ -77,10 +70,9 @@ def main():
     )
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    semiring = semirings.Log if args.semiring == "log" else semirings.Real
-    chosen = {name: functools.partial(fn, semiring=semiring) for name, fn in MARGINAL_LOSSES.items()}
+    chosen = dict(MARGINAL_LOSSES)
     chosen.update(VITERBI_LOSSES)
-    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, semiring={args.semiring}, form={args.form}, float32")
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, form={args.form}, float32")
     for batch, T, L in SHAPES:
         potentials, labels, lengths = problem(batch, T, L, args.form)
         results = {name: time_loss(fn, potentials, labels, lengths, args.repeats) for name, fn in chosen.items()}

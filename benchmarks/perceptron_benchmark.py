@@ -33,8 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lossfns import corpora
-from lossfns.features import preset
-from lossfns.features.index import FeatureIndex
+from lossfns.features import FeatureIndex, preset
 from lossfns.lattices import chain
 from lossfns.training.sparse_perceptron import (
     sparse_averaged_params,

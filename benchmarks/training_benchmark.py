@@ -28,12 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lossfns import corpora, metrics, semirings
-from lossfns.features import preset
+from lossfns import corpora, metrics
+from lossfns.features import FeatureIndex, pack, preset
 from lossfns.features.design import bucket_design, bucket_slices, design_matmul
-from lossfns.features.index import FeatureIndex, pack
 from lossfns.lattices.chain import FactoredPotentials
-from lossfns.losses.sequence import sequence_log_loss
+from lossfns.losses import sequence_log_loss
 from lossfns.models import LinearChainModel
 from lossfns.tagger import Tagger, crfsuite_elastic_net
 
@@ -136,7 +135,7 @@ def emission_gradient(train, extractor, num_features: int = 2**20, repeats: int 
 
     def chain_loss(rows):
         return sum(
-            jnp.sum(sequence_log_loss(FactoredPotentials(unary, transitions), y, n, semiring=semirings.Real))
+            jnp.sum(sequence_log_loss(FactoredPotentials(unary, transitions), y, n))
             for unary, y, n in zip(bucket_slices(rows, shapes), bucket_labels, bucket_lengths)
         )
 

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from lossfns import optimizers
-from lossfns.training import boost, chain_boosting_data, chain_boosting_model, sequence_pieces
+from lossfns.training import boost, boosting_stopped_by, chain_boosting_data, chain_boosting_model, sequence_pieces
 
 from . import tagging
 from .harness import (
@@ -302,7 +302,7 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
         )
         result = boost(
             sparse,
-            max_rounds=config["max_rounds"],
+            max_steps=config["max_rounds"],
             tol=config["tol"],
             window=config["window"],
             evaluate=dev_score,
@@ -312,14 +312,18 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
             checkpoint_dir=directory,
             progress=progress,
         )
-        rounds = int(result.loop.step)
-        best_round = int(result.evaluations[int(np.argmax(result.evaluations[:, 1])), 0])
+        rounds, evaluations, stopped_by = (
+            int(result.num_steps),
+            result.records["evaluations"],
+            boosting_stopped_by(result),
+        )
+        best_round = int(evaluations[int(np.argmax(evaluations[:, 1])), 0])
         final, token_error = tagging.decode_scores(
-            chain_boosting_model(result.best_theta, sparse), encoded.test[set_name], encoded.test_order, data
+            chain_boosting_model(result.params, sparse), encoded.test[set_name], encoded.test_order, data
         )
         print(
-            f"  {name}: {final:.2f} (model of round {best_round} of {rounds}, {result.stopped_by}, "
-            f"{result.seconds:.0f} s)",
+            f"  {name}: {final:.2f} (model of round {best_round} of {rounds}, {stopped_by}, "
+            f"{result.run_seconds:.0f} s)",
             flush=True,
         )
         shutil.rmtree(directory, ignore_errors=True)
@@ -330,23 +334,23 @@ def boosting_unit(run: RunDirectory, name: str, data, encoded, set_name: str, co
             "metric": data.metric,
             "score": final,
             "token_error": token_error,
-            "train_seconds": result.seconds,
-            "setup_seconds": result.setup_seconds,
+            "train_seconds": result.run_seconds,
+            "setup_seconds": result.compile_seconds,
             "steps": rounds,
             "best_round": best_round,
-            "rounds_per_second": rounds / max(result.seconds, 1e-9),
-            "stopped_by": result.stopped_by,
-            "converged": result.converged,
-            "nonzero_parameters": int(np.count_nonzero(np.asarray(result.best_theta))),
+            "rounds_per_second": rounds / max(result.run_seconds, 1e-9),
+            "stopped_by": stopped_by,
+            "converged": int(result.status) == optimizers.Status.CONVERGED,
+            "nonzero_parameters": int(np.count_nonzero(np.asarray(result.params))),
             "num_weak_learners": num_weak_learners(encoded, set_name, len(data.labels)),
             "num_train_sentences": len(data.train),
             "num_dev_sentences": len(data.dev),
             "num_pieces": int(sparse.lengths.shape[0]),
             "config": config,
-            "curve": [[int(r), float(v)] for r, v in result.evaluations],
+            "curve": [[int(r), float(v)] for r, v in evaluations],
             "curve_split": "dev",
-            "log_exp_loss": [float(v) for v in result.loop.trace[: rounds : max(1, rounds // 200)]],
-            "chosen_features": [int(v) for v in result.loop.inner.history.feature[:rounds]],
+            "log_exp_loss": [float(v) for v in result.trace[: rounds : max(1, rounds // 200)]],
+            "chosen_features": [int(v) for v in result.state.history.feature[:rounds]],
         }
 
     settings = config | {"num_train": len(data.train), "num_dev": len(data.dev)} | slice_settings(data)

@@ -85,7 +85,8 @@ class RunDirectory:
         self.names: list[str] = []  # every unit asked for, in order
         os.makedirs(os.path.join(root, "units"), exist_ok=True)
 
-    def _unit_path(self, name: str) -> str:
+    def unit_path(self, name: str) -> str:
+        """Where unit `name`'s result is saved (it exists once the unit is done)."""
         return os.path.join(self.root, "units", f"{name}.json")
 
     def unit(
@@ -102,7 +103,7 @@ class RunDirectory:
         `"stale": True` (a report shows what was run, and says so:
         `stale_note`)."""
         self.names.append(name)
-        path = self._unit_path(name)
+        path = self.unit_path(name)
         computes = self._computes(name)
         if os.path.exists(path):
             with open(path) as stream:

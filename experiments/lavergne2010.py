@@ -65,12 +65,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
-from lossfns import corpora, features, metrics, models, optimizers, semirings, training
-from lossfns.features import index as feature_index
+from lossfns import corpora, features, metrics, models, optimizers, training
 from lossfns.features import presets, templates
-from lossfns.features.extraction import TokenFeatures
-from lossfns.losses import sequence
-from lossfns.models.linear_chain import LinearChainModel
+from lossfns.models import LinearChainModel
 from lossfns.training import bcd_schedule
 
 from . import crfsuite_comparison, synthetic, tagging
@@ -286,7 +283,7 @@ class Extractor(NamedTuple):
     unigram: str
     pairs: str = ""
 
-    def __call__(self, tokens) -> TokenFeatures:
+    def __call__(self, tokens) -> features.TokenFeatures:
         if self.unigram in presets.PRESETS:
             observed = presets.preset(self.unigram)(tokens)
         else:
@@ -317,16 +314,16 @@ class Encoded(NamedTuple):
     num_unigram, num_pair: K and K2 (observation tests seen in training).
     """
 
-    rows: feature_index.PackedCorpus
+    rows: features.PackedCorpus
     blocks: features.CorpusArrays
-    stacked: feature_index.FeatureBatch
-    test: feature_index.PackedCorpus
+    stacked: features.FeatureBatch
+    test: features.PackedCorpus
     test_arrays: features.CorpusArrays
     num_unigram: int
     num_pair: int
 
 
-def _device(batch: feature_index.FeatureBatch) -> feature_index.FeatureBatch:
+def _device(batch: features.FeatureBatch) -> features.FeatureBatch:
     return jax.tree_util.tree_map(jnp.asarray, batch)  # absent fields (None) stay absent
 
 
@@ -339,7 +336,7 @@ def encode(data: tagging.TaskData, extractor: Extractor, num_buckets: int, num_b
     return Encoded(
         features.pack_rows(train_ids, train_labels),
         features.pack_shards(train_ids, train_labels, index.num_unigram, num_blocks),
-        _device(feature_index.pad_batch(train_ids, train_labels)),
+        _device(features.pad_batch(train_ids, train_labels)),
         test,
         _device(features.corpus_arrays(test, index.num_unigram)),
         index.num_unigram,
@@ -365,23 +362,6 @@ def possible_features(encoded: Encoded, num_labels: int) -> int:
 # ---------------------------------------------------------------------------
 # The chain model: objective, decoding, error
 # ---------------------------------------------------------------------------
-
-
-def corpus_loss(model: LinearChainModel, batches) -> jax.Array:
-    """Summed CRF negative log-likelihood `[]` over a tuple of `FeatureBatch`es
-    (the smooth part `l(theta)`; the optimizers add the penalties)."""
-    total = 0.0
-    for batch in batches:
-        potentials = model(batch.unigram_ids, batch.pair_ids)
-        total = total + jnp.sum(
-            sequence.sequence_log_loss(potentials, batch.labels, batch.lengths, semiring=semirings.Real)
-        )
-    return total
-
-
-def batch_loss(model: LinearChainModel, batch: feature_index.FeatureBatch) -> jax.Array:
-    """`corpus_loss` of one minibatch (the `fun(params, batch)` of SGD)."""
-    return corpus_loss(model, (batch,))
 
 
 def token_errors(gold, predicted, joint: bool) -> dict:
@@ -491,10 +471,10 @@ def run_checkpointed(
         description=name,
     )
     curve = recorder.finish(result.compile_seconds)
-    steps = int(result.loop.step)
-    trace = np.asarray(result.loop.trace)[:steps].tolist()
+    steps = int(result.num_steps)
+    trace = np.asarray(result.trace)[:steps].tolist()
     seconds = curve[-1]["seconds"] if curve else 0.0
-    return Fit(params_of(result.loop.inner), steps, trace, curve, result.compile_seconds, seconds)
+    return Fit(params_of(result.params), steps, trace, curve, result.compile_seconds, seconds)
 
 
 def owlqn_fit(
@@ -507,7 +487,7 @@ def owlqn_fit(
     structure = model.structure()
     as_model = lambda weights: model.with_weights(weights, structure)
     recorder = CurveRecorder(run, name, evaluate, lambda inner: as_model(inner[0]))
-    trained, result = training.train_linear_chain(
+    result = training.train_linear_chain(
         encoded.rows,
         model.num_labels,
         model.emission.shape[0],
@@ -515,7 +495,7 @@ def owlqn_fit(
         l1=L1,
         l2=L2,
         memory_size=OWLQN_MEMORY,
-        max_iterations=config["owlqn_steps"],
+        max_steps=config["owlqn_steps"],
         stop=_stop_rule(config, "stop"),
         model=model,
         shards=encoded.blocks,
@@ -530,7 +510,7 @@ def owlqn_fit(
     curve = recorder.finish(result.compile_seconds)
     steps = int(result.num_steps)
     trace = np.asarray(result.trace)[:steps].tolist()
-    return Fit(trained, steps, trace, curve, result.compile_seconds, curve[-1]["seconds"] if curve else 0.0)
+    return Fit(result.params, steps, trace, curve, result.compile_seconds, curve[-1]["seconds"] if curve else 0.0)
 
 
 def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_size: int, max_rows):
@@ -596,7 +576,7 @@ def sgd_schedule(params, data, config: dict) -> tuple[Callable, dict]:
                 params,
                 data,
                 jax.random.PRNGKey(SEED),
-                loss=batch_loss,
+                loss=models.batch_loss,
                 batch_size=batch_size,
                 sample_size=sample_size,
                 max_rows=max_rows,
@@ -627,7 +607,13 @@ def fit(
         batch_size = min(config["batch_size"], optimizers.num_examples(stacked))
         max_rows = training.max_rows_per_batch(stacked, batch_size)  # a step touches at most these rows
         make = functools.partial(
-            _sgd_step_fn, loss=batch_loss, schedule=schedule, l1=L1, l2=L2, batch_size=batch_size, max_rows=max_rows
+            _sgd_step_fn,
+            loss=models.batch_loss,
+            schedule=schedule,
+            l1=L1,
+            l2=L2,
+            batch_size=batch_size,
+            max_rows=max_rows,
         )
         inner = (model, optimizers.lazy_sgd_l1(schedule, L1, L2).init(model), jax.random.PRNGKey(SEED))
         common.update(max_steps=config["sgd_epochs"], stop=_sgd_stop_rule(config))

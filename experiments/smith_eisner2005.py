@@ -29,14 +29,15 @@ Implementation choices, each exact:
   `logsumexp` over the words the dictionary allows (`length_log_normalisers`;
   tested against `neighbourhoods.length` + `tagging.intersect`). It depends
   on the length only, so one scan gives every sentence's denominator.
-* EM's E-step is the gradient of `dag.log_partition` over the same sparse
+* EM's E-step is the gradient of `losses.marginal_log_likelihood` over the sparse
   sentence x trigram-tagger lattices that CE's numerators use, with the HMM's
   log-probabilities as arc scores; the M-step is `lossfns.hmm.m_step`.
   (`lossfns.hmm.em` runs a dense chain over (K+1)K tag pairs, 2070 states
   for 45 tags: about 40x the work per word here.)
 * A CE loss packs the sentences' and their neighbourhoods' lattices
   together (`dag.pack`: one level layout for hundreds of lattices, a few
-  packs grouped by length, `pack_groups`), weighted -1 and +1: one scan per
+  packs grouped by length, `pack_groups`), weighted 1 and -1
+  (`losses.corpus_contrastive_log_likelihood`): one scan per
   pack, about 2.5 padded cells per arc (padded and stacked per lattice, it
   was about 60).
 * Lattices are built once per sentence and neighbourhood and kept in
@@ -61,9 +62,8 @@ import numpy as np
 import optax
 import tqdm
 
-from lossfns import corpora, hmm, metrics, optimizers, semirings
+from lossfns import corpora, hmm, losses, metrics, optimizers, semirings
 from lossfns.lattices import dag, neighbourhoods, tagging
-from lossfns.losses import regularisers
 
 from . import synthetic
 from .harness import (
@@ -550,28 +550,33 @@ def length_log_normalisers(params: tagging.TaggerParams, sigma_allowed, spelling
     return jnp.concatenate([jnp.zeros((1,), totals.dtype), totals])
 
 
-def _log_partition(tagged: tagging.TaggedLattice, scores) -> jax.Array:
-    if isinstance(tagged.lattice, dag.PackedLattices):
-        return dag.packed_log_partition(tagged.lattice, scores, semiring=semirings.Real)
-    return dag.log_partition(tagged.lattice, scores, semiring=semirings.Real)
-
-
 def total_log_partition(batches, params: tagging.TaggerParams, spelling_ids) -> jax.Array:
     """`sum_i log sum_{(x, y) in lattice i} u(x, y)` over packed (or stacked)
-    lattices (a tuple of `TaggedLattice`); the real semiring is the fast CPU path."""
-    return sum(jnp.sum(_log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids))) for tagged in batches)
+    lattices (a tuple of `TaggedLattice`; `losses.marginal_log_likelihood`);
+    the real semiring is the fast CPU path."""
+    return sum(
+        jnp.sum(
+            losses.marginal_log_likelihood(
+                tagged.lattice, tagging.arc_scores(tagged, params, spelling_ids), semiring=semirings.Real
+            )
+        )
+        for tagged in batches
+    )
 
 
 def neighbourhood_loss(params: tagging.TaggerParams, data) -> jax.Array:
     """Negative CE log-likelihood with lattice neighbourhoods, `data =
-    (packs, signs, spelling_ids)`: `sum_i log Z(N(x_i)) - log Z(x_i)`. The
+    (packs, roles, spelling_ids)`: `sum_i log Z(N(x_i)) - log Z(x_i)`. The
     sentences' and their neighbourhoods' lattices share the packs (a tuple of
-    packed `TaggedLattice`, one scan each); `signs` (a tuple of `[B]`) is +1
-    for a neighbourhood, -1 for a sentence, 0 for a padding row."""
-    packs, signs, spelling_ids = data
-    return sum(
-        jnp.sum(sign * _log_partition(tagged, tagging.arc_scores(tagged, params, spelling_ids)))
-        for tagged, sign in zip(packs, signs)
+    packed `TaggedLattice`, one scan each); `roles` (a tuple of `[B]`) is 1
+    for a sentence, -1 for a neighbourhood, 0 for a padding row
+    (`losses.corpus_contrastive_log_likelihood`)."""
+    packs, roles, spelling_ids = data
+    return -sum(
+        losses.corpus_contrastive_log_likelihood(
+            tagged.lattice, tagging.arc_scores(tagged, params, spelling_ids), role, semiring=semirings.Real
+        )
+        for tagged, role in zip(packs, roles)
     )
 
 
@@ -588,7 +593,7 @@ def _penalised(loss):
     """`(params, (data, l2_weight)) -> loss + l2_weight / 2 ||params||^2`, one
     function per loss: `l2_weight = 1 / sigma^2` is data (traced), so the
     driver re-uses one compiled loop for the smoothing trials of a problem."""
-    return lambda params, data: loss(params, data[0]) + regularisers.l2(params, data[1])
+    return lambda params, data: loss(params, data[0]) + losses.l2(params, data[1])
 
 
 _LBFGS = optax.lbfgs()
@@ -677,8 +682,8 @@ def train_em(batches, allowed: np.ndarray, smoothing: float, *, iterations: int,
         progress=progress,
         description="EM",
     )
-    steps = int(run.loop.step)
-    return run.loop.inner, np.asarray(run.loop.trace)[:steps], run.compile_seconds + run.run_seconds
+    steps = int(run.num_steps)
+    return run.params, np.asarray(run.trace)[:steps], run.compile_seconds + run.run_seconds
 
 
 @jax.jit
@@ -802,17 +807,17 @@ class Study:
             lattices = self.lattices(split, "sentence", count) + self.lattices(split, criterion, count)
             self._batches[key] = make_batches(lattices, self.num_batches, self.padding)
         batches = self._batches[key]
-        signs = tuple(
+        roles = tuple(
             jnp.asarray(
                 np.pad(
-                    np.where(batch.indices < count, -1.0, 1.0),
+                    np.where(batch.indices < count, 1.0, -1.0),
                     (0, batch.tagged.lattice.final_slots.shape[0] - batch.indices.size),
                 ),
                 jnp.float32,
             )
             for batch in batches
         )
-        return neighbourhood_loss, (tuple(batch.tagged for batch in batches), signs, spelling_ids)
+        return neighbourhood_loss, (tuple(batch.tagged for batch in batches), roles, spelling_ids)
 
 
 def share_shapes(studies: list, kinds) -> None:
@@ -1413,7 +1418,7 @@ def missing_units(run: RunDirectory, config: dict, tasks) -> dict:
         for size in config["sizes"]:
             for criterion in CRITERIA:
                 for smoothing in smoothing_grid(criterion, config):
-                    if not os.path.exists(run._unit_path(f"fig2-{_size_key(size)}-{criterion}-{smoothing:g}")):
+                    if not os.path.exists(run.unit_path(f"fig2-{_size_key(size)}-{criterion}-{smoothing:g}")):
                         missing.setdefault(f"Figure 2, {_size_key(size)}", []).append(f"{criterion} {smoothing:g}")
     if "table3" in tasks:
         for dilution in config["dilutions"]:
@@ -1421,7 +1426,7 @@ def missing_units(run: RunDirectory, config: dict, tasks) -> dict:
             for criterion, spelling in config["table3_models"]:
                 model = f"{criterion}{'+spelling' if spelling else ''}"
                 for smoothing in smoothing_grid(criterion, config):
-                    if not os.path.exists(run._unit_path(f"table3-{slug}-{model}-{smoothing:g}")):
+                    if not os.path.exists(run.unit_path(f"table3-{slug}-{model}-{smoothing:g}")):
                         missing.setdefault(f"Table 3, {dilution}", []).append(f"{model} {smoothing:g}")
     return missing
 
@@ -1583,7 +1588,7 @@ def profile_objective(
     ]
     params = tagging.init_params(len(corpus.tags), len(vocabulary), order=2)
     weight = jnp.asarray(1.0, jnp.float32)
-    value_and_grad = jax.jit(jax.value_and_grad(lambda p, d, w: loss(p, d) + regularisers.l2(p, w)))
+    value_and_grad = jax.jit(jax.value_and_grad(lambda p, d, w: loss(p, d) + losses.l2(p, w)))
     start = time.perf_counter()
     jax.block_until_ready(value_and_grad(params, data, weight))
     stats["value_grad_first_call"] = time.perf_counter() - start
@@ -1598,7 +1603,7 @@ def profile_objective(
     first = optimizers.drive(make_step, loop, (data, weight), stop=stop, until=1, progress=False)
     stats["lbfgs_first_step_with_compile"] = first.compile_seconds + first.run_seconds
     more = optimizers.drive(
-        make_step, first.loop, (data, weight), stop=stop, until=1 + steps, chunk_steps=steps, progress=False
+        make_step, first.state, (data, weight), stop=stop, until=1 + steps, chunk_steps=steps, progress=False
     )
     stats["lbfgs_seconds_per_step"] = more.run_seconds / steps
     for key, value in stats.items():

@@ -31,7 +31,7 @@ import optax
 from lossfns import corpora, features, metrics, optimizers, semirings, training
 from lossfns.features import presets
 from lossfns.lattices import chain
-from lossfns.losses import pointwise, regularisers, sequence
+from lossfns.losses import l2, log_sequence_exp_loss, pointwise_exp_loss, pointwise_log_loss, sequence_log_loss
 from lossfns.models import LinearChainModel
 
 from . import synthetic
@@ -191,15 +191,13 @@ def init_params(num_features: int, num_labels: int, dtype=jnp.float32) -> Linear
 
 
 def _per_sentence_loss(loss: str, scores, bucket: Bucket) -> jax.Array:
-    # The real semiring is the fast CPU path; marginals from it are
-    # differentiable again, which the pointwise losses need.
     function = {
-        "sequential log": sequence.sequence_log_loss,
-        "sequential exp": sequence.log_sequence_exp_loss,
-        "pointwise log": pointwise.pointwise_log_loss,
-        "pointwise exp": pointwise.pointwise_exp_loss,
+        "sequential log": sequence_log_loss,
+        "sequential exp": log_sequence_exp_loss,
+        "pointwise log": pointwise_log_loss,
+        "pointwise exp": pointwise_exp_loss,
     }[loss]
-    return function(scores, bucket.labels, bucket.lengths, semiring=semirings.Real)
+    return function(scores, bucket.labels, bucket.lengths)
 
 
 def objective(params: LinearChainModel, buckets: tuple, weights: tuple, loss: str, l2_weight: float) -> jax.Array:
@@ -219,7 +217,7 @@ def objective(params: LinearChainModel, buckets: tuple, weights: tuple, loss: st
         data_term = count * (semirings.logsumexp(values + log_weight, -1) - jnp.log(count))
     else:
         data_term = jnp.sum(jnp.where(weight > 0, weight * values, 0.0))
-    return data_term + regularisers.l2(params, l2_weight)
+    return data_term + l2(params, l2_weight)
 
 
 class TrainResult(NamedTuple):
@@ -433,8 +431,8 @@ def train_perceptron(
         description="perceptron",
         callback=after_epoch,
     )
-    steps = int(run.loop.step)
-    mistakes = [int(m) for m in np.asarray(run.loop.trace)[:steps]]
+    steps = int(run.num_steps)
+    mistakes = [int(m) for m in np.asarray(run.trace)[:steps]]
     stopped_by = (
         "patience" if len(scores) - best["epoch"] >= patience else "no mistakes" if mistakes[-1] == 0 else "epoch cap"
     )

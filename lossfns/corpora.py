@@ -215,9 +215,10 @@ def read_lines(path, encoding: str = "utf-8", *, hint: str = "") -> io.StringIO:
 
 def read_bytes(path) -> bytes:
     """The bytes of a file, or of a zip archive's member given by a path
-    through the archive (see `split_archive`)."""
+    through the archive (`a/b.zip/b/c`: member `b/c` of `a/b.zip`, when no
+    file `a/b.zip/b/c` exists)."""
     path = os.fspath(path)
-    inside = split_archive(path)
+    inside = _split_archive(path)
     if inside is None:
         with open(path, "rb") as handle:
             return handle.read()
@@ -229,7 +230,7 @@ def read_bytes(path) -> bytes:
             raise FileNotFoundError(f"{path}: the archive {archive} has no member {member!r}") from None
 
 
-def split_archive(path: str) -> tuple[str, str] | None:
+def _split_archive(path: str) -> tuple[str, str] | None:
     """`(archive, member)` when `path` does not exist as a file but runs
     through an existing zip file (`a/b.zip/b/c` -> `("a/b.zip", "b/c")`,
     the member with `/` separators as zip files name them), else None."""
@@ -253,7 +254,7 @@ def split_archive(path: str) -> tuple[str, str] | None:
 # ---------------------------------------------------------------------------
 
 
-def nltk_default_path() -> list[str]:
+def _nltk_default_path() -> list[str]:
     """The directories NLTK searches after `NLTK_DATA`, in NLTK's order
     (`nltk/data.py`): `~/nltk_data`, then the interpreter's prefix and the
     system directories."""
@@ -287,11 +288,12 @@ def data_path() -> list[str]:
     """Where NLTK data is searched, in order: the directories of the
     `NLTK_DATA` variable (read now, `os.pathsep`-separated), then
     `nltk.data.path` when NLTK is already imported (it holds the user's own
-    additions), else NLTK's default directories (`nltk_default_path`).
+    additions), else NLTK's default directories (`~/nltk_data`, then the
+    interpreter's prefix and the system directories, in NLTK's order).
     NLTK itself is never imported here."""
     roots = [os.path.expanduser(root) for root in os.environ.get("NLTK_DATA", "").split(os.pathsep) if root]
     loaded = sys.modules.get("nltk.data")
-    for root in list(getattr(loaded, "path", ())) if loaded is not None else nltk_default_path():
+    for root in list(getattr(loaded, "path", ())) if loaded is not None else _nltk_default_path():
         if root and root not in roots:
             roots.append(root)
     return roots

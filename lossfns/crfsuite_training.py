@@ -328,23 +328,22 @@ def _fit_sentences(
     loop = init_loop(inner, tagger.max_iterations, float_dtype(weights))
     record = SentenceRecord(algorithm, bool(settings.get("averaging", True)))
     result = drive(make_step, loop, data, stop=stop, callback=callback, progress=False, record=record)
-    final = result.loop
     if algorithm == "ap":
-        params = averaged_params(final.inner)
+        params = averaged_params(result.params)
     elif algorithm == "pa":
-        params = pa_params(final.inner, averaging=bool(settings["averaging"]))
+        params = pa_params(result.params, averaging=bool(settings["averaging"]))
     elif algorithm == "arow":
-        params = arow_params(final.inner)
+        params = arow_params(result.params)
     else:
-        params = final.inner[0]
-    trace = np.asarray(final.trace)[: int(final.step)]
+        params = result.params[0]
+    trace = np.asarray(result.trace)[: int(result.num_steps)]
     structure = model.structure()
     if algorithm in ("pa", "arow"):  # whole tables: the emission weights off the mask are 0
         structure = structure._replace(emission_pairs=None)
     tagger.labels, tagger.index = labels, index
     tagger.model = model.with_weights(params, structure)
     tagger.history = [float(value) for value in trace if np.isfinite(value)]
-    tagger.status, tagger.training_seconds = Status(int(final.status)), result.compile_seconds + result.run_seconds
+    tagger.status, tagger.training_seconds = Status(int(result.status)), result.compile_seconds + result.run_seconds
     tagger.iteration_records = {"objective": trace, "seconds": result.step_seconds, **(result.records or {})}
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from .lattices.chain import FactoredPotentials
+from .lattices import chain
 
 DEFAULT_ERRORS = checkify.user_checks | checkify.nan_checks
 """The checkify errors `checked` looks for: the argument checks and NaNs."""
@@ -65,18 +65,14 @@ def check_labels(labels, num_labels: int, lengths, name: str = "labels") -> None
 
 def check_chain_inputs(potentials, lengths=None, labels=None, **options) -> None:
     """Inside `checked`: the value checks of `lossfns.lattices.chain` for
-    `potentials` (`[..., T, L, L]` or `FactoredPotentials`), `lengths [...]`
+    `potentials` (`[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`), `lengths [...]`
     and `labels [..., T]`. Extra keyword options (e.g. `algorithm`) are
     accepted and ignored, so it can validate any chain function's arguments."""
     del options
-    if isinstance(potentials, FactoredPotentials):
-        for name, scores in zip(("unary", "transitions", "start"), potentials):
-            if scores is not None:
-                check_scores(name, scores)
-        T, L = jnp.shape(potentials.unary)[-2:]
-    else:
-        check_scores("potentials", potentials)
-        T, L = jnp.shape(potentials)[-3:-1]
+    form = chain.as_form(potentials)
+    for name, scores in form.named_scores():
+        check_scores(name, scores)
+    T, L = form.num_steps, form.num_labels
     if lengths is not None:
         check_lengths(lengths, T)
     if labels is not None:

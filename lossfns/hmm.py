@@ -12,14 +12,12 @@ Design notes: docs/internals.md.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import semirings
 from .lattices import chain
 from .lattices.chain import FactoredPotentials
 from .validation import as_integer_array, as_lengths, concrete
@@ -90,15 +88,15 @@ def _prepare(params, words, lengths):
     return words, lengths
 
 
-def log_likelihood(params: HMMParams, words, lengths=None, *, semiring=semirings.Log):
+def log_likelihood(params: HMMParams, words, lengths=None):
     """`log P(x)` per sentence of `words [..., T]`, `[...]` (forward algorithm)."""
     words, lengths = _prepare(params, words, lengths)
-    return _log_likelihood(params, words, lengths, semiring)
+    return _log_likelihood(params, words, lengths)
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _log_likelihood(params, words, lengths, semiring=semirings.Log):
-    return chain.log_partition(potentials(params, words), lengths, semiring=semiring)
+@jax.jit
+def _log_likelihood(params, words, lengths):
+    return chain.log_partition(potentials(params, words), lengths)
 
 
 def expected_counts(params: HMMParams, words, lengths=None) -> HMMParams:

@@ -40,9 +40,9 @@ __all__ = ["Tagger", "TrainingData", "crfsuite_elastic_net"]
 # Constructor fields that do not change the trained weights, or enter a
 # checkpoint's settings in another form (the extractor's spec, the dtype's name).
 _NOT_SETTINGS = ("features", "dtype", "progress", "iob_constraints")
-# Constructor fields that `train_linear_chain` takes by the same name.
+# Constructor fields that `train_linear_chain` takes by the same name (`max_iterations` is its `max_steps`).
 _TRAINING_FIELDS = (  # noqa: SIM905 (a list literal would take ten lines)
-    "loss l1 l2 regularizer optimizer memory_size max_iterations observed_pairs_only observed_transitions_only dtype"
+    "loss l1 l2 regularizer optimizer memory_size observed_pairs_only observed_transitions_only dtype"
 ).split()
 
 
@@ -108,6 +108,7 @@ class Tagger:
             from .training.linear_chain import check_training
 
             check_training(**{name: getattr(self, name) for name in _TRAINING_FIELDS})
+        check_int("max_iterations", self.max_iterations)
         check_scalar("tol", self.tol, 0)
         for name in ("period", "min_count", "hash_size", "num_buckets"):
             if getattr(self, name) is not None:
@@ -154,19 +155,20 @@ class Tagger:
         from .optimizers import Status, relative_improvement_below
         from .training import train_linear_chain
 
-        self.model, result = train_linear_chain(
+        result = train_linear_chain(
             packed_corpus,
             len(self.labels),
             index.num_unigram,
             index.num_pair,
             **{name: getattr(self, name) for name in _TRAINING_FIELDS},
+            max_steps=self.max_iterations,
             stop=relative_improvement_below(self.tol, self.period),
             settings=self._settings(),
             description="Tagger.fit",
             progress=self.max_iterations > 20 if self.progress is None else self.progress,
             **options,
         )
-        trace = np.asarray(result.trace)[: int(result.num_steps)]
+        self.model, trace = result.params, np.asarray(result.trace)[: int(result.num_steps)]
         self.history = [float(value) for value in trace if np.isfinite(value)]
         self.status, self.training_seconds = Status(int(result.status)), result.compile_seconds + result.run_seconds
         self.iteration_records = {"objective": trace, "seconds": result.step_seconds, **(result.records or {})}

@@ -16,13 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.test_util import check_grads
 
-from .lattices.chain import FactoredPotentials, materialize
+from .lattices import chain
+from .lattices.chain import FactoredPotentials
 
 
 def _per_position(potentials) -> np.ndarray:
-    if isinstance(potentials, FactoredPotentials):
-        potentials = materialize(potentials)
-    return np.asarray(potentials, dtype=np.float64)
+    return np.asarray(chain.as_form(potentials).dense_scores(), dtype=np.float64)
 
 
 def enumerate_sequences(potentials, length: int):

@@ -1,12 +1,19 @@
-"""Test-suite configuration: float64 is on so gradient checks are exact;
-float32 tests build float32 arrays explicitly."""
+"""Test-suite configuration. The suite runs as users run: without 64-bit
+mode (float32, int32), where a float64 dtype that JAX would silently lower
+is an error (pyproject.toml's filterwarnings). A test that needs float64
+(finite differences, 1e-10 oracles) opts in with `pytest.mark.float64`, a
+module or class by `pytestmark = pytest.mark.float64` (its import, its
+fixtures and its tests then run under `jax.enable_x64(True)`)."""
 
+import ast
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 # The suite's cost is XLA's compilation of many small programs, not running
 # them: LLVM's optimisation passes are skipped, and fusions are emitted by
@@ -34,8 +41,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from lossfns import compilation_cache
-
-jax.config.update("jax_enable_x64", True)
 
 # The flags set above (before the imports, where no constant may stand first).
 QUICK_COMPILATION = (
@@ -74,6 +79,63 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _RUN_CACHE in config.stash:
         shutil.rmtree(config.stash[_RUN_CACHE], ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# float64 by opt-in: `pytest.mark.float64` on a test, or `pytestmark` on a module
+# ---------------------------------------------------------------------------
+#
+# `jax.enable_x64` is a context (thread-local: a thread a float64 test starts
+# computes in 32-bit mode). A module's marks are known only once it is
+# imported, but its import already builds arrays (constants, parametrize
+# values), so a module that opts in is recognised from its source first
+# (a module-level `pytestmark` naming `float64`) and imported under x64.
+
+
+def _marks_module_float64(path) -> bool:
+    """Whether the test module at `path` assigns a `pytestmark` that names `float64`."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    for node in tree.body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in targets):
+            value = getattr(node, "value", None)
+            if value is not None and any(
+                isinstance(part, ast.Attribute) and part.attr == "float64" for part in ast.walk(value)
+            ):
+                return True
+    return False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    if isinstance(collector, pytest.Module) and _marks_module_float64(collector.path):
+        with jax.enable_x64(True):
+            return (yield)
+    return (yield)
+
+
+def _x64_if_marked(node):
+    return jax.enable_x64(True) if node.get_closest_marker("float64") else contextlib.nullcontext()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64_module(request):
+    """A module that opts in: x64 on for its module-scoped fixtures and tests
+    (autouse, so set up before the module's other fixtures)."""
+    with _x64_if_marked(request.node):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _float64_test(request):
+    """A test that opts in (or its class): x64 on for it and its fixtures."""
+    with _x64_if_marked(request.node):
+        yield
 
 
 def subprocess_environment(*, optimised: bool = False, **variables) -> dict:

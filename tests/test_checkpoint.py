@@ -192,6 +192,7 @@ def _assert_bit_identical(got, want):
         assert g.tobytes() == w.tobytes(), where
 
 
+@pytest.mark.float64  # a float64 leaf among the leaf types
 def test_round_trip_is_bit_exact_and_keeps_leaf_types(tmp_path):
     tree = _example_tree()
     path = checkpoint.save(tmp_path / "state.ckpt", tree)

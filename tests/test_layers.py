@@ -4,10 +4,8 @@ functions alike), so the folder list reads bottom-up: the algebra, the
 structures, the losses, the features and models, the optimizers, the
 trainers for particular models, the applications. The optimizers know no
 model: they sit above the models in the table but may not import them.
-Static: the sources are parsed, nothing is imported. (Names kept readable
-from an old place for one release, `deprecation.moved_names`, are looked up
-by string when read and are not imports.) Beside the layers: every module
-docstring stays short (issue 48)."""
+Static: the sources are parsed, nothing is imported. Beside the layers:
+every module docstring stays short (issue 48)."""
 
 import ast
 import sys
@@ -24,7 +22,6 @@ LAYERS = [
         "utilities",
         [
             "lossfns.validation",
-            "lossfns.deprecation",
             "lossfns.checkpoint",
             "lossfns.compilation_cache",
             "lossfns.parallel",

@@ -60,3 +60,13 @@ def test_argument_names_and_defaults_agree(name):
     if "lengths" in parameters and "labels" in parameters:
         order = list(parameters)
         assert order.index("labels") < order.index("lengths"), f"{name}: labels come before lengths"
+
+
+STEP_LIMITS = ("max_iterations", "num_epochs", "num_sweeps", "max_rounds", "num_rounds")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in SIGNATURES if n.split(".")[1] in ("optimizers", "training")))
+def test_every_loop_names_its_step_limit_max_steps(name):
+    """One step limit: a loop of `optimizers` or `training` caps its steps with `max_steps`."""
+    spelled = set(SIGNATURES[name].parameters) & set(STEP_LIMITS)
+    assert not spelled, f"{name}: {sorted(spelled)} is spelled max_steps across optimizers and training"

@@ -6,6 +6,8 @@ import pytest
 
 from lossfns import testing
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 ARGS = (jnp.asarray([0.3, -1.2, 2.0]),)
 
 

@@ -7,10 +7,9 @@ one path of a tagged corpus through them (`corpus`).
 `__all__` is what users build corpora and designs with; the plumbing the Tagger
 and the model files share (`corpus.check_sentences`, `corpus.extractor_spec`,
 `corpus.extractor_from_spec`) and numpy helpers (`index.ragged_rows`) stay in
-their modules (still found here, with a `DeprecationWarning`, for one release).
+their modules.
 """
 
-from ..deprecation import moved_names
 from . import corpus, design, dicts, presets, templates
 from .corpus import (
     CorpusArrays,
@@ -25,7 +24,6 @@ from .corpus import (
     label_ids,
     ladder,
     ladder_arrays,
-    ladder_corpus,
     pack_sentences,
     pack_shards,
     padded_buckets,
@@ -67,7 +65,6 @@ __all__ = [
     "label_ids",
     "ladder",
     "ladder_arrays",
-    "ladder_corpus",
     "pack_sentences",
     "pack_shards",
     "padded_buckets",
@@ -94,9 +91,3 @@ __all__ = [
     "parse_templates",
     "read_templates",
 ]
-
-# Internal since 0.2 (name -> its module); still found here for one release.
-__getattr__ = moved_names(
-    __name__,
-    {"check_sentences": "corpus", "extractor_spec": "corpus", "extractor_from_spec": "corpus", "ragged_rows": "index"},
-)

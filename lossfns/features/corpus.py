@@ -315,7 +315,7 @@ def ladder(size: int) -> int:
     return -(-int(size) // 2**exponent) * 2**exponent
 
 
-def ladder_corpus(packed: PackedCorpus) -> PackedCorpus:
+def _ladder_corpus(packed: PackedCorpus) -> PackedCorpus:
     """`pad_corpus` of `packed` to the `ladder` sizes of its feature widths and
     bucket shapes `[B_b, T_b]`, with room for a token in every cell (`sum_b
     B_b T_b` tokens): the shapes then depend on those ladder sizes alone."""
@@ -326,10 +326,10 @@ def ladder_corpus(packed: PackedCorpus) -> PackedCorpus:
 
 
 def ladder_arrays(packed: PackedCorpus, num_features: int) -> CorpusArrays:
-    """The `CorpusArrays` of `ladder_corpus(packed)` over `num_features`
+    """The `CorpusArrays` of `_ladder_corpus(packed)` over `num_features`
     features, with room for every cell's every feature in its design: corpora
     whose sizes fall on the same ladder rungs give arrays of the same shapes."""
-    padded = ladder_corpus(packed)
+    padded = _ladder_corpus(packed)
     arrays = corpus_arrays(padded, num_features)
     cells = sum(positions.size for positions in padded.positions)
     return arrays._replace(design=pad_design(arrays.design, cells * padded.unigram_ids.shape[1]))

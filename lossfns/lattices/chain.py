@@ -5,8 +5,8 @@ Every function takes potentials in the three forms of `lattices.forms`
 (per-position `[..., T, L, L]`, `FactoredPotentials`, `SparsePotentials`),
 `lengths [...]` masking positions at or past each length (a length-0 sequence has
 one empty path of score 0), and any leading batch shape (written for one chain,
-mapped with `jax.vmap`). How `log Z` and its derivatives are computed is chosen by
-semiring, form and backend in one table (`_ALGORITHMS`), never by a name.
+mapped with `jax.vmap`). The kernel is chosen by semiring (`_KERNELS`), form (its
+own step and derivative) and backend (`kernel.Tuning`), never by a name.
 Design notes: docs/internals.md.
 """
 
@@ -23,23 +23,12 @@ import numpy as np
 
 from .. import semirings
 from ..semirings import Semiring
-from ..validation import (
-    as_float_array,
-    as_labels,
-    as_lengths,
-    check_finite_or_neg_inf,
-    check_key,
-    concrete,
-    labels_in_range,
-    nan_unless,
-)
-from . import decode, kernel, sparse_chain, tree_product
-from .forms import (
-    DensePotentials,
-    FactoredPotentials,
-    materialize,  # noqa: F401  (public as chain.materialize)
-)
-from .sparse_chain import SparsePotentials
+from ..validation import as_labels, as_lengths, check_key, labels_in_range, nan_unless
+from . import decode, kernel, tree_product
+from .forms import PotentialForm, is_form
+from .forms.dense import DensePotentials
+from .forms.factored import FactoredPotentials, materialize  # noqa: F401  (public as chain.materialize)
+from .forms.sparse import SparsePotentials  # noqa: F401  (public as chain.SparsePotentials)
 
 ALGORITHMS = ("auto", "sequential", "parallel")
 """The values of `algorithm=`: `auto` picks by semiring, form and backend (`kernel.TUNING`)."""
@@ -48,6 +37,18 @@ ALGORITHMS = ("auto", "sequential", "parallel")
 # ---------------------------------------------------------------------------
 # Validation and batching
 # ---------------------------------------------------------------------------
+
+
+def as_form(potentials) -> PotentialForm:
+    """A chain function's potentials as a form of `lattices.forms`.
+
+    Args:
+      potentials: a form, or per-position scores `[..., T, L, L]`.
+
+    Returns:
+      the form as given, or `DensePotentials(potentials)`.
+    """
+    return potentials if is_form(potentials) else DensePotentials(potentials)
 
 
 def prepare_inputs(potentials, lengths):
@@ -60,70 +61,15 @@ def prepare_inputs(potentials, lengths):
       lengths: `[...]` ints in `[0, T]`, or None (every chain `T` long).
 
     Returns:
-      `(form, lengths, batch_shape, T, L)`: the potentials as a form of
-        `lattices.forms`, `lengths [...]` int32, the batch shape `[...]` as a
-        tuple, and the numbers of positions and labels.
+      `(form, lengths, batch_shape, T, L)`: the potentials as a checked form
+        of `lattices.forms`, `lengths [...]` int32, the batch shape `[...]` as
+        a tuple, and the numbers of positions and labels.
     """
-    if isinstance(potentials, SparsePotentials):
-        form, lengths, batch_shape, T, L = sparse_chain.prepare_inputs(potentials, lengths)
-        _check_scores_inside(form, lengths)
-        return form, lengths, tuple(batch_shape), T, L
-    if isinstance(potentials, FactoredPotentials):
-        unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
-        batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
-        transitions = as_float_array("transitions", potentials.transitions, 2, "[L, L] or [..., L, L]")
-        if transitions.shape[-2:] != (L, L):
-            raise ValueError(
-                f"transitions must have shape [..., {L}, {L}] (L = {L} labels, from unary), "
-                f"got shape {transitions.shape}"
-            )
-        start = potentials.start
-        if start is None:
-            start = jnp.zeros((L,), unary.dtype)
-        start = as_float_array("start", start, 1, "[L] or [..., L]")
-        if start.shape[-1] != L:
-            raise ValueError(f"start must have shape [..., {L}], got shape {start.shape}")
-        for name, array, core in (("transitions", transitions, 2), ("start", start, 1)):
-            try:
-                jnp.broadcast_shapes(array.shape[:-core], batch_shape)
-            except ValueError:
-                raise ValueError(
-                    f"{name} batch shape {array.shape[:-core]} does not broadcast to the "
-                    f"batch shape {batch_shape} of unary"
-                ) from None
-            check_finite_or_neg_inf(name, array)
-        dtype = jnp.result_type(unary, transitions, start)
-        potentials = FactoredPotentials(unary.astype(dtype), transitions.astype(dtype), start.astype(dtype))
-    else:
-        if isinstance(potentials, DensePotentials):
-            potentials = potentials.scores
-        potentials = as_float_array("potentials", potentials, 3, "[..., T, L, L]")
-        batch_shape, (T, L, L2) = potentials.shape[:-3], potentials.shape[-3:]
-        if L != L2:
-            raise ValueError(
-                f"potentials must have shape [..., T, L, L] (square in the last two axes), got shape {potentials.shape}"
-            )
-        potentials = DensePotentials(potentials)
-    if L < 1:
-        raise ValueError("potentials must have at least one label (L >= 1)")
+    form = as_form(potentials).checked()
+    batch_shape, T = tuple(form.batch_shape), form.num_steps
     lengths = as_lengths(lengths, batch_shape, T)
-    _check_scores_inside(potentials, lengths)
-    return potentials, lengths, tuple(batch_shape), T, L
-
-
-def _check_scores_inside(potentials, lengths) -> None:
-    """NaN or +inf scores are refused at positions inside the lengths; padding
-    past them is never read, so it may hold anything."""
-    name, scores = (
-        ("potentials", potentials.scores) if isinstance(potentials, DensePotentials) else ("unary", potentials.unary)
-    )
-    values, lengths = concrete(scores), concrete(lengths)
-    if values is None or lengths is None:
-        return
-    core = 3 if isinstance(potentials, DensePotentials) else 2
-    inside = np.arange(values.shape[-core])[None] < lengths.reshape(-1, 1)
-    inside = inside.reshape(lengths.shape + (values.shape[-core],) + (1,) * (core - 1))
-    check_finite_or_neg_inf(name, np.where(inside, values, 0.0))
+    form.check_inside(lengths)
+    return form, lengths, batch_shape, T, form.num_labels
 
 
 @functools.cache
@@ -172,29 +118,28 @@ def _log_semiring(semiring: Semiring) -> Semiring:
     return semirings.Log if _computes_log_z(semiring) else semiring
 
 
-class _Algorithms(NamedTuple):
-    """What runs for one (semiring, form): `tangent_rule`, the closed-form
-    derivative of the scan's output (`kernel.log_partition`; None:
-    autodiff of the scan); `matmul`, the parallel algorithm's product
-    (None: the semiring's); `pad`, whether the scan runs on the form
-    `padded` to the backend's label multiple (`kernel.Tuning`)."""
+def _exact_log_scan(semiring, potentials, length, starts):
+    """`log Z` by the form's exact log step, with its closed-form derivative,
+    on the form padded to the backend's label multiple (`kernel.Tuning`)."""
+    potentials = potentials.padded(kernel.tuning().padded_labels(potentials.num_labels))
+    return kernel.log_partition(potentials, length, starts)
 
-    tangent_rule: Callable | None = None
+
+class _Kernel(NamedTuple):
+    """What runs for a semiring: `scan(semiring, potentials, length, starts)`
+    for the sequential algorithm, and `matmul`, the parallel algorithm's
+    product (None: the semiring's)."""
+
+    scan: Callable
     matmul: Callable | None = None
-    pad: bool = False
 
 
-# By (semiring type, form type); with the backend's `kernel.Tuning` (which
-# algorithm `"auto"` is), the one place where algorithms are chosen.
-_ALGORITHMS = {
-    (semirings.LogSemiring, DensePotentials): _Algorithms(kernel.dense_tangent, kernel.log_matmul),
-    (semirings.LogSemiring, FactoredPotentials): _Algorithms(kernel.factored_tangent, kernel.log_matmul, pad=True),
-    (semirings.LogSemiring, SparsePotentials): _Algorithms(sparse_chain.sparse_tangent, kernel.log_matmul),
-}
-
-
-def _algorithms(semiring, potentials) -> _Algorithms:
-    return _ALGORITHMS.get((type(semiring), type(potentials)), _Algorithms())
+# By semiring type; the form supplies its step and derivative (`lift`,
+# `log_tangent`) and the backend's `kernel.Tuning` which algorithm `"auto"`
+# is: the one place where algorithms are chosen. Other semirings: the plain
+# scan (autodiff) and their own product.
+_KERNELS = {semirings.LogSemiring: _Kernel(_exact_log_scan, kernel.log_matmul)}
+_PLAIN = _Kernel(kernel.scan)
 
 
 def _check_algorithm(algorithm):
@@ -225,14 +170,10 @@ def _forward_instance(semiring, algorithm, potentials, length, starts=None):
     if potentials.num_steps == 0:
         dtype = potentials.dtype
         return semiring.unconvert(semiring.one((), dtype), jnp.zeros((), dtype))
-    chosen = _algorithms(semiring, potentials)
+    chosen = _KERNELS.get(type(semiring), _PLAIN)
     if algorithm == "parallel":
         return tree_product.forward(semiring, potentials, length, chosen.matmul)
-    if chosen.pad:
-        potentials = potentials.padded(kernel.tuning().padded_labels(potentials.num_labels))
-    if chosen.tangent_rule is not None:
-        return kernel.log_partition(chosen.tangent_rule, potentials, length, starts)
-    return kernel.scan(semiring, potentials, length, starts)
+    return chosen.scan(semiring, potentials, length, starts)
 
 
 # ---------------------------------------------------------------------------
@@ -265,21 +206,18 @@ def forward(semiring: Semiring, potentials, lengths=None, *, algorithm: str = "a
     return map_batch(_instance(_forward_instance, _log_semiring(semiring), algorithm), potentials, lengths)
 
 
-def log_partition(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """`log Z` per chain.
+def log_partition(potentials, lengths=None, *, algorithm: str = "auto"):
+    """`log Z` per chain, exact to rounding for every finite or `-inf` score.
 
     Args:
       potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same exact computation).
       algorithm: "sequential", "parallel" or "auto", as in `forward`.
 
     Returns:
       `[...]`, the `log Z` of each chain.
     """
-    if not _computes_log_z(semiring):
-        raise ValueError(f"semiring must be Log or Real for log_partition, got {semiring!r}")
-    return forward(semiring, potentials, lengths, algorithm=algorithm)
+    return forward(semirings.Log, potentials, lengths, algorithm=algorithm)
 
 
 # ---------------------------------------------------------------------------
@@ -334,7 +272,7 @@ def row_forward(semiring: Semiring, potentials, starts, lengths=None):
     return map_batch(_instance(_forward_instance, _log_semiring(semiring), "sequential"), potentials, lengths, starts)
 
 
-def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = semirings.Log):
+def row_log_partition(potentials, starts, lengths=None):
     """Per row, the sum of `log Z` over its chains (`row_forward`).
 
     Args:
@@ -342,14 +280,11 @@ def row_log_partition(potentials, starts, lengths=None, *, semiring: Semiring = 
         over each row's positions, as in `row_forward`.
       starts: `[..., T]` bool, True at each chain's first position.
       lengths: `[...]` positions used in each row (default `T`).
-      semiring: `semirings.Log` or `Real` (the same exact computation).
 
     Returns:
       `[...]`, per row the sum of its chains' `log Z`.
     """
-    if not _computes_log_z(semiring):
-        raise ValueError(f"semiring must be Log or Real for row_log_partition, got {semiring!r}")
-    return row_forward(semiring, potentials, starts, lengths)
+    return row_forward(semirings.Log, potentials, starts, lengths)
 
 
 def row_score(potentials, labels, starts, lengths=None):
@@ -402,7 +337,7 @@ def log_partition_and_marginals(potentials, lengths=None, *, algorithm: str = "a
     return log_z, form.from_gradient(per_chain)
 
 
-def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
+def marginals(potentials, lengths=None, *, algorithm: str = "auto"):
     """Derivative of `log_partition` with respect to the potentials.
 
     Differentiable again (second derivatives work).
@@ -410,7 +345,6 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
     Args:
       potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same exact computation).
       algorithm: "sequential", "parallel" or "auto", as in `forward`.
 
     Returns:
@@ -423,29 +357,25 @@ def marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, a
         chain's first position, the pairs from label 0) and the support as
         given.
     """
-    if not _computes_log_z(semiring):
-        raise ValueError(f"semiring must be Log or Real for marginals, got {semiring!r}")
     return log_partition_and_marginals(potentials, lengths, algorithm=algorithm)[1]
 
 
-def node_marginals(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
+def node_marginals(potentials, lengths=None, *, algorithm: str = "auto"):
     """Node marginals `P(y_t = j)`.
 
     Args:
       potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same exact computation).
       algorithm: "sequential", "parallel" or "auto", as in `forward`.
 
     Returns:
       `[..., T, L]`; rows past each length are 0.
     """
-    if isinstance(potentials, (FactoredPotentials, SparsePotentials)):
-        # The unary derivatives alone: shared transitions keep one (summed) derivative.
-        form, lengths, _, _, _ = prepare_inputs(potentials, lengths)
-        total = lambda p: jnp.sum(log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
-        return jax.grad(total, allow_int=True)(form).unary
-    return jnp.sum(marginals(potentials, lengths, semiring=semiring, algorithm=algorithm), axis=-2)
+    # The derivative of the summed log Z: shared transitions keep one (summed)
+    # derivative rather than one per chain.
+    form, lengths, _, _, _ = prepare_inputs(potentials, lengths)
+    total = lambda p: jnp.sum(log_partition(p, lengths, algorithm=algorithm))
+    return form.label_marginals(jax.grad(total, allow_int=True)(form))
 
 
 def entropy(potentials, lengths=None, *, algorithm: str = "auto"):

@@ -1,12 +1,12 @@
-"""The one restartable scan over a chain, the exact fast log-semiring steps of the
-dense and factored forms, and `log Z` with their closed-form derivative.
+"""The one restartable scan over a chain (`scan`), `log Z` by it with a custom
+derivative (`log_partition`), the parallel algorithm's exact log-space product
+(`log_matmul`), and the per-backend `Tuning` that picks variants.
 
-`scan` is the only forward recursion over a chain in lossfns. For `semirings.Log`
-each step is a real-space matrix product on exponentials shifted per column, and a
-step whose column sums fall below a threshold is redone in log space (under
-`lax.cond`, decided once per batch), so `log Z` is exact to rounding in float32
-and float64. `log_partition` has a custom JVP with the closed-form derivative
-(the marginals passes), any order; `Tuning` holds the per-backend choices.
+Nothing here asks which potential form it runs: each form (`lattices.forms`)
+supplies its step (`lift`) and its closed-form derivative (`log_tangent`); the
+helpers below are what those steps and derivatives share (the batch-wide
+recovery decision, chain spans, the backward pass's conditionals). For
+`semirings.Log` the forms' steps are exact to rounding in float32 and float64.
 Design notes (the scheme, the threshold, the derivatives): docs/internals.md.
 """
 
@@ -136,7 +136,8 @@ def batch_size(size: int):
         _BATCH_SIZE.reset(token)
 
 
-def _batch() -> int:
+def traced_batch_size() -> int:
+    """The size of the batch being traced (`batch_size`; 1 outside it), for tuning only."""
     return _BATCH_SIZE.get()
 
 
@@ -287,102 +288,22 @@ def finish(semiring, value, log_scale, length):
     return jnp.where(length == 0, empty, out)
 
 
-# ---------------------------------------------------------------------------
-# The exact log steps
-# ---------------------------------------------------------------------------
+def checked_log_sums(sums, exact, live):
+    """The logs of a step's column sums, checked for underflow.
 
+    Args:
+      sums: `[L]`, the step's column sums in real space.
+      exact: `() -> [L]`, the same logs computed in log space.
+      live: `[]` bool, whether the step's result is used.
 
-def _vecmat(vector, matrix):
-    """`[L] x [L, L] -> [L]` (mapped over the batch: `[B, L] x [L, L]`)."""
-    if matrix.size * _batch() <= tuning().fused_matmul_max_size:
-        return jnp.sum(vector[:, None] * matrix, 0)
-    return matrix.T @ vector  # mapped: [L, L] x [L, B], the faster layout of XLA:CPU's dots
-
-
-def _block_vecmat(vector, block):
-    """`[L] x [L, L] -> [L]` with a per-chain block (mapped: `[B, L] x [B, L, L]`)."""
-    if vector.shape[-1] <= tuning().fused_products_max_labels:
-        return jnp.sum(vector[:, None] * block, 0)
-    return vector @ block
-
-
-def _block_matvec(block, vector):
-    if vector.shape[-1] <= tuning().fused_products_max_labels:
-        return jnp.sum(block * vector[None, :], 1)
-    return block @ vector
-
-
-def _checked_step(log_alpha, sums, exact, live):
-    """`(log_sums, recovered)`: the logs of the column sums `sums`, or, where any
-    chain of the batch has a live column sum below `tau`, `exact()` (the same
-    logs computed in log space)."""
+    Returns:
+      log_sums: `[L]`, `log sums`, or `exact()` where any chain of the batch
+        has a live column sum below `tau` (`recovery_threshold`).
+      recovered: `[]` bool, whether `exact()` was taken.
+    """
     tau = recovery_threshold(sums.dtype, sums.shape[-1])
     recover = any_in_batch(live & jnp.any(sums < tau))
     return jax.lax.cond(recover, exact, lambda: safe_log(sums)), recover
-
-
-class FactoredSteps(NamedTuple):
-    """`lift(Log)` inputs of the factored form: continued `[T, L]`, each
-    position's unary scores plus the column shifts `c` of the transitions;
-    shifted: `[L, L]`, `A - c`; factors: `exp(A - c)`, each column peaking at 1."""
-
-    continued: jax.Array
-    shifted: jax.Array
-    factors: jax.Array
-
-
-def factored_log_steps(unary, transitions):
-    """The exact log step of the factored form: `(inputs, step)` of its `lift(Log)`
-    (`unary [T, L]`, masked; `transitions [L, L]`, exponentiated once here)."""
-    column_shift = finite_max(transitions, 0)  # c [L]
-    shifted = transitions - column_shift
-    inputs = FactoredSteps(unary + column_shift, shifted, jnp.exp(shifted))
-
-    def step(log_alpha, inputs, t, live):
-        sums = _vecmat(jnp.exp(log_alpha), inputs.factors)
-        log_sums, recovered = _checked_step(
-            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted, 0), live
-        )
-        return log_sums + at_position(inputs.continued, t), jnp.zeros((), unary.dtype), (log_sums, recovered)
-
-    return inputs, step
-
-
-class DenseSteps(NamedTuple):
-    """`lift(Log)` inputs of the dense form: scores `[T, L, L]` (masked),
-    shifts `[T, L]` each block's column maxima, and `kept`, every block's
-    exponentials `exp(scores - shifts)`, when small enough to keep
-    (`Tuning.keep_factors_max_bytes`), else None (exponentiated per block)."""
-
-    scores: jax.Array
-    shifts: jax.Array
-    kept: jax.Array | None
-
-    def shifted(self, t):
-        return at_position(self.scores, t) - at_position(self.shifts, t)[None, :]
-
-    def block(self, t):
-        return at_position(self.kept, t) if self.kept is not None else jnp.exp(self.shifted(t))
-
-    def all(self):
-        return self.kept if self.kept is not None else jnp.exp(self.scores - self.shifts[:, None, :])
-
-
-def dense_log_steps(scores):
-    """The exact log step of the dense form: `(inputs, step)` of its `lift(Log)`
-    (`scores [T, L, L]`, masked)."""
-    inputs = DenseSteps(scores, finite_max(scores, -2), None)
-    if scores.nbytes * _batch() <= tuning().keep_factors_max_bytes:
-        inputs = inputs._replace(kept=inputs.all())
-
-    def step(log_alpha, inputs, t, live):
-        sums = _block_vecmat(jnp.exp(log_alpha), inputs.block(t))
-        log_sums, recovered = _checked_step(
-            log_alpha, sums, lambda: logsumexp(log_alpha[:, None] + inputs.shifted(t), 0), live
-        )
-        return log_sums + at_position(inputs.shifts, t), jnp.zeros((), scores.dtype), (log_sums, recovered)
-
-    return inputs, step
 
 
 # ---------------------------------------------------------------------------
@@ -390,28 +311,28 @@ def dense_log_steps(scores):
 # ---------------------------------------------------------------------------
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _log_partition(tangent_rule, batch, potentials, length, starts):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _log_partition(batch, potentials, length, starts):
     with batch_size(batch):
         return scan(semirings.Log, potentials, length, starts)
 
 
 @_log_partition.defjvp
-def _log_partition_jvp(tangent_rule, batch, primals, tangents):
+def _log_partition_jvp(batch, primals, tangents):
     # JAX traces this rule lazily, outside the caller's `batch_size`: it
     # travels as an argument.
     potentials, length, starts = primals
     with batch_size(batch):
         log_z, forward = scan(semirings.Log, potentials, length, starts, keep_values=True)
-        return log_z, tangent_rule(potentials, length, starts, forward, tangents[0])
+        return log_z, potentials.log_tangent(length, starts, forward, tangents[0])
 
 
-def log_partition(tangent_rule, potentials, length, starts=None):
+def log_partition(potentials, length, starts=None):
     """`log Z` of one chain (the sum over its chains with `starts [T]`) by
-    `scan`, with the derivative `tangent_rule(potentials, length, starts,
-    forward, tangent) -> []` (the JVP, linear in `tangent`, a form of the
-    same structure as `potentials`); `T >= 1`."""
-    return _log_partition(tangent_rule, _batch(), potentials, length, starts)
+    `scan`, with the form's closed-form derivative (`log_tangent(length,
+    starts, forward, tangent) -> []`, the JVP, linear in `tangent`, a form of
+    the same structure as `potentials`); `T >= 1`."""
+    return _log_partition(traced_batch_size(), potentials, length, starts)
 
 
 class ChainSpans(NamedTuple):
@@ -468,144 +389,6 @@ def masked_tangent(weights, tangent):
     score's): 0 * inf must not leak in. A NaN weight (NaN scores inside the
     chain) is kept, so the derivative is NaN as the value is."""
     return jnp.where((weights > 0) | jnp.isnan(weights), tangent, 0.0)
-
-
-def factored_tangent(potentials, length, starts, forward: Forward, tangent):
-    """The closed-form JVP of `log Z` of one row of factored chains (the
-    backward pass of smoothed node marginals, see the module docstring).
-
-    potentials, tangent: `FactoredPotentials` (`unary [T, L]`, `transitions
-    [L, L]`, `start [L]`); forward: the scan's with `factored_log_steps`.
-    """
-    T, L = potentials.unary.shape
-    chains = chain_spans(length, starts, T)
-    log_alphas = forward.values
-    log_sums, recovered = forward.aux
-    steps = forward.inputs
-    alphas = jnp.exp(log_alphas)
-    in_scan = L * L * _batch() <= tuning().edge_sums_in_scan_max_size
-    # exp(A - c) ratio as ratio^T exp(A - c)^T: mapped over a batch, the product
-    # then reduces over a leading axis, vectorised along the labels
-    transposed_factors = steps.factors.T
-
-    def step(carry, inputs):
-        following, edge_sums = carry  # the marginals at t + 1
-        t, alpha_t, log_alpha_t, end_t, valid_t, continues_t = inputs
-        log_sums_next, recovered_next, inverse_sums = next_step(log_sums, recovered, continues_t, t)
-        ratio = following * inverse_sums
-
-        def exact():
-            conditional = exact_conditional(log_alpha_t, steps.shifted, log_sums_next)
-            return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
-
-        backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _vecmat(ratio, transposed_factors))
-        nodes_t = jnp.where(valid_t, normalized(jnp.where(end_t, alpha_t, backward)), 0.0)
-        if in_scan:
-            return (nodes_t, edge_sums + alpha_t[:, None] * ratio[None, :]), nodes_t
-        return (nodes_t, edge_sums), (nodes_t, ratio)
-
-    init = (jnp.zeros((L,), alphas.dtype), jnp.zeros((L, L) if in_scan else (), alphas.dtype))
-    inputs = (jnp.arange(T), alphas, log_alphas, chains.ends, chains.valid, chains.continues)
-    (_, edge_sums), outputs = jax.lax.scan(step, init, inputs, reverse=True)
-    nodes, ratios = (outputs, None) if in_scan else outputs
-
-    # Transitions: ordinary steps from the edge sums or, for large blocks, as
-    # `(exp(A - c) * dA)` applied to every forward vector at once (reverse mode
-    # turns it into one `[L, T B] x [T B, L]` product); recovered steps from
-    # their exact counts.
-    allowed = steps.shifted > -jnp.inf  # a forbidden transition's tangent may be infinite
-    transitions_tangent = jnp.where(allowed, tangent.transitions, 0.0)
-    weighted = steps.factors * transitions_tangent
-    if in_scan:
-        edges = contract(weighted, edge_sums)
-    else:
-        edges = jnp.sum((alphas @ weighted) * ratios)
-    exact_edges = jax.lax.cond(
-        jnp.any(recovered),
-        lambda: _factored_exact_edges(forward, chains, nodes),
-        lambda: jnp.zeros((L, L), alphas.dtype),
-    )
-    firsts = jnp.sum(jnp.where(chains.starts[:, None], nodes, 0.0), 0)  # pyright: ignore[reportArgumentType]  # a scan output
-    return (
-        jnp.sum(nodes * masked_tangent(nodes, tangent.unary))  # pyright: ignore[reportArgumentType]  # a scan output
-        + edges
-        + contract(transitions_tangent, exact_edges)
-        + jnp.sum(firsts * masked_tangent(firsts, tangent.start))
-    )
-
-
-def _factored_exact_edges(forward: Forward, chains: ChainSpans, nodes):
-    """Expected transition counts `[L, L]` of the recovered steps, in log
-    space (run only when a step was recovered)."""
-    log_sums, recovered = forward.aux
-    taken = recovered[1:] & chains.valid[1:] & ~chains.starts[1:]
-
-    def step(edges, inputs):
-        log_alpha_previous, log_sums_t, nodes_t, taken_t = inputs
-        conditional = exact_conditional(log_alpha_previous, forward.inputs.shifted, log_sums_t)
-        return edges + conditional * jnp.where(taken_t, nodes_t, 0.0)[None], None
-
-    L = nodes.shape[-1]
-    edges, _ = jax.lax.scan(step, jnp.zeros((L, L), nodes.dtype), (forward.values[:-1], log_sums[1:], nodes[1:], taken))
-    return edges
-
-
-def dense_tangent(potentials, length, starts, forward: Forward, tangent):
-    """The closed-form JVP of `log Z` of one row of chains with per-position
-    potentials: `sum_t sum_{i, j} xi_t(i, j) dpsi_t(i, j)` with the edge
-    marginals `xi_t(i, j) = P(y_{t-1} = i, y_t = j)` (at a chain's first
-    position, row 0 holds its node marginals).
-
-    potentials, tangent: `DensePotentials` (`[T, L, L]`); forward: the
-    scan's with `dense_log_steps`. The backward scan carries the node
-    marginals; the edge marginals are one vectorised pass after it (the
-    recovered steps' in log space, when there are any).
-    """
-    scores = tangent.scores
-    T, L, _ = scores.shape
-    chains = chain_spans(length, starts, T)
-    log_alphas = forward.values
-    log_sums, recovered = forward.aux
-    blocks = forward.inputs
-    alphas = jnp.exp(log_alphas)
-
-    def step(following, inputs):
-        t, alpha_t, log_alpha_t, valid_t, continues_t = inputs
-        log_sums_next, recovered_next, inverse_sums = next_step(log_sums, recovered, continues_t, t)
-        ratio = following * inverse_sums
-        after = jnp.minimum(t + 1, T - 1)
-
-        def exact():
-            conditional = exact_conditional(log_alpha_t, blocks.shifted(after), log_sums_next)
-            return jnp.sum(conditional * jnp.where(continues_t, following, 0.0)[None], 1)
-
-        backward = jax.lax.cond(recovered_next, exact, lambda: alpha_t * _block_matvec(blocks.block(after), ratio))
-        nodes_t = jnp.where(valid_t, normalized(jnp.where(continues_t, backward, alpha_t)), 0.0)
-        return nodes_t, (nodes_t, ratio)
-
-    inputs = (jnp.arange(T), alphas, log_alphas, chains.valid, chains.continues)
-    _, (nodes, ratios) = jax.lax.scan(step, jnp.zeros((L,), alphas.dtype), inputs, reverse=True)
-    # edges[t] = xi_{t+1}: from t's forward vector through block t + 1 to t + 1's ratio
-    edges = alphas[:-1, :, None] * blocks.all()[1:] * ratios[:-1, None, :]
-    edges = jax.lax.cond(jnp.any(recovered), lambda: _dense_exact_edges(forward, chains, nodes, edges), lambda: edges)
-    marginals = jnp.concatenate([jnp.zeros((1, L, L), edges.dtype), edges])
-    heads = jnp.zeros((T, L, L), edges.dtype).at[:, 0].set(jnp.where(chains.starts[:, None], nodes, 0.0))
-    marginals = jnp.where(chains.starts[:, None, None], heads, marginals)
-    return jnp.sum(marginals * masked_tangent(marginals, scores))
-
-
-def _dense_exact_edges(forward: Forward, chains: ChainSpans, nodes, edges):
-    """`edges [T - 1, L, L]` with the recovered steps' entries recomputed in
-    log space (run only when a step was recovered)."""
-    log_sums, recovered = forward.aux
-    blocks = forward.inputs
-    shifted = blocks.scores[1:] - blocks.shifts[1:, None, :]
-    finite = jnp.isfinite(log_sums[1:])
-    exponent = forward.values[:-1, :, None] + shifted - jnp.where(finite, log_sums[1:], 0.0)[:, None, :]
-    exact = jnp.where(finite[:, None, :], jnp.exp(exponent), 0.0)
-    taken = chains.valid[1:] & ~chains.starts[1:]
-    exact = exact * jnp.where(taken[:, None], nodes[1:], 0.0)[:, None, :]
-    return jnp.where(recovered[1:, None, None], exact, edges)
 
 
 # ---------------------------------------------------------------------------

@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import semirings
-from . import chain, kernel, sparse_chain
-from .forms import DensePotentials, FactoredPotentials, materialize
-from .sparse_chain import SparsePotentials
+from . import chain, kernel
+from .forms import reversed_in_time
 
 
 class ForwardScores(NamedTuple):
@@ -82,59 +81,7 @@ def forward_scores(potentials, lengths=None, starts=None) -> ForwardScores:
     return chain.map_batch(_forward_scores_instance, form, lengths, starts)
 
 
-def _reversed_in_time(x, lengths, batch_ndim: int, offset: int):
-    """`out[..., s, ...] = x[..., n - 1 - s + offset, ...]` where that index
-    lies in `[offset, n)` (`n` each chain's length), else 0.
-
-    offset 0 reverses what belongs to a position (its own scores); offset 1
-    what belongs to the edge into it, which the reversed chain reads one
-    position later (and never at its start)."""
-    T = x.shape[batch_ndim]
-    s = jnp.arange(T)
-    n = lengths[..., None]
-    index = n - 1 - s + offset
-    valid = (s < n) & (index >= offset) & (index < n)
-    trailing = (1,) * (x.ndim - batch_ndim - 1)
-    gathered = jnp.take_along_axis(
-        x, jnp.clip(index, 0, max(T - 1, 0)).reshape(index.shape + trailing), axis=batch_ndim
-    )
-    return jnp.where(valid.reshape(valid.shape + trailing), gathered, jnp.zeros((), x.dtype))
-
-
-def _reversed_chain(potentials, lengths, batch_ndim: int):
-    """The chain read from its end: `(reversed potentials, own [..., T, L])`.
-
-    Its forward score at position `s = n - 1 - t` for label `j` is the
-    log-sum of the scores of the suffixes from `t` that start in `j`,
-    including `own[..., t, j]`, the part of position `t`'s score that
-    depends on `y_t` alone (the factored and sparse forms' unary; nothing
-    for the dense form). The first position's start scores (and a sparse
-    form's pairs from label 0 there) belong to the forward scores only."""
-    if isinstance(potentials, FactoredPotentials | SparsePotentials):
-        unary = potentials.unary
-        reversed_unary = _reversed_in_time(unary, lengths, batch_ndim, 0)
-        if isinstance(potentials, FactoredPotentials):
-            return FactoredPotentials(reversed_unary, jnp.swapaxes(potentials.transitions, -1, -2)), unary
-        transitions = potentials.transitions
-        previous, following = potentials.pair_previous, potentials.pair_next
-        if potentials.per_position:  # each edge's support travels with its weights
-            previous, following = (_reversed_in_time(x, lengths, batch_ndim, 1) for x in (previous, following))
-        return (
-            SparsePotentials(
-                reversed_unary,
-                _reversed_in_time(potentials.pair_weights, lengths, batch_ndim, 1),
-                following,
-                previous,
-                None,
-                None if transitions is None else jnp.swapaxes(transitions, -1, -2),
-            ),
-            unary,
-        )
-    edges = jnp.swapaxes(_reversed_in_time(potentials, lengths, batch_ndim, 1), -1, -2)
-    return edges, jnp.zeros(potentials.shape[:-1], potentials.dtype)
-
-
-def _all_forward_scores(potentials, lengths, batch_ndim: int, algorithm: str) -> jax.Array:
+def _all_forward_scores(potentials, lengths, algorithm: str) -> jax.Array:
     """Log forward scores `[..., T, L]` up to a constant per position: the
     sequential scan's max-normalised shapes (`forward_scores`), or, for the
     parallel algorithm, row 0 of every prefix product of the chain's
@@ -142,11 +89,8 @@ def _all_forward_scores(potentials, lengths, batch_ndim: int, algorithm: str) ->
     `kernel.log_matmul`: O(T L^3) work, O(log T) depth)."""
     if algorithm == "sequential":
         return forward_scores(potentials, lengths).scores
-    if isinstance(potentials, SparsePotentials):
-        potentials = sparse_chain.to_dense(potentials)
-    elif isinstance(potentials, FactoredPotentials):
-        potentials = materialize(potentials)
-    return jax.lax.associative_scan(kernel.log_matmul, potentials, axis=batch_ndim)[..., 0, :]
+    dense = chain.prepare_inputs(potentials, lengths)[0].dense_scores()  # the reversed form comes unchecked
+    return jax.lax.associative_scan(kernel.log_matmul, dense, axis=lengths.ndim)[..., 0, :]
 
 
 def log_node_marginals(potentials, lengths=None, *, algorithm: str = "auto") -> jax.Array:
@@ -171,14 +115,17 @@ def log_node_marginals(potentials, lengths=None, *, algorithm: str = "auto") -> 
     """
     form, lengths, batch_shape, T, L = chain.prepare_inputs(potentials, lengths)
     algorithm = chain.resolve_algorithm(T, L, algorithm=algorithm)
-    potentials = form.scores if isinstance(form, DensePotentials) else form
     if T == 0 or math.prod(batch_shape) == 0:
         return jnp.full(batch_shape + (T, L), -jnp.inf, form.dtype)
-    batch_ndim = len(batch_shape)
-    forward = _all_forward_scores(potentials, lengths, batch_ndim, algorithm)
-    reversed_potentials, own = _reversed_chain(potentials, lengths, batch_ndim)
-    backward = _all_forward_scores(reversed_potentials, lengths, batch_ndim, algorithm)
-    scores = forward + _reversed_in_time(backward, lengths, batch_ndim, 0) - own
+    forward = _all_forward_scores(form, lengths, algorithm)
+    # The chain read from its end: its forward score at `s = n - 1 - t` for
+    # label `j` sums the suffixes from `t` that start in `j`, including
+    # `own[..., t, j]` (the part of position `t`'s score that depends on
+    # `y_t` alone); the first position's start scores belong to the forward
+    # scores only.
+    reversed_form, own = form.reversed(lengths)
+    backward = _all_forward_scores(reversed_form, lengths, algorithm)
+    scores = forward + reversed_in_time(backward, lengths, len(batch_shape), 0) - own
     log_norm = semirings.logsumexp(scores, -1)[..., None]
     # No allowed sequence at all: every label -inf (NaN scores stay NaN).
     impossible = jnp.isneginf(log_norm)

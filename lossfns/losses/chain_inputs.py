@@ -1,18 +1,14 @@
 """Shape checks shared by the chain losses: the losses gather gold labels
 and mask positions themselves, so they need the batch shape, `T` and `L`
-before calling into `lossfns.lattices.chain` (which validates again)."""
+(`chain.prepare_inputs`) before calling the chain functions."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from ..lattices.chain import FactoredPotentials
-from ..lattices.sparse_chain import SparsePotentials
-from ..validation import as_float_array, as_labels, as_lengths, labels_in_range, nan_unless
-
-# Forms whose label scores are a `unary [..., T, L]` field.
-_UNARY_FORMS = (FactoredPotentials, SparsePotentials)
+from ..lattices import chain
+from ..validation import as_labels, labels_in_range, nan_unless
 
 
 def chain_inputs(potentials, labels, lengths):
@@ -21,14 +17,8 @@ def chain_inputs(potentials, labels, lengths):
     `inside[..., t]` is `t < length`; gold labels outside may be anything
     (e.g. -1 padding) and are never read there.
     """
-    if isinstance(potentials, _UNARY_FORMS):
-        unary = as_float_array("unary", potentials.unary, 2, "[..., T, L]")
-        batch_shape, (T, L) = unary.shape[:-2], unary.shape[-2:]
-    else:
-        potentials = as_float_array("potentials", potentials, 3, "[..., T, L, L]")
-        batch_shape, (T, L) = potentials.shape[:-3], potentials.shape[-3:-1]
-    lengths = as_lengths(lengths, tuple(batch_shape), T)
-    labels = as_labels(labels, tuple(batch_shape) + (T,), L, lengths)
+    _, lengths, batch_shape, T, L = chain.prepare_inputs(potentials, lengths)
+    labels = as_labels(labels, batch_shape + (T,), L, lengths)
     inside = jnp.arange(T) < lengths[..., None]
     return labels, lengths, inside, L
 
@@ -45,12 +35,9 @@ def gold_label_scores(per_label: jax.Array, labels: jax.Array, inside: jax.Array
 
 def add_to_label_scores(potentials, extra: jax.Array):
     """Add `extra [..., T, L]` to the score of choosing label `j` at `t`,
-    for any form of potentials (keeping the potentials' dtype)."""
-    if isinstance(potentials, _UNARY_FORMS):
-        unary = jnp.asarray(potentials.unary)
-        return potentials._replace(unary=unary + extra.astype(unary.dtype))
-    potentials = jnp.asarray(potentials)
-    return potentials + extra.astype(potentials.dtype)[..., :, None, :]
+    for any form of potentials (keeping the potentials' dtype); a form
+    (`DensePotentials` for per-position scores)."""
+    return chain.as_form(potentials).with_label_scores(extra)
 
 
 def excess_over_gold(reference: jax.Array, gold: jax.Array) -> jax.Array:

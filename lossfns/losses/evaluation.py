@@ -9,23 +9,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import semirings
-from ..deprecation import renamed_arguments
 from ..lattices import chain
-from ..semirings import Semiring
 from ..validation import as_integer_array, as_lengths
 from .chain_inputs import chain_inputs
 
 
-@renamed_arguments(gold="labels")
 def hamming_loss(predicted, labels, lengths=None):
     """Number of positions inside each length where `predicted != labels`.
 
     Args:
       predicted: `[..., T]` integer labels.
       labels: `[..., T]` the gold labels (second, as in every loss); values
-        of both past each length are ignored. (`gold=` is the deprecated name
-        of `labels=`.)
+        of both past each length are ignored.
       lengths: `[...]` ints in `[0, T]`, default `T`.
 
     Returns:
@@ -45,7 +40,7 @@ def hamming_loss(predicted, labels, lengths=None):
     return jnp.sum(inside & (predicted != labels), axis=-1).astype(jnp.int32)
 
 
-def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
+def posterior_decode(potentials, lengths=None, *, algorithm: str = "auto"):
     """The most probable label at each position (argmax of the node marginals).
 
     Minimises the expected Hamming loss; the result need not be an allowed
@@ -54,13 +49,12 @@ def posterior_decode(potentials, lengths=None, *, semiring: Semiring = semirings
     Args:
       potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same computation).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[..., T]` int32, -1 past each length.
     """
-    node = chain.node_marginals(potentials, lengths, semiring=semiring, algorithm=algorithm)
+    node = chain.node_marginals(potentials, lengths, algorithm=algorithm)
     T = node.shape[-2]
     lengths = as_lengths(lengths, node.shape[:-2], T)
     inside = jnp.arange(T) < lengths[..., None]

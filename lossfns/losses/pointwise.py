@@ -15,15 +15,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .. import semirings
 from ..lattices import prefix
-from ..semirings import Semiring
 from .chain_inputs import chain_inputs, gold_label_scores
 
 
-def gold_log_marginals(
-    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
-):
+def gold_log_marginals(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """The gold labels' node marginals `log P(y_t = labels_t | x)`, exact in log space.
 
     Args:
@@ -31,40 +27,15 @@ def gold_log_marginals(
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same computation).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       log_marginals: `[..., T]`, 0 outside each length.
       inside: `[..., T]` bool, True at the positions inside each length.
     """
-    if type(semiring) not in (semirings.LogSemiring, semirings.RealSemiring):
-        raise ValueError(
-            f"semiring must be Log or Real for the pointwise losses (marginals of log Z), got {semiring!r}"
-        )
     labels, lengths, inside, _ = chain_inputs(potentials, labels, lengths)
     node = prefix.log_node_marginals(potentials, lengths, algorithm=algorithm)
     return jnp.where(inside, gold_label_scores(node, labels, inside), 0.0), inside
-
-
-def gold_marginals(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
-    """The gold labels' node marginals `P(y_t = labels_t | x)` (`exp` of
-    `gold_log_marginals`).
-
-    Args:
-      potentials: `[..., T, L, L]`, `FactoredPotentials` or `SparsePotentials`.
-      labels: `[..., T]` gold label ints in `[0, L)`; values past each length
-        are ignored (e.g. -1 padding).
-      lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same computation).
-      algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
-
-    Returns:
-      marginals: `[..., T]`, 0 outside each length.
-      inside: `[..., T]` bool, True at the positions inside each length.
-    """
-    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
-    return jnp.where(inside, jnp.exp(log_probability), 0.0), inside
 
 
 def _sum_positions(per_position_loss, log_probability, inside):
@@ -86,9 +57,7 @@ def _sum_positions(per_position_loss, log_probability, inside):
     return jnp.where(kept, total(jnp.where(kept[..., None], log_probability, 0.0)), jnp.inf)
 
 
-def pointwise_log_loss(
-    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
-):
+def pointwise_log_loss(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """`-sum_t log P(y_t = labels_t | x)`.
 
     Gradient: `sum_t (E_P[S | x] - E_P[S | x, y_t = labels_t])`.
@@ -98,19 +67,16 @@ def pointwise_log_loss(
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same computation).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[...]`, the loss per chain.
     """
-    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, algorithm=algorithm)
     return _sum_positions(lambda log_p: -log_p, log_probability, inside)
 
 
-def pointwise_exp_loss(
-    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
-):
+def pointwise_exp_loss(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """`sum_t (1 / P(y_t = labels_t | x) - 1)`.
 
     Its values grow as `1 / P`: in float32 a sequence's loss beyond about
@@ -124,20 +90,17 @@ def pointwise_exp_loss(
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same computation).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[...]`, the loss per chain.
     """
-    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, algorithm=algorithm)
     # expm1(-log p) = 1/p - 1, exact near p = 1.
     return _sum_positions(lambda log_p: jnp.expm1(-log_p), log_probability, inside)
 
 
-def expected_hamming_loss(
-    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
-):
+def expected_hamming_loss(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """Expected number of wrong labels under the model, `sum_t (1 - P(y_t = labels_t | x))`.
 
     Args:
@@ -145,11 +108,10 @@ def expected_hamming_loss(
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` or `Real` (the same computation).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[...]`, in `[0, length]`; never infinite.
     """
-    log_probability, inside = gold_log_marginals(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    log_probability, inside = gold_log_marginals(potentials, labels, lengths, algorithm=algorithm)
     return jnp.sum(jnp.where(inside, -jnp.expm1(log_probability), 0.0), axis=-1)

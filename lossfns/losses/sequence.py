@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .. import semirings
 from ..lattices import chain
-from ..semirings import Semiring
 from .chain_inputs import excess_over_gold
 
 
-def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
+def sequence_log_loss(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """`log Z(x) - s(x, y) = -log P(y | x)`, the CRF objective.
 
     Gradient: `E_P[S | x] - S(x, y)`.
@@ -30,17 +28,16 @@ def sequence_log_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[...]`, the loss per chain.
     """
-    log_z = chain.log_partition(potentials, lengths, semiring=semiring, algorithm=algorithm)
+    log_z = chain.log_partition(potentials, lengths, algorithm=algorithm)
     return excess_over_gold(log_z, chain.score(potentials, labels, lengths))
 
 
-def row_sequence_log_loss(potentials, labels, starts, lengths=None, *, semiring: Semiring = semirings.Log):
+def row_sequence_log_loss(potentials, labels, starts, lengths=None):
     """`sequence_log_loss` summed over the chains of each row, for rows of
     back-to-back chains (`lattices.chain.row_forward`).
 
@@ -54,16 +51,15 @@ def row_sequence_log_loss(potentials, labels, starts, lengths=None, *, semiring:
         values past each length are ignored.
       starts: `[..., T]` bool, True at each chain's first position.
       lengths: `[...]` positions used in each row (default `T`).
-      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
 
     Returns:
       `[...]`, per row the sum of its chains' losses.
     """
-    log_z = chain.row_log_partition(potentials, starts, lengths, semiring=semiring)
+    log_z = chain.row_log_partition(potentials, starts, lengths)
     return excess_over_gold(log_z, chain.row_score(potentials, labels, starts, lengths))
 
 
-def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"):
+def sequence_exp_loss(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """`sum_{y' != y} exp(s(x, y') - s(x, y)) = 1 / P(y | x) - 1`.
 
     Computed as `expm1(log Z - s)`, exact for small losses. Gradient:
@@ -74,14 +70,13 @@ def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[...]`, the loss per chain; +inf once `log Z - s` exceeds about 709
         (88 in float32), where `log_sequence_exp_loss` stays finite.
     """
-    log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    log_loss = sequence_log_loss(potentials, labels, lengths, algorithm=algorithm)
     # Rounding can make log Z - s a hair negative when the gold sequence holds
     # all the mass; the exact loss there is 0 and its gradient is 0 too.
     # The second `where` gives an infinite loss a zero (not NaN) gradient; a
@@ -91,9 +86,7 @@ def sequence_exp_loss(potentials, labels, lengths=None, *, semiring: Semiring = 
     return jnp.where(jnp.isinf(log_loss), jnp.inf, loss)
 
 
-def log_sequence_exp_loss(
-    potentials, labels, lengths=None, *, semiring: Semiring = semirings.Log, algorithm: str = "auto"
-):
+def log_sequence_exp_loss(potentials, labels, lengths=None, *, algorithm: str = "auto"):
     """`log(1 / P(y | x) - 1) = log(1 - P(y | x)) - log P(y | x)`.
 
     The log of `sequence_exp_loss`, finite for very wrong models where the
@@ -104,14 +97,13 @@ def log_sequence_exp_loss(
       labels: `[..., T]` gold label ints in `[0, L)`; values past each length
         are ignored (e.g. -1 padding).
       lengths: `[...]` ints in `[0, T]`, default `T`.
-      semiring: `semirings.Log` (exact with -inf) or `Real` (faster on CPU).
       algorithm: "sequential", "parallel" or "auto", as in `chain.log_partition`.
 
     Returns:
       `[...]`, the loss per chain; -inf (with a zero gradient) where the gold
         sequence holds all the mass (e.g. length 0, or one label).
     """
-    log_loss = sequence_log_loss(potentials, labels, lengths, semiring=semiring, algorithm=algorithm)
+    log_loss = sequence_log_loss(potentials, labels, lengths, algorithm=algorithm)
     positive = (log_loss > 0) | jnp.isnan(log_loss)  # NaN input stays NaN, in the gradient too
     safe = jnp.where(positive, log_loss, 1.0)
     # log(expm1(d)) = d + log(1 - exp(-d)): no overflow for large d, and the

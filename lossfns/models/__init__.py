@@ -5,7 +5,7 @@ and decoding over a packed corpus, and label-scheme constraints applied to poten
 from . import constraints, packed
 from .constraints import constrain
 from .linear_chain import ChainStructure, ChainWeights, LinearChainModel
-from .packed import TrainingData, blockwise_corpus_loss, corpus_loss, corpus_potentials, weights_objective
+from .packed import TrainingData, batch_loss, blockwise_corpus_loss, corpus_loss, weights_objective
 
 __all__ = [
     "constraints",
@@ -15,8 +15,8 @@ __all__ = [
     "ChainWeights",
     "LinearChainModel",
     "TrainingData",
+    "batch_loss",
     "blockwise_corpus_loss",
     "corpus_loss",
-    "corpus_potentials",
     "weights_objective",
 ]

@@ -19,9 +19,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import compilation_cache, semirings
+from .. import compilation_cache
 from ..features.corpus import CorpusArrays, bucket_corpora, ladder
-from ..features.index import PackedCorpus
+from ..features.index import FeatureBatch, PackedCorpus
 from ..lattices import chain
 from ..lattices.constraints import AllowedTransitions
 from ..losses.sequence import row_sequence_log_loss, sequence_log_loss
@@ -49,7 +49,7 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | 
       model: a `LinearChainModel`.
       arrays: the packed corpus (`CorpusArrays`), with labels.
       loss: `(potentials, labels [B, T], lengths [B]) -> [B]`, default the CRF
-        log-loss (`losses.sequence_log_loss` on the real semiring); rows of
+        log-loss (`losses.sequence_log_loss`); rows of
         several sentences (`arrays.starts`, from `pack_rows`) take only the
         default, as `losses.row_sequence_log_loss`.
 
@@ -66,16 +66,35 @@ def corpus_loss(model: LinearChainModel, arrays: CorpusArrays, loss: Callable | 
                 "loss: rows of several sentences (pack_rows) take only the default log-loss; "
                 "pack a custom loss's corpus into length buckets (features.pack)"
             )
-        row_loss = functools.partial(row_sequence_log_loss, semiring=semirings.Real)
+        row_loss = row_sequence_log_loss
         return sum(
             jnp.sum(row_loss(p, labels, starts, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
             for p, labels, starts, lengths in zip(buckets, all_labels, all_starts, arrays.lengths)
         )
-    loss = functools.partial(sequence_log_loss, semiring=semirings.Real) if loss is None else loss
+    loss = sequence_log_loss if loss is None else loss
     return sum(
         jnp.sum(loss(p, labels, lengths))  # pyright: ignore[reportReturnType]  # a sum of arrays
         for p, labels, lengths in zip(buckets, all_labels, arrays.lengths)
     )
+
+
+def batch_loss(model: LinearChainModel, batch: FeatureBatch, loss: Callable | None = None) -> jax.Array:
+    """`corpus_loss` of a padded batch of sentences (`features.pad_batch`),
+    e.g. the `fun(model, batch)` of `training.lazy_epoch_step_fn`, whose
+    minibatches are drawn from one leading axis.
+
+    Args:
+      model: a `LinearChainModel`.
+      batch: a `FeatureBatch` `[B, T, ...]` with labels.
+      loss: as in `corpus_loss`.
+
+    Returns:
+      `[]`, the summed loss.
+    """
+    if batch.labels is None:
+        raise ValueError("batch: the loss needs labels; pad the batch with its labels")
+    loss = sequence_log_loss if loss is None else loss
+    return jnp.sum(loss(model.potentials(batch), batch.labels, batch.lengths))
 
 
 def blockwise_corpus_loss(model: LinearChainModel, blocks: CorpusArrays, loss: Callable | None = None) -> jax.Array:

@@ -31,7 +31,7 @@ from ..validation import check_callable, check_float_params, check_int, check_op
 from .minimize import (
     GradientSteps,
     LoopState,
-    MinimizeResult,
+    Result,
     StopRule,
     advance,
     float_dtype,
@@ -51,39 +51,6 @@ class Report(NamedTuple):
     value: float
     trace: np.ndarray
     inner: Any
-
-
-class DriveResult(NamedTuple):
-    """loop: the final `LoopState`; compile_seconds: compiling the chunk (0
-    when cached or nothing was left to run); run_seconds: the chunks, callbacks
-    and checkpoints excluded, summed over the runs that wrote the checkpoint
-    this run resumed from (so a resumed run reports its whole time);
-    step_seconds: `[steps]` numpy, each step's share of its chunk's time (a
-    chunk of one step: that step's time; NaN for the steps a resumed
-    checkpoint holds); records: with `drive(record=)`, `{name: [steps]}`
-    numpy, the recorded values after each step, else None."""
-
-    loop: LoopState
-    compile_seconds: float
-    run_seconds: float
-    step_seconds: np.ndarray | None = None
-    records: dict | None = None
-
-
-class TrainResult(NamedTuple):
-    """`MinimizeResult`'s fields (params, state, trace `[max_steps]`,
-    num_steps, status), the driver's timings and its `records`
-    (`DriveResult`'s)."""
-
-    params: Any
-    state: Any
-    trace: jax.Array
-    num_steps: jax.Array
-    status: jax.Array
-    compile_seconds: float
-    run_seconds: float
-    step_seconds: np.ndarray | None = None
-    records: dict | None = None
 
 
 def describe(value):
@@ -186,8 +153,72 @@ def _unrecorded(max_steps: int, columns: tuple) -> dict:
     }
 
 
-def _compiled_chunk(make_step, stop, loop, data, mesh):
-    """`advance(make_step, stop, loop, until, data)` compiled for these
+class Evaluation(NamedTuple):
+    """Early stopping on a development set, for `drive(evaluation=)`.
+
+    score: `(inner, step) -> float`, higher is better; asked at the start,
+      every `every` steps (chunks end there), when the loop stops or reaches
+      `max_steps`, and at the end of a run that reached `until` (once per step).
+    patience: stop (status `CONVERGED`) once the last `patience` scores beat
+      none before them by more than `min_improvement`; None: never.
+    keep: `inner -> pytree`, what the best score's state keeps (default the
+      inner state); a score counts as best when it beats all before it by
+      more than `min_improvement`.
+    """
+
+    score: Callable
+    every: int = 1
+    patience: int | None = None
+    min_improvement: float = 0.0
+    keep: Callable | None = None
+
+    def kept(self, inner):
+        return inner if self.keep is None else self.keep(inner)
+
+
+def _evaluations(evaluation: Evaluation, max_steps: int, inner) -> dict:
+    """The host state of an `Evaluation`, in fixed shapes (a checkpoint
+    holds it): `evaluations [E, 2]` (step, score; NaN until asked), `count`,
+    `best` (`keep` of the best score's state), `plateau`."""
+    best = jax.tree_util.tree_map(np.asarray, evaluation.kept(inner))
+    return {
+        "evaluations": np.full((-(-max_steps // evaluation.every) + 2, 2), np.nan),
+        "count": np.zeros((), np.int64),
+        "best": best,
+        "plateau": np.zeros((), bool),
+    }
+
+
+def _evaluate(evaluation: Evaluation, state: dict, inner, step: int) -> dict:
+    """`state` after `evaluation.score(inner, step)` (unchanged when this step was scored)."""
+    count, history = int(state["count"]), state["evaluations"].copy()
+    if count and history[count - 1, 0] == step:
+        return state
+    score = float(evaluation.score(inner, step))
+    best = state["best"]
+    if count == 0 or score > np.max(history[:count, 1]) + evaluation.min_improvement:
+        best = jax.tree_util.tree_map(np.asarray, evaluation.kept(inner))
+    history[count] = (step, score)
+    count += 1
+    plateau, patience = state["plateau"], evaluation.patience
+    if patience is not None and count > patience:
+        recent, earlier = history[count - patience : count, 1], history[: count - patience, 1]
+        plateau = np.asarray(np.max(recent) <= np.max(earlier) + evaluation.min_improvement)
+    return {"evaluations": history, "count": np.asarray(count), "best": best, "plateau": plateau}
+
+
+class _UnrecordedHalt(NamedTuple):
+    """A `halt` that sees the step's own inner state of a recorded loop."""
+
+    halt: Callable
+    kind: type | None
+
+    def __call__(self, inner, value):
+        return self.halt(_without_records(inner, self.kind), value)
+
+
+def _compiled_chunk(make_step, stop, halt, loop, data, mesh):
+    """`advance(make_step, stop, loop, until, data, halt)` compiled for these
     shapes (and shardings): `(executable, seconds spent compiling or loading it)`."""
 
     options: dict[str, Any] = {}
@@ -196,22 +227,25 @@ def _compiled_chunk(make_step, stop, loop, data, mesh):
         split = NamedSharding(mesh, PartitionSpec(parallel.data_axis(mesh)))
         options = dict(in_shardings=(copy, copy, jax.tree_util.tree_map(lambda _: split, data)), out_shardings=copy)
     arguments = (loop, np.zeros((), np.int32), data)
-    return compilation_cache.compiled(
-        (make_step, stop, mesh), arguments, functools.partial(advance, make_step, stop), **options
-    )
+    chunk = functools.partial(_advance_chunk, make_step, stop, halt)
+    return compilation_cache.compiled((make_step, stop, halt, mesh), arguments, chunk, **options)
 
 
-def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> tuple[LoopState, float]:
-    """`(loop, run seconds)` of the newest checkpoint in `directory` (the
-    seconds of the runs that wrote it), or `(loop, 0.0)` when there is none."""
+def _advance_chunk(make_step, stop, halt, loop, until, data):
+    return advance(make_step, stop, loop, until, data, halt)
+
+
+def _resume(directory: Path, like: dict, stamp: np.ndarray) -> dict | None:
+    """The newest checkpoint in `directory`, read as `like` (`{fingerprint,
+    loop, run_seconds[, evaluation]}`), or None when there is none."""
     latest = checkpoint.latest_checkpoint(directory)
     if latest is None:
-        return loop, 0.0
+        return None
     refusal = (
         f"checkpoint_dir {directory}: {latest.name} was written for other data or other training "
         "settings; use a new directory (or delete this one) to start afresh"
     )
-    like = {"fingerprint": stamp, "loop": loop, "run_seconds": np.zeros((), np.float64)}
+    like = dict(like)
     try:
         # Checkpoints written before the driver kept its time hold none: they resume from 0 s.
         if all(leaf["path"] != "['run_seconds']" for leaf in checkpoint.read_header(latest)["leaves"]):
@@ -222,7 +256,7 @@ def _resume(directory: Path, loop: LoopState, stamp: np.ndarray) -> tuple[LoopSt
         raise checkpoint.CheckpointError(f"{refusal} ({error})") from None
     if not np.array_equal(np.asarray(restored["fingerprint"]), stamp):
         raise checkpoint.CheckpointError(refusal)
-    return _strong(restored["loop"]), float(restored.get("run_seconds", 0.0))
+    return restored
 
 
 def _progress_bar(show: bool, total: int, initial: int, description: str | None):
@@ -241,6 +275,7 @@ def drive(
     data=None,
     *,
     stop: StopRule,
+    halt: Callable | None = None,
     until: int | None = None,
     chunk_steps: int = 1,
     checkpoint_dir=None,
@@ -249,26 +284,33 @@ def drive(
     settings=None,
     progress: bool | None = None,
     callback: Callable | None = None,
+    evaluation: Evaluation | None = None,
     mesh=None,
     description: str | None = None,
     record: Callable | None = None,
-) -> DriveResult:
-    """Run `loop` to its end: `advance(make_step, stop, loop, until, data)`
+) -> Result:
+    """Run `loop` to its end: `advance(make_step, stop, loop, until, data, halt)`
     in jitted chunks of `chunk_steps` steps.
 
     make_step: `data -> step_fn` (`minimize.run_loop`'s `(inner, step) ->
       (inner, objective)`), a value or a module-level function (the compiled
       chunk is cached by it); data: a pytree of arrays, or None.
     stop: the stop rule, `(trace, num_steps) -> bool` (`minimize.StopRule`).
+    halt: `(inner, value) -> [] bool`, a trainer's own stop test on its
+      state, asked after each step besides the failure test
+      (`minimize.halt_on_failure`); a value or module-level function.
     until: stop after this many steps in total (a time-boxed run, resumed
       later); default the loop's `max_steps`.
-    checkpoint_dir: save `{fingerprint, loop, run_seconds}` there every `checkpoint_every`
+    checkpoint_dir: save `{fingerprint, loop, run_seconds[, evaluation]}` there every `checkpoint_every`
       steps (at chunk ends) and at the end, keeping the newest `keep`; resume
       from the newest checkpoint found. `settings` (any value, described by
       `describe`) and `data` make the fingerprint a checkpoint must match.
     progress: a tqdm bar (default: when the loop has more than 20 steps).
     callback: `Report -> bool | None` after each chunk; True stops the run
       (the loop is `done`: status `CONVERGED`).
+    evaluation: an `Evaluation` (scores on a development set, early stopping
+      and the best state), kept in the checkpoints; its scores and best state
+      are the result's `records["evaluations"]` `[E, 2]` and `records["best"]`.
     mesh: split `data` along its leading axis over the mesh's data axis
       (`parallel.shard_leading_axis`); the loop is replicated.
     record: `(inner, data) -> {name: scalar}` of the state after each step
@@ -277,15 +319,31 @@ def drive(
       per-step transfer); a value or module-level function, as `make_step`.
       It needs a tuple inner state; callbacks and the result see the loop
       without the records, and a checkpoint holds them.
-    Returns `DriveResult(loop, compile_seconds, run_seconds, step_seconds, records)`.
+    Returns a `Result`: `params` the final inner state (the caller knows
+    which part of it are the parameters: `train` takes `inner[0]`), `state`
+    the final `LoopState` (`drive(make_step, result.state, ...)` continues
+    the run), trace, num_steps and status (`LoopState.status`) of that loop;
+    compile_seconds: compiling the chunk (0 when cached or nothing was left
+    to run); run_seconds: the chunks, callbacks and checkpoints excluded,
+    summed over the runs that wrote the checkpoint this run resumed from (so
+    a resumed run reports its whole time); step_seconds: `[num_steps]` numpy,
+    each step's share of its chunk's time (NaN for the steps a resumed
+    checkpoint holds); records: with `record`, `{name: [num_steps]}` numpy
+    (and `evaluation`'s, above).
     """
     check_callable("make_step", make_step)
     check_callable("stop", stop)
     check_int("chunk_steps", chunk_steps)
     check_int("checkpoint_every", checkpoint_every)
     check_int("keep", keep)
-    if callback is not None:
-        check_callable("callback", callback)
+    for name, value in (("halt", halt), ("callback", callback)):
+        if value is not None:
+            check_callable(name, value)
+    if evaluation is not None:
+        if not isinstance(evaluation, Evaluation):
+            raise TypeError(f"evaluation must be a driver.Evaluation or None, got {type(evaluation).__name__}")
+        check_callable("evaluation.score", evaluation.score)
+        check_int("evaluation.every", evaluation.every)
     max_steps = loop.trace.shape[0]
     until = max_steps if until is None else min(check_int("until", until, 0), max_steps)
     unwrapped = None  # the loop without its records (`Recorded`)
@@ -293,27 +351,40 @@ def drive(
         check_callable("record", record)
         recorded, loop = _with_records(make_step, record, loop, data)
         make_step, unwrapped = recorded, functools.partial(_without_records, kind=recorded.kind)
+        halt = None if halt is None else _UnrecordedHalt(halt, recorded.kind)
+    inner_of = (lambda inner: inner) if unwrapped is None else unwrapped
     loop = _strong(loop)
+    scores = None if evaluation is None else _evaluations(evaluation, max_steps, inner_of(loop.inner))
     # One writer per checkpoint directory (`checkpoint.DirectoryLock`, which
     # creates it): a second run on it gets a CheckpointError naming it.
     with checkpoint.locked(checkpoint_dir):
         run_seconds = 0.0
         if checkpoint_dir is not None:
             checkpoint_dir, stamp = Path(checkpoint_dir), fingerprint(data, settings)
-            loop, run_seconds = _resume(checkpoint_dir, loop, stamp)
+            like = {"fingerprint": stamp, "loop": loop, "run_seconds": np.zeros((), np.float64)}
+            restored = _resume(checkpoint_dir, like if scores is None else {**like, "evaluation": scores}, stamp)
+            if restored is not None:
+                loop, run_seconds = _strong(restored["loop"]), float(restored.get("run_seconds", 0.0))
+                if scores is not None:
+                    scores = jax.tree_util.tree_map(np.asarray, restored["evaluation"])
         if mesh is None:  # on the device once, not copied from the host by every chunk
             data = jax.device_put(data)
         else:
             data, loop = parallel.shard_leading_axis(data, mesh), parallel.replicate(loop, mesh)
         step, saved = int(loop.step), int(loop.step)
+        if evaluation is not None and scores is not None:  # (scores is None exactly without evaluation)
+            scores = _evaluate(evaluation, scores, inner_of(loop.inner), step)
         step_seconds = np.full(max_steps, np.nan)
         bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
         executable, compile_seconds = None, 0.0
-        while step < until and not bool(loop.done):
+        while step < until and not bool(loop.done) and not (scores is not None and bool(scores["plateau"])):
             if executable is None:
-                executable, compile_seconds = _compiled_chunk(make_step, stop, loop, data, mesh)
+                executable, compile_seconds = _compiled_chunk(make_step, stop, halt, loop, data, mesh)
+            end = min(step + chunk_steps, until)
+            if evaluation is not None:  # a chunk ends at each evaluation
+                end = min(end, (step // evaluation.every + 1) * evaluation.every)
             start = time.perf_counter()
-            loop = executable(loop, np.asarray(min(step + chunk_steps, until), np.int32), data)
+            loop = executable(loop, np.asarray(end, np.int32), data)
             before, step = step, int(loop.step)  # int() waits for the chunk
             seconds = time.perf_counter() - start
             run_seconds += seconds
@@ -321,22 +392,28 @@ def drive(
             if bar is not None:
                 bar.update(step - before)
                 bar.set_postfix(objective=float(loop.value))
+            stopped = False
+            if (
+                evaluation is not None
+                and scores is not None
+                and (step % evaluation.every == 0 or bool(loop.done) or step == max_steps)
+            ):
+                scores = _evaluate(evaluation, scores, inner_of(loop.inner), step)
+                stopped = bool(scores["plateau"])
             # The trace is sliced on the host: a device slice per step length compiles a program each.
             if callback is not None and callback(
-                Report(
-                    step,
-                    float(loop.value),
-                    np.asarray(loop.trace)[:step],
-                    loop.inner if unwrapped is None else unwrapped(loop.inner),
-                )
+                Report(step, float(loop.value), np.asarray(loop.trace)[:step], inner_of(loop.inner))
             ):
+                stopped = True
+            if stopped:
                 done = jnp.ones((), bool)
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
             finished = step >= until or bool(loop.done)
             if checkpoint_dir is not None and (step - saved >= checkpoint_every or (finished and step > saved)):
+                state = {"fingerprint": stamp, "loop": loop, "run_seconds": np.asarray(run_seconds, np.float64)}
                 checkpoint.save(
                     checkpoint.checkpoint_path(checkpoint_dir, step),
-                    {"fingerprint": stamp, "loop": loop, "run_seconds": np.asarray(run_seconds, np.float64)},
+                    state if scores is None else {**state, "evaluation": scores},
                 )
                 checkpoint.prune_checkpoints(checkpoint_dir, keep)
                 saved = step
@@ -346,7 +423,14 @@ def drive(
     if unwrapped is not None:
         records = {name: np.asarray(column)[:step] for name, column in loop.inner[-1].items()}
         loop = loop._replace(inner=unwrapped(loop.inner))
-    return DriveResult(loop, compile_seconds, run_seconds, step_seconds[:step], records)
+    if evaluation is not None and scores is not None:
+        if step >= until:
+            scores = _evaluate(evaluation, scores, loop.inner, step)
+        count = int(scores["count"])
+        records = {**(records or {}), "evaluations": scores["evaluations"][:count], "best": scores["best"]}
+    return Result(
+        loop.inner, loop, loop.trace, loop.step, loop.status, compile_seconds, run_seconds, step_seconds[:step], records
+    )
 
 
 def train(
@@ -361,7 +445,7 @@ def train(
     penalty: Callable | None = None,
     mesh=None,
     **drive_options,
-) -> TrainResult:
+) -> Result:
     """Minimise `objective(params, data) (+ regularizer(params))` with an
     optax-shaped optimizer, through `drive`.
 
@@ -375,8 +459,9 @@ def train(
     drive_options: `until`, `chunk_steps`, `checkpoint_dir`,
       `checkpoint_every`, `keep`, `settings`, `progress`, `callback`,
       `description`, `record` (see `drive`).
-    Returns `TrainResult(params, state, trace [max_steps], num_steps, status,
-    compile_seconds, run_seconds)`; a run that stopped on a failure (status
+    Returns `Result(params, state, trace [max_steps], num_steps, status,
+    compile_seconds, run_seconds, step_seconds, records)`, the optimizer's
+    state as `state`; a run that stopped on a failure (status
     `NON_FINITE_OBJECTIVE`, `LINE_SEARCH_FAILED`) warns.
     """
     check_callable("objective", objective)
@@ -401,7 +486,7 @@ def train_steps(
     stop: StopRule | None = None,
     mesh=None,
     **drive_options,
-) -> TrainResult:
+) -> Result:
     """`drive` a gradient loop from `inner = (params, opt_state)`: `train`
     with a `make_step` of the caller's (`data -> step_fn`, e.g. one that reads
     hyper-parameters from `data`, so that runs differing only in them share a
@@ -410,5 +495,5 @@ def train_steps(
     loop = init_loop(inner, max_steps, float_dtype(inner[0]))
     stop = relative_change_below(1e-9) if stop is None else stop
     run = drive(make_step, loop, data, stop=stop, mesh=mesh, **drive_options)
-    result: MinimizeResult = minimize_result(run.loop)
-    return TrainResult(*result, run.compile_seconds, run.run_seconds, run.step_seconds, run.records)
+    result = minimize_result(run.state)
+    return run._replace(params=result.params, state=result.state, status=result.status)

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import optax
 
 from ..validation import check_callable, check_int, check_scalar
-from .driver import TrainResult, train
+from .driver import train
 from .elastic_net import L2Regularizer, lbfgs
-from .minimize import MinimizeResult, StopRule, minimize
+from .minimize import Result, StopRule, minimize
 
 
 def active_mask(params):
@@ -44,7 +44,7 @@ class ActiveObjective(NamedTuple):
 
 def finetune(
     fun: Callable, params, *, l2: float = 1e-5, max_steps: int = 200, tol: float = 1e-10, memory_size: int = 10
-) -> MinimizeResult:
+) -> Result:
     """Minimise `fun(theta) + l2/2 ||theta||^2` over the non-zero coordinates
     of `params` only (the others stay exactly 0). Jit-able.
 
@@ -72,7 +72,7 @@ def train_finetune(
     stop: StopRule | None = None,
     memory_size: int = 10,
     **drive_options,
-) -> TrainResult:
+) -> Result:
     """`finetune` through the driver: minimise `objective(theta, data) +
     l2/2 ||theta||^2` over the non-zero coordinates of `params` in jitted
     chunks, checkpointed and resumed as `train` is.
@@ -83,7 +83,7 @@ def train_finetune(
       `checkpoint_every`, `keep`, `settings`, `progress`, `callback`,
       `description` (`drive`); the active set is part of the data, so a
       checkpoint resumes only the fine-tuning of the same support.
-    Returns `train`'s `TrainResult`; its trace holds the restricted objective.
+    Returns `train`'s `Result`; its trace holds the restricted objective.
     """
     check_callable("objective", objective)
     check_scalar("l2", l2, 0)

@@ -35,12 +35,12 @@ from ..validation import (
 
 
 class Status(enum.IntEnum):
-    """Why an optimisation loop stopped: `MinimizeResult.status` holds the
+    """Why an optimisation loop stopped: `Result.status` holds the
     code as a `[]` int32 array (inside `jit` a run cannot raise, so the status
     is the signal); `status_name(code)` spells it."""
 
     CONVERGED = 0  # the stopping test fired (relative change below tol)
-    ITERATION_LIMIT = 1  # max_steps / num_epochs used up
+    ITERATION_LIMIT = 1  # max_steps used up
     NON_FINITE_OBJECTIVE = 2  # the objective was NaN or +-inf (at the start: nothing done)
     LINE_SEARCH_FAILED = 3  # no trial step decreased the objective (the parameters stay put)
 
@@ -122,7 +122,7 @@ def warn_on_failure(status) -> None:
     value = concrete(status)
     if value is not None and int(value) >= NON_FINITE_OBJECTIVE:
         warnings.warn(
-            f"optimisation stopped early with status {status_name(value)} (see MinimizeResult.status and .trace)",
+            f"optimisation stopped early with status {status_name(value)} (see Result.status and .trace)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -309,16 +309,30 @@ def run_loop(
     return jax.lax.while_loop(cond, body, loop)
 
 
-def advance(make_step: Callable, stop_fn: StopRule, loop: LoopState, until, data=None) -> LoopState:
+class HaltOn(NamedTuple):
+    """`run_loop`'s `halt_fn` of `advance`: `halt_on_failure`, or also a
+    trainer's own test on its state, `halt(inner, value) -> [] bool` (e.g.
+    boosting's `boosting_converged`). A value, so compiled chunks are re-used."""
+
+    halt: Callable | None = None
+
+    def __call__(self, inner, value) -> jax.Array:
+        failed = halt_on_failure(inner, value)
+        return failed if self.halt is None else failed | self.halt(inner, value)
+
+
+def advance(
+    make_step: Callable, stop_fn: StopRule, loop: LoopState, until, data=None, halt: Callable | None = None
+) -> LoopState:
     """One chunk of a run: `run_loop(make_step(data), loop, until, stop_fn,
-    halt_on_failure)`. The data is an argument, so that under `jit` it is an
+    HaltOn(halt))`. The data is an argument, so that under `jit` it is an
     input of the compiled program, never a constant baked into it (XLA's
     constant folding of a `[K, L]` mask took minutes). `minimize` is one
     chunk to the end; `driver.drive` runs jitted chunks of this function.
 
     make_step: `data -> step_fn` (see `run_loop`), e.g. `gradient_steps(...)`.
     """
-    return run_loop(make_step(data), loop, until, stop_fn, halt_on_failure)
+    return run_loop(make_step(data), loop, until, stop_fn, HaltOn(halt))
 
 
 def _value_and_grad(fun, opt_state):
@@ -443,18 +457,32 @@ class GradientSteps(NamedTuple):
         return gradient_step_fn(fun, self.optimizer, self.penalty)
 
 
-class MinimizeResult(NamedTuple):
-    """params: the final parameters; state: the final optimizer state;
-    trace: `[max_steps]` objective after each step (NaN past `num_steps`);
-    num_steps: `[]` steps taken; status: `[]` int32 `Status` code
-    (`CONVERGED`, `ITERATION_LIMIT`, `NON_FINITE_OBJECTIVE`,
-    `LINE_SEARCH_FAILED`; `status_name(result.status)` spells it)."""
+class Result(NamedTuple):
+    """What every loop of `optimizers` and `training` returns.
+
+    params: the trained parameters (`drive`: the loop's whole inner state,
+      which the callers that know their parameters replace); state: the
+      final optimizer state (the optax state of a gradient loop, a trainer's
+      own state, e.g. `PerceptronState`; `drive`: the final `LoopState`, from
+      which `drive` continues the run); trace: `[max_steps]` objective after
+      each step (NaN past `num_steps`); num_steps: `[]` steps taken; status:
+      `[]` int32 `Status` code (`status_name(result.status)` spells it);
+      compile_seconds, run_seconds: the driver's timings (0 for a loop run in
+      one call, which the caller times); step_seconds: `[num_steps]` numpy,
+      each step's share of its chunk's time (driver only, else None);
+      records: the driver's `{name: array}` (`drive(record=)`, a trainer's
+      extras such as `boost`'s evaluations), else None.
+    """
 
     params: Any
     state: Any
     trace: jax.Array
     num_steps: jax.Array
     status: jax.Array
+    compile_seconds: float = 0.0
+    run_seconds: float = 0.0
+    step_seconds: Any = None
+    records: dict | None = None
 
 
 def minimize(
@@ -465,7 +493,7 @@ def minimize(
     max_steps: int,
     tol: float = 1e-9,
     penalty: Callable | None = None,
-) -> MinimizeResult:
+) -> Result:
     """Minimise `fun(params)` (+ `penalty(params)`) with an optax optimizer.
 
     Runs up to `max_steps` updates in one `jax.lax.while_loop`, stopping when
@@ -481,7 +509,8 @@ def minimize(
     `jit` these two also give a `RuntimeWarning`.
 
     Returns:
-      `MinimizeResult(params, state, trace [max_steps], num_steps, status)`.
+      `Result(params, state, trace [max_steps], num_steps, status)`, the
+      optimizer's state as `state`.
     """
     check_callable("fun", fun)
     check_optimizer(optimizer)
@@ -499,12 +528,18 @@ def minimize(
     return minimize_result(loop)
 
 
-def minimize_result(loop: LoopState) -> MinimizeResult:
-    """The `MinimizeResult` of a finished gradient loop (`inner = (params,
+def minimize_result(loop: LoopState) -> Result:
+    """The `Result` of a finished gradient loop (`inner = (params,
     opt_state, ...)`), warning outside `jit` when it stopped on a failure."""
     status = loop_status(loop)
     warn_on_failure(status)
-    return MinimizeResult(loop.inner[0], loop.inner[1], loop.trace, loop.step, status)
+    return Result(loop.inner[0], loop.inner[1], loop.trace, loop.step, status)
+
+
+def loop_result(loop: LoopState, params) -> Result:
+    """The `Result` of a trainer's finished loop: `params` (read off its
+    state by the trainer), the loop's inner state as `state`, its `status`."""
+    return Result(params, loop.inner, loop.trace, loop.step, loop.status)
 
 
 def float_dtype(tree):
@@ -579,11 +614,11 @@ def minimize_stochastic(
     *,
     key,
     batch_size: int,
-    num_epochs: int,
+    max_steps: int,
     tol: float = 0.0,
     penalty: Callable | None = None,
-) -> MinimizeResult:
-    """Minibatch training for up to `num_epochs` epochs in one `while_loop`.
+) -> Result:
+    """Minibatch training for up to `max_steps` epochs in one `while_loop`.
 
     fun: `(params, batch) -> loss summed over the batch`; data: pytree with a
     leading example axis `[N, ...]`; key: PRNG key for the shuffles. The
@@ -592,7 +627,7 @@ def minimize_stochastic(
     """
     check_callable("fun", fun)
     check_optimizer(optimizer)
-    check_int("num_epochs", num_epochs)
+    check_int("max_steps", max_steps)
     check_float_params(params)
     check_key("key", key)
     relative_change_below(tol)
@@ -601,8 +636,8 @@ def minimize_stochastic(
         lambda x: jax.ShapeDtypeStruct((batch_size,) + jnp.shape(x)[1:], jnp.result_type(x)), data
     )
     check_objective("fun", fun, params, batch)
-    loop = init_loop((params, optimizer.init(params), key), num_epochs, float_dtype(params))
-    return minimize_result(advance(lambda _: step_fn, relative_change_below(tol), loop, num_epochs))
+    loop = init_loop((params, optimizer.init(params), key), max_steps, float_dtype(params))
+    return minimize_result(advance(lambda _: step_fn, relative_change_below(tol), loop, max_steps))
 
 
 run_loop_jit = jax.jit(run_loop, static_argnums=(0, 3, 4))

@@ -1,14 +1,13 @@
 """Trainers for particular models, above `models` and `optimizers`.
 
 Each trainer is a step factory and the data layout it reads, run by the optimizers'
-loop (`optimizers.run_loop`) or the one driver (`optimizers.drive`): the
-linear-chain CRF end to end (`train_linear_chain`), lazy SGD-L1 on its rows
-(`lazy_epoch_step_fn`), block coordinate descent (`bcd`), the perceptrons,
-CRFsuite's passive-aggressive and AROW, sequence boosting and Gao et al.'s
-rerankers. `optimizers` imports nothing from here. The functions `bcd`,
-`perceptron` and `sequence_boosting` share their names with their modules; use
-them from this package (`lossfns.training.bcd(...)`).
-"""
+loop (`optimizers.run_loop`) or driver (`optimizers.drive`), its step limit
+`max_steps`, its result an `optimizers.Result`: the linear-chain CRF end to end
+(`train_linear_chain`), lazy SGD-L1 on its rows (`lazy_epoch_step_fn`), block
+coordinate descent (`bcd`), the perceptrons, CRFsuite's passive-aggressive and
+AROW, sequence boosting and Gao et al.'s rerankers. `optimizers` imports nothing
+from here. `bcd`, `perceptron` and `sequence_boosting` share their names with
+their modules; use them from this package (`lossfns.training.bcd(...)`)."""
 
 from .bcd import BcdData, bcd, bcd_block_statistics, bcd_data, bcd_objective, bcd_sweep_fn
 from .chain_boosting import ChainBoostingData, chain_boosting_data, chain_boosting_model, sequence_pieces
@@ -32,14 +31,12 @@ from .reranking import (
     boosting_with_shrinkage_step_fn,
     exp_loss,
     fslr_step_fn,
-    lasso_loss,
     reranking_data,
     reranking_init,
-    run_reranker,
     sparse_reranking_data,
 )
-from .sequence_boosting import BoostingData, BoostingRun, boost, boosting_data, sequence_boosting
-from .sgd_l1 import calibrate_learning_rate, chain_batch_rows, lazy_epoch_step_fn, max_rows_per_batch
+from .sequence_boosting import boost, boosting_stopped_by, sequence_boosting
+from .sgd_l1 import calibrate_learning_rate, lazy_epoch_step_fn, max_rows_per_batch
 from .sparse_online_margin import TokenStack, sparse_arow_epoch_fn, sparse_pa_epoch_fn, token_stack
 from .sparse_perceptron import (
     SparseSequenceData,
@@ -55,7 +52,6 @@ __all__ = [
     "initial_chain_model",
     "lazy_epoch_step_fn",
     "max_rows_per_batch",
-    "chain_batch_rows",
     "calibrate_learning_rate",
     # block coordinate descent (Lavergne et al. 2010)
     "bcd",
@@ -99,15 +95,11 @@ __all__ = [
     "boosting_with_shrinkage_step_fn",
     "fslr_step_fn",
     "blasso_step_fn",
-    "run_reranker",
     "exp_loss",
-    "lasso_loss",
     # sequence boosting (Altun et al. 2003)
     "sequence_boosting",
     "boost",
-    "BoostingRun",
-    "boosting_data",
-    "BoostingData",
+    "boosting_stopped_by",
     "chain_boosting_data",
     "ChainBoostingData",
     "chain_boosting_model",

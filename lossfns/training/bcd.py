@@ -24,7 +24,7 @@ from ..features.index import PackedCorpus
 from ..lattices import prefix
 from ..lattices.chain import FactoredPotentials
 from ..models.linear_chain import LinearChainModel
-from ..optimizers.minimize import init_loop, relative_change_below, run_loop
+from ..optimizers.minimize import Result, init_loop, loop_result, relative_change_below, run_loop
 from ..optimizers.owlqn import check_penalties
 from ..validation import check_int, check_scalar
 from . import bcd_schedule as schedule
@@ -1015,20 +1015,23 @@ def bcd(
     l1,
     l2=0.0,
     *,
-    num_sweeps: int,
+    max_steps: int,
     tol: float = 1e-10,
     max_step: float = 1.0,
     max_backtracking: int = 20,
-):
-    """Run up to `num_sweeps` sweeps from `model`, stopping when the objective's
-    relative change falls below `tol`; returns the final `LoopState`
-    (`.inner` the model, `.trace` the objective after each sweep). Jit-able."""
+) -> Result:
+    """Run up to `max_steps` sweeps from `model`, stopping when the objective's
+    relative change falls below `tol`. Jit-able.
+
+    Returns a `Result`: `params` (and `state`) the trained model, `trace`
+    `[max_steps]` the objective after each sweep."""
     _check_data(data)
-    check_int("num_sweeps", num_sweeps)
-    loop = init_loop(model, num_sweeps, model.emission.dtype)
-    return run_loop(
+    check_int("max_steps", max_steps)
+    loop = init_loop(model, max_steps, model.emission.dtype)
+    loop = run_loop(
         bcd_sweep_fn(data, l1, l2, max_step=max_step, max_backtracking=max_backtracking),
         loop,
-        num_sweeps,
+        max_steps,
         relative_change_below(tol),
     )
+    return loop_result(loop, loop.inner)

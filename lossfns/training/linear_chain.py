@@ -22,22 +22,14 @@ from .. import features, parallel
 from ..features.index import PackedCorpus
 from ..models.linear_chain import LinearChainModel
 from ..models.packed import TrainingData, weights_objective
-from ..optimizers.driver import TrainResult, train, train_steps
+from ..optimizers.driver import train, train_steps
 from ..optimizers.elastic_net import ElasticNetSteps, check_elastic_net, elastic_net_training
-from ..optimizers.minimize import float_dtype
+from ..optimizers.minimize import Result, float_dtype
 from ..validation import check_callable, check_float_dtype, check_int
 
 
 def check_training(
-    loss=None,
-    l1=0.0,
-    l2=0.0,
-    regularizer=None,
-    optimizer=None,
-    memory_size=6,
-    max_iterations=100,
-    dtype=jnp.float32,
-    **_,
+    loss=None, l1=0.0, l2=0.0, regularizer=None, optimizer=None, memory_size=6, max_steps=100, dtype=jnp.float32, **_
 ) -> None:
     """A ValueError naming the first bad setting of `train_linear_chain`
     (the others, `**_`, are checked where they are used)."""
@@ -45,7 +37,7 @@ def check_training(
     if loss is not None:
         check_callable("loss", loss)
     check_int("memory_size", memory_size)
-    check_int("max_iterations", max_iterations)
+    check_int("max_steps", max_steps)
     check_float_dtype("dtype", dtype)
 
 
@@ -104,7 +96,7 @@ def train_linear_chain(
     regularizer: Callable | None = None,
     optimizer: optax.GradientTransformation | None = None,
     memory_size: int = 6,
-    max_iterations: int = 100,
+    max_steps: int = 100,
     stop=None,
     observed_pairs_only: bool = True,
     observed_transitions_only: bool = False,
@@ -113,7 +105,7 @@ def train_linear_chain(
     shards=None,
     mesh: jax.sharding.Mesh | None = None,
     **drive_options,
-) -> tuple[LinearChainModel, TrainResult]:
+) -> Result:
     """Minimise `sum_i loss_i + l1 ||w||_1 + l2 / 2 ||w||^2 (+ regularizer)`
     over a zero CRF on a labelled packed corpus.
 
@@ -136,12 +128,12 @@ def train_linear_chain(
       (`models.blockwise_corpus_loss`: the memory of one block, for a
       forward pass more per evaluation). `packed_corpus` still decides the
       model's masks.
-    stop: a stop rule (`relative_improvement_below`, ...), `max_iterations` the cap.
+    stop: a stop rule (`relative_improvement_below`, ...), `max_steps` the cap.
     drive_options: `checkpoint_dir`, `checkpoint_every`, `settings`,
       `callback`, `progress`, `description`, `record` (`drive`).
-    Returns `(model, result)`: the trained model (off the mesh) and the driver's `TrainResult`.
+    Returns `train`'s `Result`, its `params` the trained model (off the mesh).
     """
-    check_training(loss, l1, l2, regularizer, optimizer, memory_size, max_iterations, dtype)
+    check_training(loss, l1, l2, regularizer, optimizer, memory_size, max_steps, dtype)
     if mesh is not None and shards is None:
         raise ValueError("shards, mesh: data-parallel training needs both (features.pack_shards over the mesh)")
     if shards is not None and loss is not None:
@@ -186,7 +178,7 @@ def train_linear_chain(
             penalties = np.broadcast_to(penalties, (jax.tree_util.tree_leaves(shards)[0].shape[0], 2))
         inner = (weights, make_step.optimizer(l1, l2).init(weights))
         result = train_steps(
-            make_step, inner, (data, penalties), max_steps=max_iterations, stop=stop, mesh=mesh, **drive_options
+            make_step, inner, (data, penalties), max_steps=max_steps, stop=stop, mesh=mesh, **drive_options
         )
     else:
         training = elastic_net_training(l1, l2, optimizer, memory_size=memory_size, regularizer=regularizer)
@@ -195,10 +187,10 @@ def train_linear_chain(
             weights,
             data=data,
             **training._asdict(),
-            max_steps=max_iterations,
+            max_steps=max_steps,
             stop=stop,
             mesh=mesh,
             **drive_options,
         )
     weights = jax.device_put(jax.tree_util.tree_map(np.asarray, result.params))  # off the mesh
-    return model.with_weights(weights, structure).with_num_features(num_features), result
+    return result._replace(params=model.with_weights(weights, structure).with_num_features(num_features))

@@ -18,7 +18,16 @@ import jax
 import jax.numpy as jnp
 
 from ..lattices import chain
-from ..optimizers.minimize import LoopState, float_dtype, halt_on_failure, init_loop, num_examples, run_loop
+from ..optimizers.minimize import (
+    LoopState,
+    Result,
+    float_dtype,
+    halt_on_failure,
+    init_loop,
+    loop_result,
+    num_examples,
+    run_loop,
+)
 from ..validation import check_callable
 from .perceptron import SequenceData, check_sequence_data
 
@@ -230,20 +239,20 @@ def passive_aggressive(
     c: float = 1.0,
     error_sensitive: bool = True,
     averaging: bool = True,
-    max_iterations: int = 100,
+    max_steps: int = 100,
     epsilon: float = 0.0,
     key=None,
-):
-    """Train by passive-aggressive for up to `max_iterations` epochs, stopping
+) -> Result:
+    """Train by passive-aggressive for up to `max_steps` epochs, stopping
     when an epoch's mean cost is below `epsilon` (CRFsuite's defaults). Jit-able.
 
-    Returns `(params, loop)`: the averaged (or last) parameters and the final
-    `LoopState` (its trace holds the summed cost per epoch).
+    Returns a `Result`: `params` the averaged (or last) parameters, `state`
+    the `PassiveAggressiveState`, `trace` `[max_steps]` the summed cost per epoch.
     """
-    loop: LoopState = init_loop(pa_init(params, key), max_iterations, float_dtype(params))
+    loop: LoopState = init_loop(pa_init(params, key), max_steps, float_dtype(params))
     step_fn = pa_epoch_fn(potentials_fn, data, pa_type=pa_type, c=c, error_sensitive=error_sensitive)
-    loop = run_loop(step_fn, loop, max_iterations, MeanLossBelow(epsilon, num_examples(data)), halt_on_failure)
-    return pa_params(loop.inner, averaging=averaging), loop
+    loop = run_loop(step_fn, loop, max_steps, MeanLossBelow(epsilon, num_examples(data)), halt_on_failure)
+    return loop_result(loop, pa_params(loop.inner, averaging=averaging))
 
 
 def arow(
@@ -253,18 +262,18 @@ def arow(
     *,
     variance: float = 1.0,
     gamma: float = 1.0,
-    max_iterations: int = 100,
+    max_steps: int = 100,
     epsilon: float = 0.0,
     key=None,
-):
-    """Train by AROW for up to `max_iterations` epochs, stopping when an
+) -> Result:
+    """Train by AROW for up to `max_steps` epochs, stopping when an
     epoch's mean cost is at most `epsilon` (CRFsuite's defaults). Jit-able.
 
-    Returns `(params, loop)`: the mean parameters and the final `LoopState`
-    (its trace holds the summed cost per epoch).
+    Returns a `Result`: `params` the mean parameters, `state` the
+    `ArowState`, `trace` `[max_steps]` the summed cost per epoch.
     """
-    loop: LoopState = init_loop(arow_init(params, variance, key), max_iterations, float_dtype(params))
+    loop: LoopState = init_loop(arow_init(params, variance, key), max_steps, float_dtype(params))
     step_fn = arow_epoch_fn(potentials_fn, data, gamma=gamma)
     stop = MeanLossBelow(epsilon, num_examples(data), inclusive=True)
-    loop = run_loop(step_fn, loop, max_iterations, stop, halt_on_failure)
-    return arow_params(loop.inner), loop
+    loop = run_loop(step_fn, loop, max_steps, stop, halt_on_failure)
+    return loop_result(loop, arow_params(loop.inner))

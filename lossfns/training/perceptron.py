@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import losses
-from ..optimizers.minimize import LoopState, init_loop, num_examples, run_loop
+from ..optimizers.minimize import LoopState, Result, init_loop, loop_result, num_examples, run_loop
 from ..validation import check_callable, check_int
 
 
@@ -107,17 +107,17 @@ def no_mistakes(trace, num_steps):
     return trace[num_steps - 1] == 0
 
 
-def perceptron(potentials_fn: Callable, params, data: SequenceData, *, num_epochs: int, average: bool = True):
-    """Train for up to `num_epochs` epochs (stopping after a clean one). Jit-able.
+def perceptron(potentials_fn: Callable, params, data: SequenceData, *, max_steps: int, average: bool = True) -> Result:
+    """Train for up to `max_steps` epochs (stopping after a clean one). Jit-able.
 
     potentials_fn: `(params, inputs_i) -> potentials` of one sequence
       (`[T, L, L]` or `FactoredPotentials`), linear in `params`.
-    Returns `(params, loop)`: the averaged (or last) parameters and the final
-    `LoopState` (its trace holds the mistakes per epoch).
+    Returns a `Result`: `params` the averaged (or last) parameters, `state`
+    the `PerceptronState`, `trace` `[max_steps]` the mistakes per epoch.
     """
-    check_int("num_epochs", num_epochs)
+    check_int("max_steps", max_steps)
     check_callable("potentials_fn", potentials_fn)
     check_sequence_data(data)
-    loop: LoopState = init_loop(perceptron_init(params), num_epochs)
-    loop = run_loop(perceptron_epoch_fn(potentials_fn, data), loop, num_epochs, no_mistakes)
-    return (averaged_params(loop.inner) if average else loop.inner.params), loop
+    loop: LoopState = init_loop(perceptron_init(params), max_steps)
+    loop = run_loop(perceptron_epoch_fn(potentials_fn, data), loop, max_steps, no_mistakes)
+    return loop_result(loop, averaged_params(loop.inner) if average else loop.inner.params)

@@ -19,23 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..deprecation import renamed_arguments, warn_renamed
-from ..optimizers.minimize import init_loop, relative_change_below, run_loop
 from ..optimizers.scalar_newton import newton_minimize
 from ..validation import as_float_array, as_int_array, check_int, check_scalar, concrete
 
 
 class RerankingData(NamedTuple):
     """differences: `[N, C, K]` `f(reference) - f(candidate)`, zero for missing candidates;
-    mask: `[N, C]` float, 1 where a candidate exists. (`.valid` is the deprecated name of `.mask`.)"""
+    mask: `[N, C]` float, 1 where a candidate exists."""
 
     differences: jax.Array
     mask: jax.Array
-
-    @property
-    def valid(self) -> jax.Array:
-        warn_renamed("lossfns.training.RerankingData", "valid", "mask", stacklevel=3)
-        return self.mask
 
 
 class SparseRerankingData(NamedTuple):
@@ -45,7 +38,7 @@ class SparseRerankingData(NamedTuple):
     (feature, value). From `sparse_reranking_data`.
 
     baseline: `[N, C]` `d_0`, zero for missing candidates; mask: `[N, C]` float, 1 where a
-    candidate exists (`.valid` is its deprecated name);
+    candidate exists;
     entry_example, entry_candidate, entry_feature: `[E]` int32; entry_value: `[E]` `d_ick`;
     entry_slot: `[E]` int32, the slot of the entry's (feature, value);
     slot_feature: `[S]` int32, sorted; slot_value: `[S]` the slot's `d`;
@@ -63,11 +56,6 @@ class SparseRerankingData(NamedTuple):
     slot_value: jax.Array
     feature_entries: jax.Array
 
-    @property
-    def valid(self) -> jax.Array:
-        warn_renamed("lossfns.training.SparseRerankingData", "valid", "mask", stacklevel=3)
-        return self.mask
-
 
 AnyRerankingData = RerankingData | SparseRerankingData
 
@@ -81,11 +69,9 @@ class RerankingState(NamedTuple):
     alpha: jax.Array
 
 
-@renamed_arguments(valid="mask")
 def reranking_data(features, reference, mask=None) -> RerankingData:
     """`RerankingData` from candidate features `[N, C, K]`, `reference [N]` and
-    `mask [N, C]` (1 where a candidate exists; default all; `valid=` is its
-    deprecated name)."""
+    `mask [N, C]` (1 where a candidate exists; default all)."""
     features = as_float_array("features", features, 3, "[N, C, K]")
     raw = concrete(reference)
     # An int64 reference beyond int32 is refused, not wrapped (jax_enable_x64 off).
@@ -108,7 +94,6 @@ def reranking_data(features, reference, mask=None) -> RerankingData:
     return RerankingData((best - features) * mask[..., None], mask)
 
 
-@renamed_arguments(valid="mask")
 def sparse_reranking_data(
     baseline, entries, mask=None, *, num_features: int | None = None, dtype=None
 ) -> SparseRerankingData:
@@ -119,8 +104,7 @@ def sparse_reranking_data(
       non-zero `d_ick` of features `k >= 1` (at most one entry per
       (example, candidate, feature); those of missing candidates and zero
       values are dropped);
-    mask: `[N, C]`, 1 where a candidate exists (default all; `valid=` is
-      its deprecated name);
+    mask: `[N, C]`, 1 where a candidate exists (default all);
     num_features: `K` (default the largest feature + 1);
     dtype: float dtype of the values (default baseline's).
     Groups the entries on the host (numpy), so call it outside `jit`.
@@ -350,16 +334,6 @@ def exp_loss(data: AnyRerankingData, margins) -> jax.Array:
     return jnp.sum(data.mask * jnp.exp(-margins))
 
 
-def lasso_loss(data: AnyRerankingData, weights, alpha) -> jax.Array:
-    """`ExpLoss + alpha ||lambda_{1:}||_1` of weights `[K]` (the baseline weight is not penalised)."""
-    _check_data(data)
-    size = (num_features(data),)
-    if jnp.shape(weights) != size:
-        raise ValueError(f"weights must have shape [K] = {size} (the features of data), got {jnp.shape(weights)}")
-    check_scalar("alpha", alpha, 0)
-    return exp_loss(data, _margins(data, weights)) + alpha * jnp.sum(jnp.abs(weights[1:]))
-
-
 def update_losses(data: AnyRerankingData, margins, steps) -> jax.Array:
     """ExpLoss after moving each `lambda_k` by `steps [K]` alone, `[K]` (from cached margins `[N, C]`)."""
     return _move_losses(data, _weighted(data, margins), steps)
@@ -501,15 +475,3 @@ def blasso_step_fn(
         return state, exp_loss(data, state.margins)
 
     return step_fn
-
-
-@renamed_arguments(num_steps="max_steps")
-def run_reranker(step_fn: Callable, data: AnyRerankingData, *, max_steps: int, tol: float = 0.0):
-    """Run a reranking `step_fn` from `reranking_init` for up to `max_steps`
-    steps (stopping when ExpLoss changes by less than `tol`, relatively);
-    returns the final `LoopState` (`.inner` is the `RerankingState`). Jit-able.
-    (`num_steps=` is the deprecated name of `max_steps=`, as in `minimize`.)"""
-    _check_data(data)
-    check_int("max_steps", max_steps)
-    loop = init_loop(reranking_init(data), max_steps, data.mask.dtype)
-    return run_loop(step_fn, loop, max_steps, relative_change_below(tol))

@@ -6,7 +6,7 @@ step by minimising a convex upper bound of the factor by which the loss shrinks
 (one forward-backward per sequence scores every weak learner). The round is
 written once over two layouts of the statistics: `BoostingData` (dense, any linear
 `potentials_fn`) and `ChainBoostingData` (`chain_boosting`: a linear chain's
-indicator features). `boost` runs it in jitted chunks with checkpoints.
+indicator features). `boost` runs it through the driver (`optimizers.drive`).
 Design notes: docs/internals.md.
 """
 
@@ -19,12 +19,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .. import checkpoint, losses
-from ..deprecation import renamed_arguments
+from .. import losses
 from ..lattices import chain
-from ..optimizers.minimize import LoopState, init_loop, relative_change_below, run_loop
+from ..optimizers.driver import Evaluation, drive
+from ..optimizers.minimize import Result, Status, init_loop, loop_result, relative_change_below, run_loop
 from ..optimizers.scalar_newton import newton_minimize
 from ..validation import check_callable, check_int, check_scalar
 from .chain_boosting import (
@@ -124,17 +123,18 @@ def num_weak_learners(data: AnyBoostingData) -> int:
 # ---------------------------------------------------------------------------
 
 
-@renamed_arguments(sequences="data")
-def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int, dtype=jnp.float64) -> BoostingData:
+def boosting_data(potentials_fn: Callable, data: SequenceData, num_features: int, dtype=None) -> BoostingData:
     """The dense layout: each sequence's range of `u_ik` for every feature,
     by Viterbi on the feature's own potentials (`K` runs per sequence).
 
     potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta;
-    data: the `SequenceData`, as in `sequence_boosting` (`sequences=` is its deprecated name).
+    data: the `SequenceData`, as in `sequence_boosting`; dtype: of the ranges
+    (default JAX's float: float32, float64 in 64-bit mode).
     """
     check_callable("potentials_fn", potentials_fn)
     check_sequence_data(data)
     check_int("num_features", num_features)
+    dtype = jnp.result_type(float) if dtype is None else dtype
     basis = jnp.eye(num_features, dtype=dtype)
 
     def one(inputs, labels, length):
@@ -389,19 +389,19 @@ def boosting_init(
     data: AnyBoostingData,
     potentials_fn: Callable | None = None,
     *,
-    max_rounds: int,
+    max_steps: int,
     window: int = 100,
     theta=None,
     dtype=None,
 ) -> BoostingState:
     """The state before the first round, from `theta` (default zeros `[K]`).
 
-    max_rounds: the round cap (the history's length); window: rounds of the
+    max_steps: the round cap (the history's length); window: rounds of the
     stop rule; dtype: of theta (default the layout's: its ranges' dtype).
     """
     _check_data(data)
     _check_potentials_fn(data, potentials_fn)
-    max_rounds = check_int("max_rounds", max_rounds)
+    max_steps = check_int("max_steps", max_steps)
     window = check_int("window", window)
     K = num_weak_learners(data)
     dtype = data.lowest.dtype if dtype is None else dtype
@@ -410,7 +410,7 @@ def boosting_init(
         raise ValueError(f"theta must have shape [K] = {(K,)} (the weak learners of data), got {theta.shape}")
     statistics = _statistics(data, potentials_fn, theta)
     history = BoostingHistory(
-        jnp.full((max_rounds,), -1, jnp.int32), jnp.zeros((max_rounds,), dtype), jnp.full((max_rounds,), jnp.nan, dtype)
+        jnp.full((max_steps,), -1, jnp.int32), jnp.zeros((max_steps,), dtype), jnp.full((max_steps,), jnp.nan, dtype)
     )
     return BoostingState(
         theta,
@@ -464,91 +464,81 @@ def sequence_exp_loss(potentials_fn: Callable, theta, data: SequenceData) -> jax
     return jnp.sum(per_sequence(data.inputs, data.labels, data.lengths))
 
 
-@renamed_arguments(num_rounds="max_rounds")
 def sequence_boosting(
     potentials_fn: Callable,
     data: SequenceData,
     num_features: int,
     *,
-    max_rounds: int,
+    max_steps: int,
     step: str = "line_search",
     tol: float = 0.0,
     window: int = 10,
-    dtype=jnp.float64,
-):
-    """Boost any linear model from `theta = 0` for up to `max_rounds` rounds
-    (dense layout; jit-able; `num_rounds=` is the deprecated name of `max_rounds=`, as in `boost`).
+    dtype=None,
+) -> Result:
+    """Boost any linear model from `theta = 0` for up to `max_steps` rounds
+    (dense layout; jit-able).
 
-    potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta.
-    Returns `(theta [K], loop)`; `loop.trace` is the log exp-loss after each
-    round, `loop.inner.history` the chosen features, steps and bounds, and
-    `jnp.sum(theta != 0)` the number of features used.
+    potentials_fn: `(theta [K], inputs_i) -> potentials` of one sequence, linear in theta;
+    dtype: of theta (default JAX's float: float32, float64 in 64-bit mode).
+    Returns a `Result`: `params` theta `[K]` (`jnp.sum(theta != 0)` features
+    used), `state` the `BoostingState` (`state.history`: the chosen
+    features, steps and bounds), `trace` the log exp-loss after each round.
     """
     check_callable("potentials_fn", potentials_fn)
     check_sequence_data(data)
     check_int("num_features", num_features)
-    check_int("max_rounds", max_rounds)
+    check_int("max_steps", max_steps)
     _check_step(step)
     dense = boosting_data(potentials_fn, data, num_features, dtype)
-    state = boosting_init(dense, potentials_fn, max_rounds=max_rounds, window=window)
+    state = boosting_init(dense, potentials_fn, max_steps=max_steps, window=window)
     loop = run_loop(
         sequence_boosting_step_fn(dense, potentials_fn, step=step, tol=tol),
-        init_loop(state, max_rounds, dtype),
-        max_rounds,
+        init_loop(state, max_steps, state.theta.dtype),
+        max_steps,
         relative_change_below(0.0),
         boosting_converged,
     )
-    return loop.inner.theta, loop
+    return loop_result(loop, loop.inner.theta)
 
 
 # ---------------------------------------------------------------------------
-# The driver
+# Through the driver
 # ---------------------------------------------------------------------------
 
 
-def _run_rounds(loop: LoopState, data, until, *, potentials_fn, step, tol, refresh_every) -> LoopState:
-    """`run_loop` with the data as an argument (never a compiled-in constant)."""
-    step_fn = sequence_boosting_step_fn(data, potentials_fn, step=step, tol=tol, refresh_every=refresh_every)
-    return run_loop(step_fn, loop, until, relative_change_below(0.0), boosting_converged)
+class BoostingSteps(NamedTuple):
+    """`drive`'s `make_step` for boosting: `data -> sequence_boosting_step_fn(data, ...)`.
+    A value, so runs with equal settings share a compiled chunk."""
+
+    potentials_fn: Callable | None
+    step: str
+    tol: float
+    refresh_every: int
+
+    def __call__(self, data):
+        return sequence_boosting_step_fn(
+            data, self.potentials_fn, step=self.step, tol=self.tol, refresh_every=self.refresh_every
+        )
 
 
-_run_rounds_jit = jax.jit(_run_rounds, static_argnames=("potentials_fn", "step", "tol", "refresh_every"))
+class _Theta(NamedTuple):
+    """`Evaluation`'s score and keep for boosting: `evaluate(theta, round)`, `theta`."""
+
+    evaluate: Callable
+
+    def __call__(self, state: BoostingState, index: int) -> float:
+        return self.evaluate(state.theta, index)
 
 
-class BoostingRun(NamedTuple):
-    """The result of `boost`.
-
-    theta: `[K]` the final weights; best_theta: `[K]` those of the best
-    evaluation (the final ones without `evaluate`); loop: the `LoopState`
-    (`loop.trace`: log exp-loss per round; `loop.inner.history`: feature,
-    step and bound per round); evaluations: `[E, 2]` numpy (round, score);
-    stopped_by: "exp-loss converged", "no weak learner lowers the bound",
-    "development plateau", "round cap", "non-finite exp-loss" or "paused"
-    (`until` reached; run again to continue); seconds: time in rounds,
-    over all resumed runs (evaluations and compilation excluded);
-    setup_seconds: this call's time before its first round (statistics at
-    the start, and compiling the rounds).
-    """
-
-    theta: jax.Array
-    best_theta: jax.Array
-    loop: LoopState
-    evaluations: np.ndarray
-    stopped_by: str
-    seconds: float
-    setup_seconds: float
-
-    @property
-    def converged(self) -> bool:
-        """Whether a convergence criterion (not a cap or a pause) stopped the run."""
-        return self.stopped_by in ("exp-loss converged", "no weak learner lowers the bound", "development plateau")
+def _theta(state: BoostingState):
+    return state.theta
 
 
 def boost(
     data: AnyBoostingData,
     potentials_fn: Callable | None = None,
     *,
-    max_rounds: int,
+    max_steps: int,
     step: str = "line_search",
     tol: float = 1e-4,
     window: int = 100,
@@ -561,24 +551,35 @@ def boost(
     until: int | None = None,
     checkpoint_dir=None,
     progress: bool = False,
-) -> BoostingRun:
-    """Run sequence boosting from `theta = 0` until a stop rule fires, from
-    Python, in jitted chunks of rounds.
+) -> Result:
+    """Run sequence boosting from `theta = 0` until a stop rule fires,
+    through the driver (`optimizers.drive`), in jitted chunks of rounds.
 
     Stops when the exp-loss fell by at most a relative `tol` over the last
     `window` rounds, when no weak learner lowers the bound, when
     `evaluate(theta, round) -> score` (higher is better, called every
     `eval_every` rounds and at the end) has not improved by more than
     `min_improvement` for `patience` evaluations in a row (a development
-    plateau; None: never), or after `max_rounds` rounds (a safety cap).
+    plateau; None: never), or after `max_steps` rounds (a safety cap).
     `until` pauses after that many rounds in total. With `checkpoint_dir`,
     the state is written atomically after every chunk (one writer per
-    directory) and a run started again resumes from it, bit-identically.
+    directory) and a run started again with the same data and settings
+    resumes from it, bit-identically.
+
+    Returns a `Result`: `params` `[K]` the weights of the best evaluation
+    (the final ones without `evaluate`); `state` the `BoostingState`
+    (`state.theta` the final weights, `state.history` feature, step and bound
+    per round); `trace` the log exp-loss per round; `status` `CONVERGED`
+    for a stop rule, `ITERATION_LIMIT` for the cap or a pause
+    (`boosting_stopped_by` says which); `records["evaluations"]` `[E, 2]`
+    numpy (round, score) with `evaluate`; `compile_seconds` the statistics
+    at the start and compiling the rounds; `run_seconds` the rounds, over
+    all resumed runs (evaluations excluded).
     """
     _check_data(data)
     _check_potentials_fn(data, potentials_fn)
     _check_step(step)
-    max_rounds = check_int("max_rounds", max_rounds)
+    max_steps = check_int("max_steps", max_steps)
     chunk_rounds = check_int("chunk_rounds", chunk_rounds)
     eval_every = check_int("eval_every", eval_every)
     check_scalar("tol", tol, 0)
@@ -586,111 +587,60 @@ def boost(
     refresh_every = check_int("refresh_every", refresh_every)
     if patience is not None:
         check_int("patience", patience)
-    if until is not None:
-        check_int("until", until, 0)
     if evaluate is not None:
         check_callable("evaluate", evaluate)
-    setup_start = time.perf_counter()
-    state = boosting_init(data, potentials_fn, max_rounds=max_rounds, window=window)
-    loop = init_loop(state, max_rounds, state.theta.dtype)
-    num_evaluations = -(-max_rounds // eval_every) + 2
-    # Everything a resumed run needs besides the loop, in fixed shapes.
-    extras = {
-        "evaluations": np.full((num_evaluations, 2), np.nan),
-        "count": np.zeros((), np.int64),
-        "seconds": np.zeros(()),
-        "best_theta": np.asarray(state.theta),
-        "plateau": np.zeros((), bool),
-    }
-    # Compiled ahead, so that the timed rounds exclude compilation.
-    run = _run_rounds_jit.lower(
-        loop,
+    start = time.perf_counter()
+    state = boosting_init(data, potentials_fn, max_steps=max_steps, window=window)
+    jax.block_until_ready(state)
+    setup_seconds = time.perf_counter() - start
+    make_step = BoostingSteps(potentials_fn, step, float(tol), refresh_every)
+    # Without `evaluate`, chunks still end every `eval_every` rounds, as they always have.
+    evaluation = Evaluation(
+        _Theta(evaluate) if evaluate is not None else _no_score,
+        eval_every,
+        patience if evaluate is not None else None,
+        float(min_improvement),
+        _theta,
+    )
+    run = drive(
+        make_step,
+        init_loop(state, max_steps, state.theta.dtype),
         data,
-        jnp.zeros((), jnp.int32),
-        potentials_fn=potentials_fn,
-        step=step,
-        tol=tol,
-        refresh_every=refresh_every,
-    ).compile()
-    setup_seconds = time.perf_counter() - setup_start
-    with checkpoint.locked(checkpoint_dir):
-        if checkpoint_dir is not None:
-            latest = checkpoint.latest_checkpoint(checkpoint_dir)
-            if latest is not None:
-                loop, extras = checkpoint.load(latest, (loop, extras))
-                extras = {key: np.asarray(value) for key, value in extras.items()}
-        bar = _progress_bar(max_rounds, int(loop.step)) if progress else None
-
-        def evaluate_now():
-            round_index = int(loop.step)
-            count = int(extras["count"])
-            if evaluate is None or (count and extras["evaluations"][count - 1, 0] == round_index):
-                return
-            score = float(evaluate(loop.inner.theta, round_index))
-            scores = extras["evaluations"][:count, 1]
-            if count == 0 or score > np.max(scores) + min_improvement:
-                extras["best_theta"] = np.asarray(loop.inner.theta)
-            extras["evaluations"][count] = (round_index, score)
-            extras["count"] = np.asarray(count + 1)
-            if patience is not None and count + 1 > patience:
-                recent = extras["evaluations"][count + 1 - patience : count + 1, 1]
-                earlier = extras["evaluations"][: count + 1 - patience, 1]
-                extras["plateau"] = np.asarray(np.max(recent) <= np.max(earlier) + min_improvement)
-
-        stop_at = max_rounds if until is None else min(until, max_rounds)
-        evaluate_now()
-        while (
-            int(loop.step) < stop_at
-            and not bool(loop.inner.converged)
-            and not bool(extras["plateau"])
-            and bool(jnp.isfinite(loop.inner.log_exp_loss))
-        ):
-            before = int(loop.step)
-            target = min(before + chunk_rounds, stop_at, (before // eval_every + 1) * eval_every)
-            start = time.perf_counter()
-            loop = run(loop, data, jnp.asarray(target, jnp.int32))
-            jax.block_until_ready(loop)
-            extras["seconds"] = np.asarray(float(extras["seconds"]) + time.perf_counter() - start)
-            if int(loop.step) % eval_every == 0 or bool(loop.inner.converged) or int(loop.step) == max_rounds:
-                evaluate_now()
-            if bar is not None:
-                bar.update(int(loop.step) - before)
-                bar.set_postfix(log_exp_loss=float(loop.inner.log_exp_loss))
-            if checkpoint_dir is not None:
-                checkpoint.save(checkpoint.checkpoint_path(checkpoint_dir, int(loop.step)), (loop, extras))
-                checkpoint.prune_checkpoints(checkpoint_dir, 1)
-        if bar is not None:
-            bar.close()
-    evaluate_now() if int(loop.step) >= stop_at else None
-    count = int(extras["count"])
-    best = jnp.asarray(extras["best_theta"]) if evaluate is not None and count else loop.inner.theta
-    return BoostingRun(
-        loop.inner.theta,
-        best,
-        loop,
-        extras["evaluations"][:count],
-        _stopped_by(loop, extras, max_rounds),
-        float(extras["seconds"]),
-        setup_seconds,
+        stop=relative_change_below(0.0),
+        halt=boosting_converged,
+        until=until,
+        chunk_steps=chunk_rounds,
+        checkpoint_dir=checkpoint_dir,
+        settings=["boost", make_step, window, eval_every, patience, float(min_improvement)],
+        progress=progress,
+        evaluation=evaluation,
+        description="boost",
+    )
+    records = run.records or {}
+    params = jnp.asarray(records["best"]) if evaluate is not None else run.params.theta
+    return run._replace(
+        params=params,
+        state=run.params,
+        compile_seconds=setup_seconds + run.compile_seconds,
+        records={"evaluations": records["evaluations"]} if evaluate is not None else None,
     )
 
 
-def _stopped_by(loop: LoopState, extras: dict, max_rounds: int) -> str:
-    state = loop.inner
+def _no_score(state: BoostingState, index: int) -> float:
+    """The score of a run without `evaluate`: a constant (never a plateau)."""
+    return 0.0
+
+
+def boosting_stopped_by(result: Result) -> str:
+    """Why a `boost` run stopped: "exp-loss converged", "no weak learner
+    lowers the bound", "development plateau", "round cap", "non-finite
+    exp-loss" or "paused" (`until` reached; run again to continue)."""
+    state, steps = result.state, int(result.num_steps)
     if not bool(jnp.isfinite(state.log_exp_loss)):
         return "non-finite exp-loss"
     if bool(state.converged):
-        steps = int(loop.step)
         gain = float(state.history.bound[steps - 1]) - 1.0 if steps else 0.0
         return "no weak learner lowers the bound" if gain >= 0 else "exp-loss converged"
-    if bool(extras["plateau"]):
+    if int(result.status) == Status.CONVERGED:
         return "development plateau"
-    return "round cap" if int(loop.step) >= max_rounds else "paused"
-
-
-def _progress_bar(total: int, initial: int):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is an optional extra: run silently without it
-        return None
-    return tqdm(total=total, initial=initial, unit="round")
+    return "round cap" if steps >= result.trace.shape[0] else "paused"

@@ -375,7 +375,7 @@ def test_minimize_drive_refuses_a_directory_in_use(tmp_path):
     assert not list(directory.glob("checkpoint-*"))
     done = optimizers.drive(
         lambda _: step_fn, loop, stop=stop, chunk_steps=2, checkpoint_dir=directory, keep=2, progress=False
-    ).loop
+    ).state
     assert int(done.step) == 6 and len(list(directory.glob("checkpoint-*.ckpt"))) == 2
     DirectoryLock(directory).acquire().release()  # released when drive returns
 

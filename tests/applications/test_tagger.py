@@ -22,6 +22,8 @@ from lossfns.features import pad_batch
 from lossfns.losses.sequence import sequence_log_loss
 from lossfns.tagger import Tagger, crfsuite_elastic_net
 
+pytestmark = pytest.mark.float64  # float64 models and oracles (tests/conftest.py)
+
 C1, C2 = 0.1, 0.1
 TEMPLATES = """U00:%x[0,0]
 U01:%X[0,0]
@@ -294,17 +296,17 @@ def test_train_linear_chain_is_the_taggers_training(tmp_path):
     extracted = [tagger.extractor(s.tokens) for s in corpus]
     index = features.build_index(extracted)
     packed = features.pack_rows([index.encode(f) for f in extracted], features.label_ids(corpus, tagger.labels))
-    model, result = training.train_linear_chain(
+    result = training.train_linear_chain(
         packed,
         len(tagger.labels),
         index.num_unigram,
         l1=0.1,
         l2=0.1,
-        max_iterations=8,
+        max_steps=8,
         stop=optimizers.relative_improvement_below(1e-5, 10),
         progress=False,
     )
-    for ours, theirs in zip(jax.tree_util.tree_leaves(model), jax.tree_util.tree_leaves(tagger.model)):
+    for ours, theirs in zip(jax.tree_util.tree_leaves(result.params), jax.tree_util.tree_leaves(tagger.model)):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     assert [float(v) for v in np.asarray(result.trace)[: int(result.num_steps)]] == tagger.history
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))

@@ -42,8 +42,8 @@ def _tagger():
 
 
 def _environment():
-    # The subprocess computes under the same settings as this test process (x64 on, see conftest).
-    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
+    # The subprocess computes under the same settings as this test process (x64 off, see conftest).
+    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
 
 
 def _weights(tagger):

@@ -18,6 +18,8 @@ from lossfns.training import reranking
 
 from experiments import altun2002, gao2006
 
+pytestmark = pytest.mark.float64  # float64 models and oracles (tests/conftest.py)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

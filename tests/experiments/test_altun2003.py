@@ -33,6 +33,8 @@ from experiments.harness import (
     verdict,
 )
 
+pytestmark = pytest.mark.float64  # float64 models and oracles (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):

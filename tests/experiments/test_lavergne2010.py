@@ -253,7 +253,7 @@ def test_pair_features_enter_the_model_and_the_loss(tiny_task):
     for encoded in (with_pairs, without):
         model = lavergne2010.chain_model(encoded, L)
         uniform = pytest.approx(tokens * np.log(L), rel=1e-5)
-        assert float(lavergne2010.corpus_loss(model, (encoded.stacked,))) == uniform
+        assert float(models.batch_loss(model, encoded.stacked)) == uniform
         # The library's packed path (OWL-QN's and fine-tuning's) reads the same corpus.
         arrays = features.corpus_arrays(encoded.rows, encoded.num_unigram)
         assert float(models.corpus_loss(model, arrays)) == uniform

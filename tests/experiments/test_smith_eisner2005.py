@@ -20,6 +20,8 @@ from tests.conftest import corpus_or_fail, quick_experiment
 from experiments import smith_eisner2005 as se
 from experiments import synthetic
 
+pytestmark = pytest.mark.float64  # float64 models and oracles (tests/conftest.py)
+
 K, V = 2, 4
 WORDS = ["the", "Dog", "runs-in", "42"]
 

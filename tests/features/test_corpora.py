@@ -70,7 +70,7 @@ def _only(monkeypatch, tmp_path, nltk_data=None):
     monkeypatch.delitem(sys.modules, "nltk.data", raising=False)
     monkeypatch.setattr(
         corpora,
-        "nltk_default_path",
+        "_nltk_default_path",
         lambda: [str(tmp_path / "home" / "nltk_data"), str(tmp_path / "prefix" / "nltk_data")],
     )
 
@@ -88,7 +88,7 @@ def test_find_data_error_names_the_search_path(monkeypatch, tmp_path):
 
 def test_default_path_is_nltks_own():
     nltk_data = pytest.importorskip("nltk.data")
-    defaults = corpora.nltk_default_path()
+    defaults = corpora._nltk_default_path()
     # nltk.data.path is NLTK_DATA's directories, then these (nothing else is added in the tests).
     assert nltk_data.path[-len(defaults) :] == defaults
 

@@ -11,6 +11,8 @@ from jax.test_util import check_grads
 from lossfns.features.design import bucket_design, bucket_slices, design_from_ids, design_matmul
 from lossfns.features.index import pack
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 K = 7
 
 

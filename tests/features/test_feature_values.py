@@ -16,6 +16,8 @@ from lossfns.features.design import bucket_design, bucket_slices, design_from_id
 from lossfns.models import LinearChainModel
 from lossfns.testing import check_gradients
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 L = 3
 SENTENCES = [
     TokenFeatures([["a", "b"], ["a", "a", "c"], ["zz"]], [[], [], []], [[2.0, -0.5], [1.0, 0.25, 3.0], [9.0]]),

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from lossfns import losses, semirings, testing
 from lossfns.lattices import FactoredPotentials, chain
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 ALGORITHMS = ("sequential", "parallel")
 # (L, T, batch shape): every L in 1..4, every T in {0, 1, 2, 5} and every batch
 # shape appear; a fixed list keeps the number of compiled shapes small.
@@ -65,7 +67,7 @@ def test_log_partition_log_and_real_match_enumeration(algorithm, problem):
 
 
 def test_real_traces_to_the_program_of_log():
-    """`Real` runs the very computation `Log` runs (`chain._log_semiring`):
+    """`forward(Real)` runs the very computation `Log` runs (`chain._log_semiring`):
     the same program, values and derivatives (traced, not compiled), so
     the enumeration and gradient checks of `Log` hold for it to the bit."""
     rng = np.random.default_rng(10)
@@ -80,7 +82,7 @@ def test_real_traces_to_the_program_of_log():
         for potentials in (dense, factored):
 
             def program(semiring):
-                log_z = lambda p: jnp.sum(chain.log_partition(p, lengths, semiring=semiring, algorithm=algorithm))
+                log_z = lambda p: jnp.sum(chain.forward(semiring, p, lengths, algorithm=algorithm))
                 return str(jax.make_jaxpr(jax.value_and_grad(log_z))(potentials))
 
             assert program(semirings.Real) == program(semirings.Log), algorithm
@@ -248,7 +250,7 @@ class JitVariants(chex.TestCase):
         functions = {
             "log_partition": lambda p, n: chain.log_partition(p, n),
             "parallel": lambda p, n: chain.log_partition(p, n, algorithm="parallel"),
-            "real": lambda p, n: chain.log_partition(p, n, semiring=semirings.Real),
+            "real": lambda p, n: chain.forward(semirings.Real, p, n),
             "node_marginals": lambda p, n: chain.node_marginals(p, n),
             "entropy": lambda p, n: chain.entropy(p, n),
             "viterbi": lambda p, n: chain.viterbi(p, n),
@@ -292,11 +294,7 @@ def test_marginals_entropy_and_factored_gradients_order_two():
     testing.check_gradients(jax.jit(lambda p: chain.entropy(p, lengths)), (potentials,), order=2)
     unary, transitions = jnp.asarray(rng.normal(size=(4, 3))), jnp.asarray(rng.normal(size=(3, 3)))
     testing.check_gradients(
-        jax.jit(
-            lambda u, a: chain.log_partition(
-                FactoredPotentials(u, a), jnp.asarray(3, jnp.int32), semiring=semirings.Real
-            )
-        ),
+        jax.jit(lambda u, a: chain.forward(semirings.Real, FactoredPotentials(u, a), jnp.asarray(3, jnp.int32))),
         (unary, transitions),
         order=2,
     )
@@ -340,9 +338,7 @@ def test_everything_forbidden_gives_minus_inf_and_zero_gradients():
     potentials = jnp.full((2, 3, 3), -jnp.inf)
     lengths = jnp.asarray(2, jnp.int32)
     for semiring in (semirings.Log, semirings.Real):
-        value, grad = jax.jit(jax.value_and_grad(lambda p: chain.log_partition(p, lengths, semiring=semiring)))(
-            potentials
-        )
+        value, grad = jax.jit(jax.value_and_grad(lambda p: chain.forward(semiring, p, lengths)))(potentials)
         assert value == -np.inf
         assert np.all(np.asarray(grad) == 0.0)
     best, labels = chain.viterbi(potentials, lengths)
@@ -427,7 +423,6 @@ def test_float32_long_sequence_matches_float64():  # (Real runs the same computa
         ),
         (lambda: chain.score(jnp.zeros((5, 3, 3)), jnp.asarray([0, 1], jnp.int32)), "labels must have shape"),
         (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), algorithm="fast"), "algorithm must be one of"),
-        (lambda: chain.log_partition(jnp.zeros((5, 3, 3)), semiring=semirings.Max), "semiring must be Log or Real"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_argument(call, message):

@@ -19,6 +19,8 @@ from lossfns.features import corpus_arrays, encode, label_ids, pack, pack_rows
 from lossfns.lattices import FactoredPotentials, chain
 from lossfns.tagger import Tagger, TrainingData
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 L = 3
 WIDTH = 8
 ROWS = 3
@@ -88,10 +90,7 @@ def test_row_values_match_enumeration_chain_by_chain(factored, data):
     expected_score = per_row(chains, lambda r, f, n: testing.sequence_score(one(r, f, n), labels[r, f : f + n]))
     for semiring in (semirings.Log, semirings.Real):
         np.testing.assert_allclose(
-            jitted("row_log_partition", semiring=semiring)(potentials, starts, lengths),
-            expected_log_z,
-            rtol=1e-9,
-            atol=1e-9,
+            jitted("row_forward", semiring)(potentials, starts, lengths), expected_log_z, rtol=1e-9, atol=1e-9
         )
     np.testing.assert_allclose(
         jitted("row_forward", semirings.Max)(potentials, starts, lengths), expected_best, rtol=1e-9, atol=1e-9
@@ -108,7 +107,7 @@ def test_row_values_match_enumeration_chain_by_chain(factored, data):
 @functools.cache
 def row_marginals_fn(semiring):
     """Compiled derivative of the summed row log Z with respect to the potentials."""
-    return jax.jit(jax.grad(lambda p, s, n: jnp.sum(chain.row_log_partition(p, s, n, semiring=semiring))))
+    return jax.jit(jax.grad(lambda p, s, n: jnp.sum(chain.row_forward(semiring, p, s, n))))
 
 
 @pytest.mark.parametrize("factored", [True, False], ids=["factored", "per-position"])
@@ -148,7 +147,7 @@ def test_row_log_partition_finite_differences(data):
     )
     for semiring in (semirings.Log, semirings.Real):
         testing.check_gradients(
-            lambda u, t, s: chain.row_log_partition(FactoredPotentials(u, t, s), starts, lengths, semiring=semiring),
+            lambda u, t, s: chain.row_forward(semiring, FactoredPotentials(u, t, s), starts, lengths),
             tuple(finite),
             order=2,
             modes=("rev",),
@@ -158,20 +157,18 @@ def test_row_log_partition_finite_differences(data):
 @given(data=st.data())
 def test_rows_vmapped_jitted_and_looped_agree(data):
     potentials, starts, lengths, _, _ = data.draw(rows_of_chains(True))
-    batched = chain.row_log_partition(potentials, starts, lengths, semiring=semirings.Real)
+    batched = chain.row_forward(semirings.Real, potentials, starts, lengths)
     looped = [
-        chain.row_log_partition(
+        chain.row_forward(
+            semirings.Real,
             FactoredPotentials(potentials.unary[r], potentials.transitions, potentials.start),
             starts[r],
             lengths[r],
-            semiring=semirings.Real,
         )
         for r in range(ROWS)
     ]
     np.testing.assert_allclose(batched, np.stack(looped), rtol=1e-12)
-    np.testing.assert_allclose(
-        jitted("row_log_partition", semiring=semirings.Real)(potentials, starts, lengths), batched, rtol=1e-12
-    )
+    np.testing.assert_allclose(jitted("row_forward", semirings.Real)(potentials, starts, lengths), batched, rtol=1e-12)
 
 
 def test_rows_give_no_nan_where_everything_is_forbidden():

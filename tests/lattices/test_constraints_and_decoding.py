@@ -24,6 +24,8 @@ from lossfns.lattices.sparse_chain import SparsePotentials, to_dense
 from lossfns.models import constrain
 from lossfns.tagger import Tagger
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 LABELS = {
     "IOB2": ("O", "B-A", "I-A", "B-B", "I-B"),
     "IOBES": ("O", "B-A", "I-A", "E-A", "S-A", "S-B"),

@@ -19,6 +19,8 @@ from jax.test_util import check_grads
 from lossfns import semirings
 from lossfns.lattices import chain, dag
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 PAD = dict(num_states=7, num_arcs=12, num_levels=6, width=6, in_degree=12)
 SEMIRINGS = [semirings.Log, semirings.Real, semirings.Max, semirings.Entropy, semirings.Counting, semirings.KMax(3)]
 

@@ -1,6 +1,6 @@
-"""The exact fast chain kernel (`lattices.kernel`: the exact log steps of
-the factored and dense forms, their closed-form derivatives, the exact dot
-product of the parallel algorithm) against
+"""The exact fast chain kernel (`lattices.kernel` and the exact log steps of
+the factored and dense forms, `lattices.forms`, with their closed-form
+derivatives; the exact dot product of the parallel algorithm) against
 `testing.reference_row_log_partition`, a plain log-space scan whose
 derivatives are autodiff: values, gradients under uneven cotangents,
 Hessian-vector products, chains with no allowed path, empty rows,
@@ -21,6 +21,8 @@ import pytest
 
 from lossfns import losses, semirings, testing
 from lossfns.lattices import FactoredPotentials, chain, kernel
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 B, T, L = 4, 7, 3
 
@@ -175,7 +177,7 @@ def test_batching_jit_and_loop_agree(jit):
     run = jax.jit(run) if jit else run
     mapped = jax.vmap(run)(stacked.unary)
     looped = jnp.stack([run(u) for u in stacked.unary])
-    both = chain.row_log_partition(stacked, jnp.stack([starts] * 2), jnp.stack([lengths] * 2), semiring=semirings.Real)
+    both = chain.row_forward(semirings.Real, stacked, jnp.stack([starts] * 2), jnp.stack([lengths] * 2))
     np.testing.assert_allclose(mapped, looped, rtol=1e-12)
     np.testing.assert_allclose(both, looped, rtol=1e-12)
 
@@ -293,7 +295,7 @@ def test_per_position_dispatch_batching_and_no_positions():
     looped = jnp.stack([testing.reference_row_log_partition(p, None, lengths) for p in stacked])
     np.testing.assert_allclose(chain.log_partition(stacked, jnp.stack([lengths] * 2)), looped, rtol=1e-12)
     np.testing.assert_allclose(jax.vmap(jax.jit(chain.log_partition), (0, None))(stacked, lengths), looped, rtol=1e-12)
-    real = lambda p, n: chain.log_partition(p, n, semiring=semirings.Real)
+    real = lambda p, n: chain.forward(semirings.Real, p, n)
     np.testing.assert_allclose(looped, jnp.stack([real(p, lengths) for p in stacked]), rtol=1e-12)
     empty = jnp.zeros((2, 0, L, L))
     value, gradient = jax.value_and_grad(lambda p: jnp.sum(chain.log_partition(p)))(empty)
@@ -362,7 +364,7 @@ def test_adversarial_chains_are_exact(dtype, form):
         if form == "per-position":
             potentials = chain.materialize(potentials)
         for semiring in (semirings.Log, semirings.Real):
-            log_z = chain.log_partition(potentials, lengths, semiring=semiring)
+            log_z = chain.forward(semiring, potentials, lengths)
             assert np.all(np.isfinite(log_z)), name
             np.testing.assert_allclose(np.asarray(log_z, np.float64), reference, rtol=1e-5, err_msg=name)
         nodes = chain.node_marginals(potentials, lengths)

@@ -13,6 +13,8 @@ import pytest
 
 from lossfns.lattices import dag, neighbourhoods, tagging
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 SENTENCES = [
     (3,),
     (3, 3),

@@ -12,8 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lossfns.lattices import chain, prefix
+from lossfns.lattices import chain, prefix, sparse_chain
 from lossfns.lattices.chain import FactoredPotentials
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 B, T, L = 3, 7, 3
 
@@ -76,7 +78,7 @@ def test_sparse_potentials_score_as_their_dense_form():
         jnp.asarray(start),
     )
     ours = prefix.forward_scores(sparse, jnp.asarray(lengths))
-    reference = prefix.forward_scores(chain.sparse_chain.to_dense(sparse), jnp.asarray(lengths))
+    reference = prefix.forward_scores(sparse_chain.to_dense(sparse), jnp.asarray(lengths))
     inside = np.arange(T)[None] < lengths[:, None]
     np.testing.assert_allclose(_totals(ours)[inside], _totals(reference)[inside], rtol=1e-12)
 

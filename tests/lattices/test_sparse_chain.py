@@ -10,6 +10,8 @@ from lossfns import testing
 from lossfns.lattices import chain, prefix, sparse_chain
 from lossfns.lattices.sparse_chain import SparsePotentials
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 _log_partition = jax.jit(chain.log_partition)
 _marginals = jax.jit(chain.marginals)
 

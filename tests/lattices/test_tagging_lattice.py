@@ -9,6 +9,8 @@ from jax.test_util import check_grads
 
 from lossfns.lattices import dag, neighbourhoods, tagging
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 K, V = 3, 5
 VOCABULARY = ["The", "dog", "runs", "well-known", "42"]
 

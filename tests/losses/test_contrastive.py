@@ -13,6 +13,8 @@ from lossfns import losses
 from lossfns.lattices import dag, neighbourhoods, tagging
 from lossfns.lattices.chain import FactoredPotentials
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 NUM_TAGS, VOCABULARY = 2, 4
 
 

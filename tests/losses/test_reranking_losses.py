@@ -8,6 +8,8 @@ import pytest
 
 from lossfns import losses
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 
 def candidate_problem(seed=0, batch=3, candidates=5, features=4):
     rng = np.random.default_rng(seed)

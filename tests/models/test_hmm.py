@@ -9,6 +9,8 @@ import pytest
 
 from lossfns import hmm
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 K, V = 2, 4
 WORDS = np.array([[0, 1, 3, 2], [2, 2, 0, -1], [1, -1, -1, -1], [-1, -1, -1, -1]])
 LENGTHS = np.array([4, 3, 1, 0])

@@ -19,6 +19,8 @@ from lossfns import testing
 from lossfns.lattices import constraints
 from lossfns.nn import CRF, possible_tags
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 # Brute-force size: 3 tags, 4 positions (81 sequences); most tests share this
 # one shape [6, T, L] (or [2, 3, T, L]), so that they share compilations.
 L, T = 3, 4

@@ -20,6 +20,8 @@ from lossfns.lattices import chain
 from lossfns.optimizers.driver import describe, fingerprint
 from lossfns.optimizers.minimize import run_loop_jit
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 TRACE = np.array([100.0, 60.0, 40.0, 30.0, 29.0, 28.5, 28.4, 28.39, 28.389, 28.3889, 28.3888, 28.3888])
 
 

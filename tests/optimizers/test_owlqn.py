@@ -15,9 +15,12 @@ from jax.flatten_util import ravel_pytree
 
 from lossfns import optimizers
 from lossfns.lattices import chain
+from lossfns.optimizers.minimize import gradient_step_fn
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn, pseudo_gradient
 from tests.optimizers.test_problems import assert_resume_bit_identical, crf_init, crf_reference, crf_value_and_grad
 from tests.optimizers.test_problems import crf_problem as shared_crf_problem
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 sklearn_linear = pytest.importorskip("sklearn.linear_model")
 
@@ -170,7 +173,7 @@ def test_self_evaluating_update_follows_the_same_path(crf_problem):
 def owlqn_loop(crf_problem):
     """One `(step_fn, loop)` for the resume tests, so its loop compiles once."""
     optimizer = owlqn(2.0)
-    step_fn = optimizers.gradient_step_fn(crf_problem, optimizer, elastic_net_penalty(2.0))
+    step_fn = gradient_step_fn(crf_problem, optimizer, elastic_net_penalty(2.0))
     return step_fn, optimizers.init_loop((crf_init(), optimizer.init(crf_init())), 12)
 
 
@@ -183,14 +186,14 @@ def test_driver_resumes_from_its_checkpoints(owlqn_loop, tmp_path):
     step_fn, loop = owlqn_loop
     make_step = lambda _: step_fn  # one object: the chunk compiles once for every run below
     stop = optimizers.relative_change_below(0.0)
-    straight = optimizers.drive(make_step, loop, stop=stop, chunk_steps=12, progress=False).loop
+    straight = optimizers.drive(make_step, loop, stop=stop, chunk_steps=12, progress=False).state
     assert int(straight.step) == 12
     # An interrupted run: only the first chunk, then a new driver on the same directory.
     first = optimizers.drive(
         make_step, loop, stop=stop, chunk_steps=4, until=4, checkpoint_dir=tmp_path, progress=False
-    ).loop
+    ).state
     assert int(first.step) == 4
-    resumed = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, checkpoint_dir=tmp_path, progress=False).loop
+    resumed = optimizers.drive(make_step, loop, stop=stop, chunk_steps=4, checkpoint_dir=tmp_path, progress=False).state
     for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

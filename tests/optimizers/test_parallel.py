@@ -23,6 +23,8 @@ from conftest import subprocess_environment
 
 from lossfns import parallel
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 _SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np, optax

@@ -10,10 +10,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.flatten_util import ravel_pytree
 
 from lossfns import testing
 from lossfns.lattices import chain
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 NUM_LABELS = 3
 

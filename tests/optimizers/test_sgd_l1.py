@@ -28,6 +28,8 @@ from tests.optimizers.test_problems import (
     make_crf_data,
 )
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 BATCH_SIZE = 4
 NUM_EPOCHS = 60
 
@@ -61,7 +63,7 @@ def _sgd(l1, rate, key):
         _data(),
         key=key,
         batch_size=BATCH_SIZE,
-        num_epochs=NUM_EPOCHS,
+        max_steps=NUM_EPOCHS,
         penalty=elastic_net_penalty(l1),
     )
 

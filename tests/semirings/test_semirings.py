@@ -7,6 +7,8 @@ import pytest
 
 from lossfns import semirings, testing
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 SEMIRINGS = [semirings.Log, semirings.Max, semirings.Real, semirings.Entropy, semirings.KMax(3), semirings.Counting]
 
 

@@ -24,6 +24,8 @@ from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
 from lossfns.training.bcd import bcd_loss
 from tests.optimizers.test_problems import assert_resume_bit_identical
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 K, K2, L = 8, 3, 3
 MAX_LENGTH = 6
 
@@ -129,9 +131,9 @@ def test_curvature_is_the_exact_hessian_diagonal_for_tests_active_once_per_sente
     assert not np.allclose(np.asarray(curvature.emission)[~once], exact[~once])
 
 
-@functools.partial(jax.jit, static_argnames=("pairs", "num_sweeps"))
-def _bcd(l1, pairs, num_sweeps):
-    return training.bcd(_data(pairs), _model(pairs), l1, 0.1, num_sweeps=num_sweeps, tol=1e-12)
+@functools.partial(jax.jit, static_argnames=("pairs", "max_steps"))
+def _bcd(l1, pairs, max_steps):
+    return training.bcd(_data(pairs), _model(pairs), l1, 0.1, max_steps=max_steps, tol=1e-12)
 
 
 @functools.partial(jax.jit, static_argnames=("pairs",))
@@ -145,14 +147,14 @@ def _owlqn(l1, pairs):
 @pytest.mark.parametrize("pairs", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_every_sweep_decreases_and_reaches_owlqns_optimum(pairs):
     l1 = 1.0
-    loop = _bcd(l1, pairs, 60)
-    trace = np.asarray(loop.trace[: int(loop.step)])
+    result = _bcd(l1, pairs, 60)
+    trace = np.asarray(result.trace[: int(result.num_steps)])
     assert np.all(np.diff(trace) <= 1e-12 * np.abs(trace[1:]))
     best = float(training.bcd_objective(_owlqn(l1, pairs), _data(pairs), l1, 0.1))
-    ours = float(training.bcd_objective(loop.inner, _data(pairs), l1, 0.1))
+    ours = float(training.bcd_objective(result.params, _data(pairs), l1, 0.1))
     assert best - 1e-9 * abs(best) <= ours <= best + 1e-4 * abs(best)
     assert abs(trace[-1] - ours) <= 1e-12 * abs(ours)
-    tables = _tables(loop.inner)
+    tables = _tables(result.params)
     assert 0 < np.mean(tables["emission"] == 0) < 1  # L1 makes it sparse, not empty
     if pairs:
         mask = np.asarray(_model(True).pair_mask)
@@ -177,8 +179,8 @@ def test_rejects_bad_input():
         bcd_loss(_model(True), _data(False))
     with pytest.raises(ValueError, match="l1"):
         training.bcd_sweep_fn(_data(False), -1.0)
-    with pytest.raises(ValueError, match="num_sweeps"):
-        training.bcd(_data(False), _model(False), 1.0, num_sweeps=0)
+    with pytest.raises(ValueError, match="max_steps"):
+        training.bcd(_data(False), _model(False), 1.0, max_steps=0)
 
 
 def test_every_loop_result_carries_a_status():

@@ -2,7 +2,7 @@
 against its oracles: the closed-form ranges against enumeration of every
 label sequence, every weak learner's bound against the true round objective
 `Z_k(delta)` (enumeration), the whole run against the dense layout
-(`boosting_data`: ranges from Viterbi runs, statistics recomputed every
+(`sequence_boosting.boosting_data`: ranges from Viterbi runs, statistics recomputed every
 round), the stop rules of `boost`, and resumption from its checkpoints."""
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from lossfns import training
 from lossfns.models.linear_chain import LinearChainModel
+from lossfns.optimizers import Status
 from lossfns.training import SequenceData
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 # The package re-exports a function named like the module.
 sequence_boosting = importlib.import_module("lossfns.training.sequence_boosting")
@@ -69,7 +73,7 @@ def _problem(seed):
     sparse = training.chain_boosting_data(ids, labels, lengths, K_OBS, L, tiers=(2, 4), dtype=jnp.float64)
     theta, unravel = LinearChainModel.zeros(K_OBS, L, dtype=jnp.float64).flat()
     potentials_fn = lambda weights, inputs: unravel(weights)(inputs)
-    dense = training.boosting_data(
+    dense = sequence_boosting.boosting_data(
         potentials_fn, SequenceData(jnp.asarray(ids), jnp.asarray(labels), jnp.asarray(lengths)), theta.shape[0]
     )
     return (ids, labels, lengths), sparse, dense, potentials_fn
@@ -125,7 +129,7 @@ def _true_round_objectives(theta, delta, problem):
 
 @functools.partial(jax.jit, static_argnames=("potentials_fn", "step"))
 def _round_bounds(data, potentials_fn, theta, step):
-    state = sequence_boosting.boosting_init(data, potentials_fn, max_rounds=1, theta=theta)
+    state = sequence_boosting.boosting_init(data, potentials_fn, max_steps=1, theta=theta)
     return sequence_boosting.round_bounds(data, state.statistics, state.log_exp_loss, step)
 
 
@@ -133,9 +137,9 @@ def test_every_bound_is_above_the_true_round_objective():
     """At the start and after 3 rounds, for every weak learner, both step
     rules, in both layouts (equal to each other)."""
     problem, sparse, dense, potentials_fn = _problem(0)
-    run = sequence_boosting.boost(sparse, max_rounds=3, tol=0.0)
-    assert np.all(np.diff(np.asarray(run.loop.trace)) < 0)
-    for theta in (np.zeros(sparse.num_weak_learners), np.asarray(run.theta)):
+    run = sequence_boosting.boost(sparse, max_steps=3, tol=0.0)
+    assert np.all(np.diff(np.asarray(run.trace)) < 0)
+    for theta in (np.zeros(sparse.num_weak_learners), np.asarray(run.params)):
         for step in sequence_boosting.STEPS:
             bounds = {
                 "sparse": _round_bounds(sparse, None, theta, step),
@@ -154,19 +158,19 @@ def test_sparse_layout_equals_dense_layout():
     trace of the sparse layout (incremental rounds, and full passes every 4
     rounds and after transition or start rounds) equal the dense layout's."""
     _, sparse, dense, potentials_fn = _problem(1)
-    ours = sequence_boosting.boost(sparse, max_rounds=15, tol=0.0, refresh_every=4)
-    reference = sequence_boosting.boost(dense, potentials_fn, max_rounds=15, tol=0.0)
-    assert int(ours.loop.step) == int(reference.loop.step) == 15
-    np.testing.assert_array_equal(ours.loop.inner.history.feature, reference.loop.inner.history.feature)
-    np.testing.assert_allclose(ours.loop.inner.history.step, reference.loop.inner.history.step, atol=1e-12)
-    np.testing.assert_allclose(ours.loop.inner.history.bound, reference.loop.inner.history.bound, atol=1e-12)
-    np.testing.assert_allclose(ours.loop.trace, reference.loop.trace, atol=1e-12)
-    np.testing.assert_allclose(ours.theta, reference.theta, atol=1e-12)
+    ours = sequence_boosting.boost(sparse, max_steps=15, tol=0.0, refresh_every=4)
+    reference = sequence_boosting.boost(dense, potentials_fn, max_steps=15, tol=0.0)
+    assert int(ours.num_steps) == int(reference.num_steps) == 15
+    np.testing.assert_array_equal(ours.state.history.feature, reference.state.history.feature)
+    np.testing.assert_allclose(ours.state.history.step, reference.state.history.step, atol=1e-12)
+    np.testing.assert_allclose(ours.state.history.bound, reference.state.history.bound, atol=1e-12)
+    np.testing.assert_allclose(ours.trace, reference.trace, atol=1e-12)
+    np.testing.assert_allclose(ours.params, reference.params, atol=1e-12)
     # The exp-loss shrinks by at most each round's bound.
     trace = np.concatenate(
-        [[float(sequence_boosting.boosting_init(sparse, max_rounds=1).log_exp_loss)], np.asarray(ours.loop.trace)]
+        [[float(sequence_boosting.boosting_init(sparse, max_steps=1).log_exp_loss)], np.asarray(ours.trace)]
     )
-    assert np.all(np.diff(trace) <= np.log(np.asarray(ours.loop.inner.history.bound)) + 1e-12)
+    assert np.all(np.diff(trace) <= np.log(np.asarray(ours.state.history.bound)) + 1e-12)
 
 
 def test_the_loop_stops_when_the_exp_loss_levels_off():
@@ -174,10 +178,11 @@ def test_the_loop_stops_when_the_exp_loss_levels_off():
     `log(1 + tol)` of the one `window` rounds before; never before it."""
     _, sparse, _, _ = _problem(0)
     tol, window = 0.05, 3
-    run = sequence_boosting.boost(sparse, max_rounds=300, tol=tol, window=window)
-    steps = int(run.loop.step)
-    assert run.stopped_by == "exp-loss converged" and run.converged and window < steps < 300
-    trace = np.asarray(run.loop.trace[:steps])
+    run = sequence_boosting.boost(sparse, max_steps=300, tol=tol, window=window)
+    steps = int(run.num_steps)
+    assert sequence_boosting.boosting_stopped_by(run) == "exp-loss converged" and window < steps < 300
+    assert int(run.status) == Status.CONVERGED
+    trace = np.asarray(run.trace[:steps])
     fall = trace[:-window] - trace[window:]  # over `window` rounds, ending at round index window..steps-1
     assert fall[-1] <= np.log1p(tol) and np.all(fall[:-1] > np.log1p(tol))
 
@@ -191,29 +196,32 @@ def test_the_loop_stops_on_a_development_plateau():
         return 1.0 if round_index < 4 else 0.5  # best at round 2, then no improvement
 
     run = sequence_boosting.boost(
-        sparse, max_rounds=300, tol=0.05, window=3, evaluate=evaluate, eval_every=2, patience=2
+        sparse, max_steps=300, tol=0.05, window=3, evaluate=evaluate, eval_every=2, patience=2
     )
-    assert run.stopped_by == "development plateau" and run.converged
+    assert sequence_boosting.boosting_stopped_by(run) == "development plateau"
+    assert int(run.status) == Status.CONVERGED
     # Rounds 2 and 4 did not improve on round 0: two evaluations in a row.
-    assert calls == [0, 2, 4] and int(run.loop.step) == 4
-    np.testing.assert_array_equal(run.evaluations, [[0, 1.0], [2, 1.0], [4, 0.5]])
-    np.testing.assert_array_equal(run.best_theta, np.zeros(sparse.num_weak_learners))  # round 0's weights
+    assert calls == [0, 2, 4] and int(run.num_steps) == 4
+    np.testing.assert_array_equal(run.records["evaluations"], [[0, 1.0], [2, 1.0], [4, 0.5]])
+    np.testing.assert_array_equal(run.params, np.zeros(sparse.num_weak_learners))  # round 0's weights
 
 
 def test_boost_resumes_bit_identically(tmp_path):
     """Paused after 5 rounds (checkpoints every 2), continued from the
     checkpoint: every array equals the uninterrupted run's."""
     _, sparse, _, _ = _problem(1)
-    straight = sequence_boosting.boost(sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2)
+    straight = sequence_boosting.boost(sparse, max_steps=15, tol=0.0, refresh_every=4, chunk_rounds=2)
     paused = sequence_boosting.boost(
-        sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2, until=5, checkpoint_dir=tmp_path
+        sparse, max_steps=15, tol=0.0, refresh_every=4, chunk_rounds=2, until=5, checkpoint_dir=tmp_path
     )
-    assert paused.stopped_by == "paused" and int(paused.loop.step) == 5 and not paused.converged
+    assert sequence_boosting.boosting_stopped_by(paused) == "paused" and int(paused.num_steps) == 5
+    assert int(paused.status) == Status.ITERATION_LIMIT
     resumed = sequence_boosting.boost(
-        sparse, max_rounds=15, tol=0.0, refresh_every=4, chunk_rounds=2, checkpoint_dir=tmp_path
+        sparse, max_steps=15, tol=0.0, refresh_every=4, chunk_rounds=2, checkpoint_dir=tmp_path
     )
-    assert resumed.stopped_by == straight.stopped_by == "round cap"
-    for a, b in zip(jax.tree_util.tree_leaves(straight.loop), jax.tree_util.tree_leaves(resumed.loop)):
+    assert sequence_boosting.boosting_stopped_by(resumed) == sequence_boosting.boosting_stopped_by(straight)
+    assert sequence_boosting.boosting_stopped_by(straight) == "round cap"
+    for a, b in zip(jax.tree_util.tree_leaves(straight[:5]), jax.tree_util.tree_leaves(resumed[:5])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -14,10 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lossfns import checkpoint, optimizers, semirings, training
+from lossfns import checkpoint, optimizers, training
 from lossfns.features.index import FeatureBatch
 from lossfns.losses import sequence
 from lossfns.models.linear_chain import LinearChainModel
+from lossfns.optimizers.sgd_l1 import take_rows
+from lossfns.training.sgd_l1 import chain_batch_rows
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 N, T, F, F2, K, K2, L = 12, 5, 3, 1, 40, 6, 3
 BATCH_SIZE = 2
@@ -26,7 +30,7 @@ L1 = 0.3
 
 def _loss(model, batch):
     potentials = model(batch.unigram_ids, batch.pair_ids)
-    return jnp.sum(sequence.sequence_log_loss(potentials, batch.labels, batch.lengths, semiring=semirings.Real))
+    return jnp.sum(sequence.sequence_log_loss(potentials, batch.labels, batch.lengths))
 
 
 def _planted(pairs: bool) -> FeatureBatch:
@@ -199,9 +203,9 @@ def test_batch_rows_give_the_loss_and_the_gradient_rows_jit_and_not():
     batch = jax.tree_util.tree_map(lambda x: x[:3], data)
     bounds = training.max_rows_per_batch(data, 3)
     dense = jax.grad(_loss)(model, batch)
-    for batch_rows in (training.chain_batch_rows, jax.jit(training.chain_batch_rows, static_argnums=2)):
+    for batch_rows in (chain_batch_rows, jax.jit(chain_batch_rows, static_argnums=2)):
         rows, local_batch = batch_rows(model, batch, bounds)
-        local_model = optimizers.take_rows(model, rows)
+        local_model = take_rows(model, rows)
         np.testing.assert_allclose(_loss(local_model, local_batch), _loss(model, batch), rtol=1e-12)
         local = jax.grad(_loss)(local_model, local_batch)
         scattered = jax.tree_util.tree_map(

@@ -15,6 +15,8 @@ import pytest
 
 from lossfns import features, models, optimizers, training
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 K, K2, L = 6, 3, 3
 
 
@@ -41,20 +43,22 @@ def corpus(sentences):
 
 
 def _train(corpus, model=None, **options):
-    return training.train_linear_chain(
+    """`(trained model, Result)`."""
+    result = training.train_linear_chain(
         corpus,
         L,
         K,
         K2,
         l1=0.1,
         l2=0.01,
-        max_iterations=6,
+        max_steps=6,
         stop=optimizers.relative_change_below(0.0),
         dtype=jnp.float64,
         progress=False,
         model=model,
         **options,
     )
+    return result.params, result
 
 
 def test_the_dense_form_trains_the_sparse_forms_objective(corpus):

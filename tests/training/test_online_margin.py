@@ -23,6 +23,8 @@ from lossfns.optimizers.minimize import init_loop, run_loop_jit
 from lossfns.training.online_margin import margin_terms
 from tests.optimizers.test_problems import assert_resume_bit_identical
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 # -- a tiny linear chain and its brute-force reference ---------------------------
 
 
@@ -210,18 +212,18 @@ def zeros():
 
 def test_both_separate_separable_data():
     data = separable_data()
-    run_pa = jax.jit(lambda p: training.passive_aggressive(factored, p, data, max_iterations=40, epsilon=1e-9))
-    params, loop = run_pa(zeros())
-    steps = int(loop.step)
+    run_pa = jax.jit(lambda p: training.passive_aggressive(factored, p, data, max_steps=40, epsilon=1e-9))
+    result = run_pa(zeros())
+    steps = int(result.num_steps)
     # CRFsuite's pa stops after a clean epoch only with epsilon > 0 (its test is <).
-    assert 1 < steps < 40 and float(loop.trace[steps - 1]) == 0.0
-    assert mistakes(training.pa_params(loop.inner, averaging=False), data) == 0
-    assert mistakes(params, data) == 0
+    assert 1 < steps < 40 and float(result.trace[steps - 1]) == 0.0
+    assert mistakes(training.pa_params(result.state, averaging=False), data) == 0
+    assert mistakes(result.params, data) == 0
 
-    params, loop = jax.jit(lambda p: training.arow(factored, p, data, max_iterations=40))(zeros())
-    steps = int(loop.step)
-    assert 1 < steps < 40 and float(loop.trace[steps - 1]) == 0.0  # arow's test is <=: epsilon 0 stops
-    assert mistakes(params, data) == 0
+    result = jax.jit(lambda p: training.arow(factored, p, data, max_steps=40))(zeros())
+    steps = int(result.num_steps)
+    assert 1 < steps < 40 and float(result.trace[steps - 1]) == 0.0  # arow's test is <=: epsilon 0 stops
+    assert mistakes(result.params, data) == 0
 
 
 def test_float32_params_stay_float32():
@@ -230,9 +232,10 @@ def test_float32_params_stay_float32():
     params, data = tiny_problem(9, 3)
     narrow = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), params)
     for train in (functools.partial(training.passive_aggressive, pa_type=2), training.arow):
-        run = jax.jit(lambda p, train=train: train(factored, p, data, max_iterations=3))
-        (wide, wide_loop), (thin, thin_loop) = run(params), run(narrow)
-        assert {leaf.dtype for leaf in jax.tree_util.tree_leaves((thin, thin_loop.inner, thin_loop.trace))} <= {
+        run = jax.jit(lambda p, train=train: train(factored, p, data, max_steps=3))
+        wide_loop, thin_loop = run(params), run(narrow)
+        wide, thin = wide_loop.params, thin_loop.params
+        assert {leaf.dtype for leaf in jax.tree_util.tree_leaves((thin, thin_loop.state, thin_loop.trace))} <= {
             jnp.dtype(jnp.float32),
             jnp.dtype(jnp.int32),
         }
@@ -434,7 +437,7 @@ def test_accuracy_agrees_with_crfsuite_shuffled_its_own_way(tmp_path, algorithm,
     start = {"emission": jnp.zeros((len(attributes), 3)), "transitions": jnp.zeros((3, 3))}
     trainer = training.passive_aggressive if algorithm == "pa" else training.arow
     keys = jax.random.split(jax.random.PRNGKey(0), runs)
-    params = jax.jit(jax.vmap(lambda key: trainer(sparse_potentials, start, train, max_iterations=epochs, key=key)[0]))(
+    params = jax.jit(jax.vmap(lambda key: trainer(sparse_potentials, start, train, max_steps=epochs, key=key).params))(
         keys
     )
     decode = jax.vmap(

@@ -13,10 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below, run_loop_jit
+from lossfns.optimizers.minimize import init_loop, minimize, relative_change_below, run_loop, run_loop_jit
 from lossfns.optimizers.owlqn import elastic_net_penalty, owlqn
 from lossfns.training import reranking
 from tests.optimizers.test_problems import assert_resume_bit_identical
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 EPSILON = 0.02
 NUM_STEPS = 400
@@ -85,13 +87,24 @@ def test_optimal_steps_match_collins_koo_closed_form():
     np.testing.assert_allclose(reranking.optimal_steps(data, margins), 0.5 * np.log(plus / minus), rtol=1e-9)
 
 
+def _lasso_loss(data, weights, alpha):
+    """`ExpLoss + alpha ||lambda_{1:}||_1` of weights `[K]` (the baseline weight unpenalised)."""
+    return reranking.exp_loss(data, reranking._margins(data, weights)) + alpha * jnp.sum(jnp.abs(weights[1:]))
+
+
+def _run(step_fn, data, *, max_steps):
+    """A method's run from `reranking_init` for up to `max_steps` steps (jit-able)."""
+    loop = init_loop(reranking.reranking_init(data), max_steps, data.mask.dtype)
+    return run_loop(step_fn, loop, max_steps, relative_change_below(0.0))
+
+
 @functools.partial(jax.jit, static_argnames=("baseline",))
 def _exact_lasso_loss(alpha, baseline):
     """`min over lambda_{1:}` of LassoLoss with `lambda_0` fixed (OWL-QN)."""
     data = _data()
     fun = lambda w: reranking.exp_loss(data, data.differences @ jnp.concatenate([jnp.array([baseline]), w]))
     result = minimize(fun, jnp.zeros(4), owlqn(alpha), max_steps=300, tol=1e-13, penalty=elastic_net_penalty(alpha))
-    return reranking.lasso_loss(data, jnp.concatenate([jnp.array([baseline]), result.params]), alpha)
+    return _lasso_loss(data, jnp.concatenate([jnp.array([baseline]), result.params]), alpha)
 
 
 def test_blasso_tracks_the_lasso_path():
@@ -103,7 +116,7 @@ def test_blasso_tracks_the_lasso_path():
     assert len(last_at_alpha) > 50  # the path visits many alphas
     for index in last_at_alpha[:: len(last_at_alpha) // 8]:
         alpha = float(alphas[index])
-        ours = float(reranking.lasso_loss(_data(), path.inner.weights[index], alpha))
+        ours = float(_lasso_loss(_data(), path.inner.weights[index], alpha))
         assert ours <= 1.01 * float(_exact_lasso_loss(alpha, baseline))
     assert np.any(np.diff(np.sum(np.abs(np.asarray(path.inner.weights)[:, 1:]), axis=1)) < 0)  # backward steps
 
@@ -191,9 +204,7 @@ def test_sparse_layout_scores_like_the_dense_one(counts):
     rng = np.random.default_rng(4)
     weights, steps = jnp.asarray(rng.normal(size=9) * 0.3), jnp.asarray(rng.normal(size=9))
     margins = dense.differences @ weights
-    np.testing.assert_allclose(
-        reranking.lasso_loss(sparse, weights, 0.7), reranking.lasso_loss(dense, weights, 0.7), rtol=1e-12
-    )
+    np.testing.assert_allclose(_lasso_loss(sparse, weights, 0.7), _lasso_loss(dense, weights, 0.7), rtol=1e-12)
     np.testing.assert_allclose(
         reranking.update_losses(sparse, margins, steps), reranking.update_losses(dense, margins, steps), rtol=1e-12
     )
@@ -211,14 +222,14 @@ def test_sparse_layout_takes_the_dense_steps(kind, counts):
     argument, as research code runs it)."""
     dense = _random_problem(1, counts)
     sparse = _sparse_of(dense)
-    run = lambda data: reranking.run_reranker(_step_fns(data, 0.5)[kind], data, max_steps=60)
+    run = lambda data: _run(_step_fns(data, 0.5)[kind], data, max_steps=60)
     want, got = run(dense), jax.jit(run)(sparse)
     np.testing.assert_allclose(got.inner.weights, want.inner.weights, atol=1e-12)
     np.testing.assert_allclose(got.inner.margins, want.inner.margins, atol=1e-11)
     np.testing.assert_allclose(got.trace, want.trace, rtol=1e-12)
     np.testing.assert_allclose(got.inner.alpha, want.inner.alpha, rtol=1e-9, atol=1e-12)  # alpha -> 0: losses' rounding
     if kind == "blasso" and counts:  # backward steps taken on this one: not F-Boosting's path
-        forward_only = reranking.run_reranker(_step_fns(sparse, 0.5)["fboosting"], sparse, max_steps=60)
+        forward_only = _run(_step_fns(sparse, 0.5)["fboosting"], sparse, max_steps=60)
         assert not np.allclose(got.trace, forward_only.trace)
 
 

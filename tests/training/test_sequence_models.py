@@ -16,7 +16,7 @@ from lossfns import training
 from lossfns.lattices import chain
 from lossfns.optimizers.minimize import init_loop, relative_change_below
 from lossfns.training.perceptron import SequenceData, perceptron_update
-from lossfns.training.sequence_boosting import sequence_boosting_step_fn, sequence_exp_loss
+from lossfns.training.sequence_boosting import boosting_data, sequence_boosting_step_fn, sequence_exp_loss
 from lossfns.training.sparse_perceptron import (
     sparse_averaged_params,
     sparse_perceptron_epoch,
@@ -30,6 +30,8 @@ from tests.optimizers.test_problems import (
     make_crf_data,
     num_linear_parameters,
 )
+
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
 
 @functools.cache
@@ -59,18 +61,18 @@ def _mistakes(theta, data):
 @functools.partial(jax.jit, static_argnames=("average",))
 def _train_perceptron(data, average):
     return training.perceptron(
-        linear_potentials, jnp.zeros(num_linear_parameters()), data, num_epochs=60, average=average
+        linear_potentials, jnp.zeros(num_linear_parameters()), data, max_steps=60, average=average
     )
 
 
 def test_perceptron_separates_separable_data():
     data = _separable_data()
     assert _mistakes(jnp.zeros(num_linear_parameters()), data) > 0
-    params, loop = _train_perceptron(data, False)
-    epochs = int(loop.step)
-    assert float(loop.trace[epochs - 1]) == 0 and epochs < 60
+    result = _train_perceptron(data, False)
+    params, epochs = result.params, int(result.num_steps)
+    assert float(result.trace[epochs - 1]) == 0 and epochs < 60
     assert _mistakes(params, data) == 0
-    averaged = training.averaged_params(loop.inner)
+    averaged = training.averaged_params(result.state)
     assert _mistakes(averaged, data) <= 2
 
 
@@ -117,9 +119,7 @@ def _boosting_data():
 
 @functools.partial(jax.jit, static_argnames=("step", "num_rounds"))
 def _boost(data, step, num_rounds):
-    return training.sequence_boosting(
-        linear_potentials, data, num_linear_parameters(), max_rounds=num_rounds, step=step
-    )
+    return training.sequence_boosting(linear_potentials, data, num_linear_parameters(), max_steps=num_rounds, step=step)
 
 
 # The bound against enumeration, the sparse layout against this dense one,
@@ -130,27 +130,28 @@ def test_boosting_of_any_linear_model_lowers_the_exp_loss_with_few_features():
     """`linear_potentials` has no start weights and real-valued features:
     the dense layout's general case."""
     data = _boosting_data()
-    theta, loop = _boost(data, "line_search", 25)
+    result = _boost(data, "line_search", 25)
+    theta = result.params
     initial = jax.jit(functools.partial(sequence_exp_loss, linear_potentials))(jnp.zeros_like(theta), data)
-    trace = np.concatenate([[np.log(float(initial))], np.asarray(loop.trace)])
-    assert int(loop.step) == 25 and np.all(np.diff(trace) < 0)
+    trace = np.concatenate([[np.log(float(initial))], np.asarray(result.trace)])
+    assert int(result.num_steps) == 25 and np.all(np.diff(trace) < 0)
     # The exp-loss after the rounds, recomputed directly.
     np.testing.assert_allclose(np.exp(trace[-1]), sequence_exp_loss(linear_potentials, theta, data), rtol=1e-10)
-    assert np.all(np.asarray(loop.inner.history.bound) < 1.0)
+    assert np.all(np.asarray(result.state.history.bound) < 1.0)
     assert np.sum(np.asarray(theta) != 0) <= 0.5 * theta.size  # a sparse model
 
 
 def test_line_search_bound_is_tighter_than_closed_form():
     data = _boosting_data()
-    _, line_search = _boost(data, "line_search", 25)
-    _, closed_form = _boost(data, "closed_form", 25)
+    line_search = _boost(data, "line_search", 25)
+    closed_form = _boost(data, "closed_form", 25)
     assert float(line_search.trace[-1]) <= float(closed_form.trace[-1])
 
 
 def test_boosting_rejects_unknown_step():
     with pytest.raises(ValueError, match="step"):
         sequence_boosting_step_fn(
-            training.boosting_data(linear_potentials, _boosting_data(), num_linear_parameters()),
+            boosting_data(linear_potentials, _boosting_data(), num_linear_parameters()),
             linear_potentials,
             step="newton",
         )

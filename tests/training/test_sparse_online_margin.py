@@ -15,6 +15,8 @@ import pytest
 from lossfns import training
 from lossfns.models import LinearChainModel
 
+pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
+
 NUM_FEATURES, NUM_LABELS, WIDTH = 7, 4, 3
 
 
