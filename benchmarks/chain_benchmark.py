@@ -498,13 +498,13 @@ def _pytorch_crf_loss():
 def benchmark_crf_loss(shapes=CRF_SHAPES, repeats: int = 7, budget_s: float = 60.0, log=print):
     """CRF negative log-likelihood plus gradient in float32: lossfns's default
     call (`chain.log_partition(potentials) - chain.score(potentials, tags)`,
-    factored), its explicit `Log` and `Real` semirings, the default call
+    factored), the semiring-generic `chain.forward` in `Log` and `Real`, the default call
     under a user's `jax.vmap`, and pytorch-crf, side by side; the losses
     must agree to 1e-4 (relative)."""
     builders = {
         "lossfns default": _lossfns_crf_loss(None),
-        "lossfns semiring=Log": _lossfns_crf_loss(semirings.Log),
-        "lossfns semiring=Real": _lossfns_crf_loss(semirings.Real),
+        "lossfns forward(Log)": _lossfns_crf_loss(semirings.Log),
+        "lossfns forward(Real)": _lossfns_crf_loss(semirings.Real),
         "lossfns vmap(default)": _lossfns_crf_loss(None, mapped=True),
     }
     pytorch_crf = _pytorch_crf_loss()
