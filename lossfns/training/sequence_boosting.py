@@ -594,14 +594,9 @@ def boost(
     jax.block_until_ready(state)
     setup_seconds = time.perf_counter() - start
     make_step = BoostingSteps(potentials_fn, step, float(tol), refresh_every)
-    # Without `evaluate`, chunks still end every `eval_every` rounds, as they always have.
-    evaluation = Evaluation(
-        _Theta(evaluate) if evaluate is not None else _no_score,
-        eval_every,
-        patience if evaluate is not None else None,
-        float(min_improvement),
-        _theta,
-    )
+    evaluation = None
+    if evaluate is not None:
+        evaluation = Evaluation(_Theta(evaluate), eval_every, patience, float(min_improvement), _theta)
     run = drive(
         make_step,
         init_loop(state, max_steps, state.theta.dtype),
@@ -617,18 +612,12 @@ def boost(
         description="boost",
     )
     records = run.records or {}
-    params = jnp.asarray(records["best"]) if evaluate is not None else run.params.theta
     return run._replace(
-        params=params,
+        params=jnp.asarray(records["best"]) if evaluation is not None else run.params.theta,
         state=run.params,
         compile_seconds=setup_seconds + run.compile_seconds,
-        records={"evaluations": records["evaluations"]} if evaluate is not None else None,
+        records={"evaluations": records["evaluations"]} if evaluation is not None else None,
     )
-
-
-def _no_score(state: BoostingState, index: int) -> float:
-    """The score of a run without `evaluate`: a constant (never a plateau)."""
-    return 0.0
 
 
 def boosting_stopped_by(result: Result) -> str:
