@@ -75,17 +75,8 @@ def describe_machine():
     import jax
     import numpy as np
 
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        with open("/proc/meminfo") as info:
-            memory_gib = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) / 1024**2
-    except (OSError, StopIteration):
-        memory_gib = None
+    from experiments.harness import machine
+
     versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
     for module in ("torch", "torch_struct", "torchcrf", "pycrfsuite"):
         try:
@@ -93,10 +84,7 @@ def describe_machine():
         except ImportError:
             versions[module] = None
     return {
-        "cpu": cpu,
-        "logical_cores": os.cpu_count(),
-        "memory_gib": memory_gib,
-        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        **machine(),
         "jax_devices": [str(d) for d in jax.devices()],
         "platform": platform.platform(),
         "versions": versions,

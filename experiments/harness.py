@@ -10,10 +10,12 @@ first unfinished unit.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import json
 import os
+import platform
 import shlex
 import sys
 import tempfile
@@ -329,16 +331,36 @@ def converged_cell(convergence: dict | None) -> str:
     return f"not converged ({why})"
 
 
-def verdict(holds: bool | None, *, quick: bool, converged: bool, current: bool = True) -> str:
+def verdict(holds: bool | None, *, quick: bool, converged: bool, current: bool = True, time_boxed: bool = False) -> str:
     """A published claim's verdict: HOLDS / DOES NOT HOLD only when judged
     from a full run's converged rows of the current configuration
-    (`current`: none read from a stale unit); else why it is not judged."""
+    (`current`: none read from a stale unit); else why it is not judged
+    (`time_boxed`: a row's run was stopped by its time box)."""
     if quick:
         return "not judged (quick run)"
     if holds is None:
         return "not tested"
+    if time_boxed:
+        return "not judged (time-boxed)"
     if not converged:
         return "not judged (not converged)"
     if not current:
         return "not judged (rows of an earlier configuration)"
     return "HOLDS" if holds else "DOES NOT HOLD"
+
+
+def machine() -> dict:
+    """The machine a measurement ran on: `{cpu, logical_cores, memory_gib,
+    load_average_at_start}` (the load average over the last 1, 5 and 15
+    minutes: near 0 on an idle machine)."""
+    cpu, memory_gib = platform.processor() or "unknown", None
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as info:
+        cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    with contextlib.suppress(OSError, StopIteration), open("/proc/meminfo") as info:
+        memory_gib = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) / 1024**2
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }

@@ -44,7 +44,8 @@ Every optimizer runs through `optimizers.drive` with checkpoints under
 `OUT/checkpoints/UNIT` (an interrupted unit resumes where it stopped) and
 stops on a relative objective change (CRFsuite's rule,
 `relative_improvement_below`; SGD-L1 on the change either way,
-`relative_change_over`); the iteration caps are safety limits.
+`relative_change_over`); the iteration caps are safety limits, and a
+unit's optimisation is time-boxed at `TIME_BOX_SECONDS` (its rows say so).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from . import crfsuite_comparison, synthetic, tagging
 from .harness import (
     RunDirectory,
     converged_cell,
+    machine,
     markdown_table,
     missing_note,
     select_tasks,
@@ -202,6 +204,11 @@ QUICK = {
 # `bytes` (this machine: 23 GiB, shared) and a sweep is estimated to take at
 # most `seconds` (`bcd_probe`; a run is checkpointed after each sweep).
 BCD_BUDGET = {"bytes": 12 * 2**30, "seconds": 2 * 3600}
+# A unit's optimisation (its optimizer, then its fine-tuning) stops at the
+# first chunk end after this many seconds, summed over the processes it
+# resumed from (`optimizers.drive(time_limit=)`), and is reported as
+# time-boxed: its rows are not converged, and no claim is judged on them.
+TIME_BOX_SECONDS = 150 * 60
 # Short probes of every full-scale unit (`benchmarks.lavergne_scale_benchmark
 # --part probe --all`): seconds per iteration and peak memory, from which the
 # report estimates each unit's wall time.
@@ -392,7 +399,8 @@ class Fit(NamedTuple):
     trace: `[steps]` the objective after each; curve: after each chunk,
     `{seconds, step, objective, nonzero, error, ...}`; compile_seconds;
     train_seconds (optimisation only: no compilation, no evaluation; the
-    checkpoints' saving included, and an interrupted run's earlier part)."""
+    checkpoints' saving included, and an interrupted run's earlier part);
+    time_boxed: stopped by its time limit before its stop rule and cap."""
 
     params: object
     steps: int
@@ -400,6 +408,7 @@ class Fit(NamedTuple):
     curve: list
     compile_seconds: float
     train_seconds: float
+    time_boxed: bool
 
 
 class CurveRecorder:
@@ -450,11 +459,12 @@ def run_checkpointed(
     evaluate: Callable,
     settings,
     progress: bool,
+    time_limit: float,
 ) -> Fit:
     """Run `make_step(data)` (a `run_loop` step function) through
     `optimizers.drive` in chunks of `chunk` steps, checkpointed under
     `OUT/checkpoints/name` after each chunk (a run started again resumes
-    there), with a `CurveRecorder`."""
+    there), with a `CurveRecorder`, for at most `time_limit` seconds."""
     dtype = jax.tree_util.tree_leaves(eqx.filter(params_of(inner), eqx.is_inexact_array))[0].dtype
     recorder = CurveRecorder(run, name, evaluate, params_of)
     result = optimizers.drive(
@@ -469,12 +479,20 @@ def run_checkpointed(
         progress=progress,
         callback=recorder,
         description=name,
+        time_limit=time_limit,
     )
     curve = recorder.finish(result.compile_seconds)
     steps = int(result.num_steps)
     trace = np.asarray(result.trace)[:steps].tolist()
     seconds = curve[-1]["seconds"] if curve else 0.0
-    return Fit(params_of(result.params), steps, trace, curve, result.compile_seconds, seconds)
+    boxed = _time_boxed(result, max_steps)
+    return Fit(params_of(result.params), steps, trace, curve, result.compile_seconds, seconds, boxed)
+
+
+def _time_boxed(result: optimizers.Result, max_steps: int) -> bool:
+    """Whether a run without `until` stopped on its time limit: short of its
+    cap, with no stop rule fired and no failure (status `ITERATION_LIMIT`)."""
+    return optimizers.status_name(result.status) == "ITERATION_LIMIT" and int(result.num_steps) < max_steps
 
 
 def owlqn_fit(
@@ -483,7 +501,7 @@ def owlqn_fit(
     """OWL-QN from `model` (its masks and potential form) on the training
     set's blocks through the library's training path
     (`training.train_linear_chain`), checkpointed and evaluated after each
-    chunk as `run_checkpointed` is."""
+    chunk, time-boxed (`TIME_BOX_SECONDS`), as `run_checkpointed` is."""
     structure = model.structure()
     as_model = lambda weights: model.with_weights(weights, structure)
     recorder = CurveRecorder(run, name, evaluate, lambda inner: as_model(inner[0]))
@@ -506,11 +524,14 @@ def owlqn_fit(
         progress=progress,
         callback=recorder,
         description=name,
+        time_limit=TIME_BOX_SECONDS,
     )
     curve = recorder.finish(result.compile_seconds)
     steps = int(result.num_steps)
     trace = np.asarray(result.trace)[:steps].tolist()
-    return Fit(result.params, steps, trace, curve, result.compile_seconds, curve[-1]["seconds"] if curve else 0.0)
+    seconds = curve[-1]["seconds"] if curve else 0.0
+    boxed = _time_boxed(result, config["owlqn_steps"])
+    return Fit(result.params, steps, trace, curve, result.compile_seconds, seconds, boxed)
 
 
 def _sgd_step_fn(data, *, loss: Callable, schedule, l1: float, l2: float, batch_size: int, max_rows):
@@ -599,7 +620,9 @@ def fit(
     settings = {key: value for key, value in config.items() if key != "chunk"} | {"optimizer": optimizer}
     if optimizer == "OWL-QN":
         return owlqn_fit(run, name, model, train, config, evaluate, progress, settings), {}
-    common = dict(params_of=lambda inner: inner[0], evaluate=evaluate, progress=progress, chunk=1)
+    common = dict(
+        params_of=lambda inner: inner[0], evaluate=evaluate, progress=progress, chunk=1, time_limit=TIME_BOX_SECONDS
+    )
     extra = {}
     if optimizer == "SGD-L1":
         stacked = train[0]
@@ -625,15 +648,16 @@ def fit(
 
 
 def fine_tune(
-    run: RunDirectory, name: str, model: LinearChainModel, blocks, config: dict, progress: bool
-) -> tuple[LinearChainModel, list, float, float]:
+    run: RunDirectory, name: str, model: LinearChainModel, blocks, config: dict, progress: bool, time_limit: float
+) -> tuple[LinearChainModel, list, float, float, bool]:
     """The paper's final L-BFGS pass on the active features with a small L2,
     until the relative change falls below `finetune_tol` in one iteration (or
     `finetune_steps`), on the model's weights over the training blocks
     (`models.weights_objective`, the objective `train_linear_chain`
     minimises), checkpointed under `OUT/checkpoints/NAME-finetune` after
-    each chunk (a run started again resumes there). Returns `(model, trace,
-    seconds, compile seconds)`, the seconds summed over resumed runs."""
+    each chunk (a run started again resumes there), for at most `time_limit`
+    seconds. Returns `(model, trace, seconds, compile seconds, time-boxed)`,
+    the seconds summed over resumed runs."""
     structure = model.structure()
     name = f"{name}-finetune"
     recorder = CurveRecorder(run, name, lambda _: {}, lambda inner: inner[0])
@@ -652,11 +676,13 @@ def fine_tune(
         progress=progress,
         callback=recorder,
         description=name,
+        time_limit=time_limit,
     )
     curve = recorder.finish(result.compile_seconds)
     trace = np.asarray(result.trace)[: int(result.num_steps)].tolist()
     seconds = curve[-1]["seconds"] if curve else 0.0
-    return model.with_weights(result.params, structure), trace, seconds, result.compile_seconds
+    boxed = _time_boxed(result, config["finetune_steps"])
+    return model.with_weights(result.params, structure), trace, seconds, result.compile_seconds, boxed
 
 
 # ---------------------------------------------------------------------------
@@ -677,6 +703,11 @@ def _row(task, optimizer, *, trace, nonzero, errors, seconds, **extra) -> dict:
     }
 
 
+def _time_box(boxed: bool) -> dict:
+    """A row's mark of a time-boxed run."""
+    return {"time_boxed": True, "time_box_seconds": TIME_BOX_SECONDS} if boxed else {}
+
+
 def _fit_row(task, optimizer, result: Fit, **extra) -> dict:
     """The row of an optimizer's run: its errors and active features after the last chunk."""
     last = result.curve[-1]
@@ -689,6 +720,7 @@ def _fit_row(task, optimizer, result: Fit, **extra) -> dict:
         seconds=result.train_seconds,
         compile_seconds=result.compile_seconds,
         curve=result.curve,
+        **_time_box(result.time_boxed),
         **extra,
     )
 
@@ -731,6 +763,7 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
     name = f"{task}-{optimizer.lower()}"
 
     def compute():
+        measured_on = machine()
         start = time.perf_counter()
         train = {
             "OWL-QN": lambda: encoded,
@@ -742,9 +775,10 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
         if optimizer == "BCD":
             extra["plan_seconds"] = plan_seconds
         rows = [_fit_row(task, optimizer, result, **extra)]
-        if config["finetune_steps"]:
-            tuned, trace, seconds, compile_seconds = fine_tune(
-                run, name, result.params, encoded.blocks, config, progress
+        # Fine-tuning gets what the time box leaves; a time-boxed optimizer leaves nothing.
+        if config["finetune_steps"] and not result.time_boxed:
+            tuned, trace, seconds, compile_seconds, boxed = fine_tune(
+                run, name, result.params, encoded.blocks, config, progress, TIME_BOX_SECONDS - result.train_seconds
             )
             rows.append(
                 _row(
@@ -755,10 +789,11 @@ def chain_unit(run: RunDirectory, task, optimizer, data, encoded: Encoded, model
                     errors=chain_errors(tuned, encoded, data),
                     seconds=seconds,
                     compile_seconds=compile_seconds,
+                    **_time_box(boxed),
                 )
             )
         _print_rows(rows)
-        return {"rows": rows}
+        return {"rows": [row | {"machine": measured_on} for row in rows]}
 
     return _finish_unit(run, name, run.unit(name, compute, _unit_settings(config)))
 
@@ -776,6 +811,7 @@ def crfsuite_unit(run: RunDirectory, task: str, algorithm: str, data, config: di
         raise ValueError("CRFsuite has no label-pair-observation features")
 
     def compute():
+        measured_on = machine()
         extractor = Extractor(config["features"])
         if algorithm == "lbfgs":
             assert optimizers.crfsuite_elastic_net(CRFSUITE_C1, CRFSUITE_C2) == {"l1": L1, "l2": L2}
@@ -796,7 +832,7 @@ def crfsuite_unit(run: RunDirectory, task: str, algorithm: str, data, config: di
         # CRFsuite's own seconds per iteration (its log); `seconds` adds extraction and data loading.
         iteration_seconds = sum(float(iteration.get("time", 0.0)) for iteration in iterations)
         row = _row(task, CRFSUITE_ROWS[algorithm], trace=trace, nonzero=nonzero, errors=errors, seconds=seconds)
-        row |= {"crfsuite_params": params, "iteration_seconds": iteration_seconds}
+        row |= {"crfsuite_params": params, "iteration_seconds": iteration_seconds, "machine": measured_on}
         _print_rows([row])
         return {"rows": [row]}
 
@@ -894,6 +930,7 @@ def forward_backward_unit(run: RunDirectory, form: str, data, encoded: Encoded, 
     name = f"sparse-{form}-fb"
 
     def compute():
+        measured_on = machine()
         observed = chain_model(encoded, len(data.labels))
         mask = np.asarray(observed.pair_mask)
         model = observed.with_pair_mask(mask, max_sparse_fraction=1.0 if form == "sparse" else 0.0)
@@ -908,6 +945,7 @@ def forward_backward_unit(run: RunDirectory, form: str, data, encoded: Encoded, 
             pair_weights=int(mask.sum()),
             pair_weights_zero_fraction=float(np.mean(pair_weights == 0)) if pair_weights.size else None,
             support_fraction=_support_fraction(model, mask, encoded),
+            machine=measured_on,
         )
         _print_rows([row])
         return {"rows": [row]}
@@ -1052,12 +1090,19 @@ def row_convergence(row: dict, config: dict) -> dict:
     trace = row.get("trace")
     if trace is None:
         return {"met": False, "criterion": criterion, "step": None, "cap": row["iterations"]}
-    return trace_convergence(trace, rule, cap, criterion)
+    boxed = f"time-boxed at {_minutes(row['time_box_seconds'])}" if row.get("time_boxed") else None
+    return trace_convergence(trace, rule, cap, criterion, failure=boxed)
 
 
-def _judged(rows) -> tuple[bool, bool]:
-    """(all converged, none from an earlier configuration)."""
-    return all(row["convergence"]["met"] for row in rows), not any(row.get("stale") for row in rows)
+def _judged(rows) -> dict:
+    """`{converged, current, time_boxed}`: all rows converged, none from an
+    earlier configuration, any stopped by the time box."""
+    rows = list(rows)
+    return {
+        "converged": all(row["convergence"]["met"] for row in rows),
+        "current": not any(row.get("stale") for row in rows),
+        "time_boxed": any(row.get("time_boxed") for row in rows),
+    }
 
 
 def _check_conclusions(results: dict) -> dict:
@@ -1076,13 +1121,11 @@ def _check_conclusions(results: dict) -> dict:
         if "OWL-QN" not in rows or len(ours) < 2:
             out[task] = {"checked": False}
             continue
-        converged, current = _judged(ours)
         gaps = {o: rows[o]["error"] - rows["OWL-QN"]["error"] for o in OPTIMIZERS[1:] if o in rows}
         active = max(row["nonzero"] for row in ours) / results[task]["num_parameters"]
         out[task] = {
             "checked": True,
-            "converged": converged,
-            "current": current,
+            **_judged(ours),
             "gaps": gaps,
             "similar_error": all(abs(gap) <= SIMILAR_POINTS for gap in gaps.values()),
             "largest_active_fraction": active,
@@ -1094,25 +1137,21 @@ def _check_conclusions(results: dict) -> dict:
         with_pairs = {row["optimizer"]: row for row in results["pairs"]["rows"]}
         names = [o for o in OPTIMIZERS if o in without and o in with_pairs]
         used = [without[o] for o in names] + [with_pairs[o] for o in names]
-        converged, current = _judged(used)
         gains = {o: without[o]["error"] - with_pairs[o]["error"] for o in names}
         out["pair_features"] = {
             "checked": bool(names),
             "gains": gains,
             "holds": all(gain > 0 for gain in gains.values()),
-            "converged": converged,
-            "current": current,
+            **_judged(used),
         }
     if "sparse" in results:
         forms = {row["form"]: row for row in results["sparse"]["rows"]}
         if {"sparse", "dense"} <= set(forms):
-            converged, current = _judged(forms.values())
             out["sparse_fb"] = {
                 "checked": True,
                 "speedup": forms["dense"]["train_seconds"] / max(forms["sparse"]["train_seconds"], 1e-9),
                 "holds": forms["sparse"]["train_seconds"] < forms["dense"]["train_seconds"],
-                "converged": converged,
-                "current": current,
+                **_judged(forms.values()),
             }
         else:
             out["sparse_fb"] = {"checked": False}
@@ -1132,7 +1171,9 @@ def _conclusion_lines(checks: dict, quick: bool) -> list[str]:
         "joint": "paper (Nettalk+prosody, Table 5): SGD-L1 13.91%, BCD 13.85%",
     }
     lines = []
-    judge = lambda check, holds: verdict(holds, quick=quick, converged=check["converged"], current=check["current"])
+    judge = lambda check, holds: verdict(
+        holds, quick=quick, converged=check["converged"], current=check["current"], time_boxed=check["time_boxed"]
+    )
     for task in ("pos", "pairs", "joint"):
         check = checks.get(task)
         if not check:
@@ -1224,7 +1265,9 @@ def _table4(task: str, result: dict) -> str:
         if row is None:
             probe = result.get("bcd_probe")
             reason = "not run yet"
-            if name.startswith("BCD") and probe is not None and not probe["fits"]:
+            if name.endswith(" + fine-tuning") and found.get(name.removesuffix(" + fine-tuning"), {}).get("time_boxed"):
+                reason = "not run (its optimizer was time-boxed)"
+            elif name.startswith("BCD") and probe is not None and not probe["fits"]:
                 reason = _bcd_probe_cell(probe) if name == "BCD" else "not run"
             rows.append([name, reason, None, None] + ([None] if joint else []) + [None, None, None] + papers)
             continue
@@ -1415,9 +1458,10 @@ def _preamble(quick: bool, configs: dict) -> list[str]:
         f"in training (its default); CRFsuite l2sgd: L2 only, c2 {L2SGD_C2:g} (its default), its own learning-"
         f"rate calibration. 'Iterations' are L-BFGS/OWL-QN iterations, SGD epochs and BCD sweeps; 'active "
         f"features' are non-zero weights (transitions included); 'penalised objective' is the objective each "
-        f"L1 optimizer minimised, at its end; times are wall-clock seconds of optimisation on a shared "
-        f"2-core machine (compilation, the SGD learning-rate calibration, the BCD plan and evaluation "
-        f"excluded: all in the JSON; CRFsuite's include its feature extraction and data loading); the "
+        f"L1 optimizer minimised, at its end; times are wall-clock seconds of optimisation "
+        f"(compilation, the SGD learning-rate calibration, the BCD plan and evaluation "
+        f"excluded: all in the JSON; CRFsuite's include its feature extraction and data loading); each "
+        f"unit's machine and its load when it started are listed below; the "
         f"paper's are CPU times of 8 cores. Stopping (CRFsuite's rule, `relative_improvement_below`): the "
         f"objective improved by less than {tol:g} (relative) over the last {period} iterations (OWL-QN, "
         f"CRFsuite L-BFGS), or by less than {epoch_tol:g} over the last {epoch_period} epochs or sweeps "
@@ -1498,6 +1542,31 @@ def _task_sections(results: dict, configs: dict) -> list[str]:
     return document
 
 
+def _machines(results: dict) -> list[str]:
+    """Where each row's time was measured: the machine and its load average
+    when the unit started (about 0 on an idle machine, about 2 with both
+    cores busy), for the units that recorded it."""
+    lines, unrecorded = [], []
+    for task, result in results.items():
+        for row in result["rows"]:
+            label = f"{task} {row['optimizer']}" + (f" ({row['form']})" if "form" in row else "")
+            where = row.get("machine")
+            if where is None:
+                unrecorded.append(label)
+                continue
+            load = where.get("load_average_at_start")
+            lines.append(
+                f"- {label}: {where['cpu']}, {where['logical_cores']} logical cores, "
+                f"{where['memory_gib']:.0f} GiB; load average at the start "
+                + ("not known" if load is None else "/".join(f"{value:.2f}" for value in load))
+            )
+    if unrecorded:
+        lines.append(
+            f"- not recorded (units of earlier runs, on a machine that may have been shared): {', '.join(unrecorded)}"
+        )
+    return ["## Where the times were measured", "", *lines, ""] if lines or unrecorded else []
+
+
 def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=None) -> dict:
     """Run the experiment (`tasks`: a subset of `TASKS`, default all), unit by unit."""
     base = QUICK if quick else FULL
@@ -1513,7 +1582,7 @@ def run(run: RunDirectory, *, quick: bool = False, progress: bool = True, tasks=
         for row in result["rows"]:
             row["convergence"] = row_convergence(row, configs[task])
     checks = _check_conclusions(results)
-    document = _preamble(quick, configs) + _task_sections(results, configs)
+    document = _preamble(quick, configs) + _task_sections(results, configs) + _machines(results)
     document += [
         "## Conclusions checked",
         "",

@@ -27,6 +27,11 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: concurrent processes each compile a missing program
+    fcntl = None
+
 import jax
 import jax.numpy as jnp
 from jax._src import compilation_cache as jax_compilation_cache  # its state, read once per process
@@ -246,11 +251,40 @@ def compiled(parts, arguments: tuple, function: Callable, **jit_options) -> tupl
 
 
 def _load_or_compile(program: str, function: Callable, arguments: tuple) -> _StoredProgram:
-    """The stored executable of `program`, else `function` compiled and stored."""
+    """The stored executable of `program`, else `function` compiled and
+    stored. Processes that miss the same entry at once (the folds of a
+    parallel cross-validation, test workers) compile it once: the first
+    compiles under the entry's lock, the others wait for it and load."""
     stored = _StoredProgram(program, function, arguments, load_executable(program))
     if stored.executable is None:
-        stored.compile()
+        with _entry_lock(program):
+            stored.executable = load_executable(program)
+            if stored.executable is None:
+                stored.compile()
     return stored
+
+
+@contextlib.contextmanager
+def _entry_lock(key: str):
+    """An exclusive `fcntl.flock` on the entry's lock file, waited for (the
+    kernel drops it when its holder exits or is killed); nothing when the
+    folder cannot hold one or without `fcntl`."""
+    path = _entry_path(key)
+    handle = None
+    if fcntl is not None and path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path.with_suffix(".lock"), "a")  # noqa: SIM115  (held open: the lock lives with it)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError:  # an unwritable folder: compile without waiting for anyone
+            if handle is not None:
+                handle.close()
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # closing the file releases its lock
 
 
 @contextlib.contextmanager

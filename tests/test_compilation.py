@@ -231,3 +231,35 @@ def test_programs_with_parts_that_cannot_be_described_are_not_stored():
     one, other = relative_improvement_below(1e-5, 10), relative_improvement_below(1e-5, 11)
     assert compilation_cache.describe_program((one,)) != compilation_cache.describe_program((other,))
     assert compilation_cache.describe_program((one,)) == compilation_cache.describe_program((one,))
+
+
+def test_a_process_that_misses_an_entry_another_is_compiling_waits_and_loads_it(tmp_path, monkeypatch):
+    """The folds of a parallel cross-validation miss the same entries at
+    once: the first compiles under the entry's lock, the others wait and
+    load what it stored (here a thread waits on the lock the test holds)."""
+    import threading
+
+    import jax.numpy as jnp
+
+    monkeypatch.setenv(compilation_cache.ENVIRONMENT_VARIABLE, str(tmp_path / "cache"))
+    traced = []
+
+    def function(x):
+        traced.append(1)  # once per trace
+        return jnp.cumsum(x) * 2.0
+
+    arguments = (np.arange(5.0, dtype=np.float32),)
+    parts = ("concurrent-compilation-test", str(tmp_path))  # a key of this test alone
+    program = compilation_cache.describe_program((parts, str(compilation_cache.signature(arguments))))
+    results = []
+    waiter = threading.Thread(
+        target=lambda: results.append(compilation_cache.compiled(parts, arguments, function)[0](*arguments))
+    )
+    with compilation_cache._entry_lock(program):
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert waiter.is_alive() and traced == []  # it waits for the lock, compiling nothing
+        compilation_cache._StoredProgram(program, function, arguments, None).compile()  # as the holder does
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and len(traced) == 1  # loaded, not traced again
+    np.testing.assert_array_equal(np.asarray(results[0]), np.cumsum(arguments[0]) * 2.0)

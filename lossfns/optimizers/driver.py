@@ -27,7 +27,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import checkpoint, compilation_cache, parallel
-from ..validation import check_callable, check_float_params, check_int, check_optimizer
+from ..validation import check_callable, check_float_params, check_int, check_optimizer, check_scalar
 from .minimize import (
     GradientSteps,
     LoopState,
@@ -277,6 +277,7 @@ def drive(
     stop: StopRule,
     halt: Callable | None = None,
     until: int | None = None,
+    time_limit: float | None = None,
     chunk_steps: int = 1,
     checkpoint_dir=None,
     checkpoint_every: int = 1,
@@ -301,6 +302,10 @@ def drive(
       (`minimize.halt_on_failure`); a value or module-level function.
     until: stop after this many steps in total (a time-boxed run, resumed
       later); default the loop's `max_steps`.
+    time_limit: stop at the first chunk end once the run's seconds (its
+      chunks, summed over the runs it resumed: `Result.run_seconds`) reach
+      this many, with a checkpoint there (a time-boxed run: the loop is not
+      done, its status `ITERATION_LIMIT`); default no limit.
     checkpoint_dir: save `{fingerprint, loop, run_seconds[, evaluation]}` there every `checkpoint_every`
       steps (at chunk ends) and at the end, keeping the newest `keep`; resume
       from the newest checkpoint found. `settings` (any value, described by
@@ -346,6 +351,9 @@ def drive(
         check_int("evaluation.every", evaluation.every)
     max_steps = loop.trace.shape[0]
     until = max_steps if until is None else min(check_int("until", until, 0), max_steps)
+    if time_limit is not None:
+        check_scalar("time_limit", time_limit, 0.0)
+        time_limit = float(time_limit)
     unwrapped = None  # the loop without its records (`Recorded`)
     if record is not None:
         check_callable("record", record)
@@ -377,7 +385,13 @@ def drive(
         step_seconds = np.full(max_steps, np.nan)
         bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
         executable, compile_seconds = None, 0.0
-        while step < until and not bool(loop.done) and not (scores is not None and bool(scores["plateau"])):
+        out_of_time = time_limit is not None and run_seconds >= time_limit
+        while (
+            step < until
+            and not out_of_time
+            and not bool(loop.done)
+            and not (scores is not None and bool(scores["plateau"]))
+        ):
             if executable is None:
                 executable, compile_seconds = _compiled_chunk(make_step, stop, halt, loop, data, mesh)
             end = min(step + chunk_steps, until)
@@ -388,6 +402,7 @@ def drive(
             before, step = step, int(loop.step)  # int() waits for the chunk
             seconds = time.perf_counter() - start
             run_seconds += seconds
+            out_of_time = time_limit is not None and run_seconds >= time_limit
             step_seconds[before:step] = seconds / max(step - before, 1)
             if bar is not None:
                 bar.update(step - before)
@@ -408,7 +423,7 @@ def drive(
             if stopped:
                 done = jnp.ones((), bool)
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
-            finished = step >= until or bool(loop.done)
+            finished = step >= until or out_of_time or bool(loop.done)
             if checkpoint_dir is not None and (step - saved >= checkpoint_every or (finished and step > saved)):
                 state = {"fingerprint": stamp, "loop": loop, "run_seconds": np.asarray(run_seconds, np.float64)}
                 checkpoint.save(
@@ -456,7 +471,7 @@ def train(
     penalty: the non-smooth part the optimizer handles itself (`owlqn`'s
       `elastic_net_penalty`): added to the recorded objective only.
     stop: default `relative_change_below(1e-9)`.
-    drive_options: `until`, `chunk_steps`, `checkpoint_dir`,
+    drive_options: `until`, `time_limit`, `chunk_steps`, `checkpoint_dir`,
       `checkpoint_every`, `keep`, `settings`, `progress`, `callback`,
       `description`, `record` (see `drive`).
     Returns `Result(params, state, trace [max_steps], num_steps, status,

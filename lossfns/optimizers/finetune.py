@@ -79,7 +79,7 @@ def train_finetune(
 
     objective: `(params, data) -> scalar` (`models.weights_objective`).
     stop: default `relative_change_below(1e-9)`; `max_steps` the cap.
-    drive_options: `until`, `chunk_steps`, `checkpoint_dir`,
+    drive_options: `until`, `time_limit`, `chunk_steps`, `checkpoint_dir`,
       `checkpoint_every`, `keep`, `settings`, `progress`, `callback`,
       `description` (`drive`); the active set is part of the data, so a
       checkpoint resumes only the fine-tuning of the same support.

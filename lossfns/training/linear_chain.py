@@ -130,7 +130,7 @@ def train_linear_chain(
       model's masks.
     stop: a stop rule (`relative_improvement_below`, ...), `max_steps` the cap.
     drive_options: `checkpoint_dir`, `checkpoint_every`, `settings`,
-      `callback`, `progress`, `description`, `record` (`drive`).
+      `callback`, `progress`, `description`, `record`, `time_limit` (`drive`).
     Returns `train`'s `Result`, its `params` the trained model (off the mesh).
     """
     check_training(loss, l1, l2, regularizer, optimizer, memory_size, max_steps, dtype)

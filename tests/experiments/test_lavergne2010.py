@@ -113,6 +113,28 @@ def test_an_interrupted_unit_resumes_from_its_checkpoint(tiny_task, tmp_path):
     np.testing.assert_allclose(np.asarray(resumed.params.emission), np.asarray(whole.params.emission), atol=1e-6)
 
 
+def test_a_unit_past_its_time_box_is_reported_time_boxed_and_judged_on_nothing(tiny_task, tmp_path, monkeypatch):
+    """OWL-QN stopped by the time box after its first chunk: its row says
+    so (not converged, the box and the last relative change), fine-tuning
+    is not run, and no claim is judged on it."""
+    data, encoded = tiny_task
+    config = dict(lavergne2010.QUICK["pos"], owlqn_steps=6, chunk=3, stop=(0.0, 1))  # never stops early
+    model = lavergne2010.chain_model(encoded, len(data.labels))
+    monkeypatch.setattr(lavergne2010, "TIME_BOX_SECONDS", 1e-9)  # any chunk takes longer
+    unit = lavergne2010.chain_unit(RunDirectory(str(tmp_path)), "pos", "OWL-QN", data, encoded, model, config, False)
+    (row,) = unit["rows"]  # no fine-tuning row
+    assert row["time_boxed"] and row["time_box_seconds"] == 1e-9 and row["iterations"] == 3
+    row["convergence"] = lavergne2010.row_convergence(row, config)
+    assert not row["convergence"]["met"]
+    table = lavergne2010._table4("pos", {"rows": [row]})
+    assert "not converged (time-boxed at 0 s, last relative change" in table
+    assert "| OWL-QN + fine-tuning | not run (its optimizer was time-boxed) |" in table
+    results = _results({"OWL-QN": 3.0, "SGD-L1": 3.0})
+    results["pos"]["rows"][1]["time_boxed"] = True
+    lines = "\n".join(lavergne2010._conclusion_lines(lavergne2010._check_conclusions(results), quick=False))
+    assert "- pos: error against OWL-QN's" in lines and "similar error: not judged (time-boxed)" in lines
+
+
 def _row(name, trace):
     return {"optimizer": name, "iterations": len(trace), "trace": trace}
 

@@ -232,6 +232,28 @@ def test_a_resumed_run_reports_the_seconds_of_the_runs_before_it(crf, tmp_path):
     np.testing.assert_array_equal(np.asarray(old.trace), np.asarray(resumed.trace))
 
 
+def test_a_time_limit_stops_at_a_chunk_end_with_a_checkpoint_that_resumes(crf, tmp_path):
+    """`time_limit` counts the run's seconds (`run_seconds`, the resumed
+    runs' included): the chunk that reaches it ends the run, not done, with
+    a checkpoint; a resumed run that has no time left runs nothing, and one
+    without a limit ends where an uninterrupted run ends."""
+    data, params = crf
+    run = functools.partial(_twelve_lbfgs_steps(params, chunk_steps=3, checkpoint_dir=tmp_path), data)
+    boxed = run(time_limit=1e-9)  # any chunk takes longer: one chunk runs
+    assert int(boxed.num_steps) == 3 and boxed.run_seconds > 1e-9
+    assert int(boxed.status) == optimizers.Status.ITERATION_LIMIT
+    assert checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 3)
+    again = run(time_limit=boxed.run_seconds)  # the stored seconds already reach it
+    assert int(again.num_steps) == 3 and again.run_seconds == boxed.run_seconds
+    finished = run()
+    straight = _twelve_lbfgs_steps(params)(data)
+    assert int(finished.num_steps) == 12
+    np.testing.assert_array_equal(np.asarray(finished.trace), np.asarray(straight.trace))
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="time_limit"):
+            run(time_limit=bad)
+
+
 def test_fingerprint_and_describe_see_data_and_settings_not_addresses():
     data = {"x": np.arange(3.0)}
     assert np.array_equal(fingerprint(data, [1, "a"]), fingerprint(dict(data), [1, "a"]))
