@@ -263,3 +263,31 @@ def test_a_process_that_misses_an_entry_another_is_compiling_waits_and_loads_it(
     waiter.join(timeout=60)
     assert not waiter.is_alive() and len(traced) == 1  # loaded, not traced again
     np.testing.assert_array_equal(np.asarray(results[0]), np.cumsum(arguments[0]) * 2.0)
+
+
+def test_small_programs_take_the_elemental_emitter_and_large_ones_the_default(monkeypatch):
+    """On CPU, `_compile` asks XLA for its elemental emitter up to the size
+    bound (counting the equations of nested jaxprs too) and for the default
+    emitters above it; either way the program computes the same values."""
+    asked = []
+    original = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None):
+        asked.append(compiler_options)
+        return original(self, compiler_options)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+
+    def program(x):  # 3 equations, the loop among them, and 3 in the loop's body: 6
+        return jax.lax.fori_loop(0, 3, lambda _, y: jax.numpy.sin(y) * 2.0, x * 1.5).sum()
+
+    x = jax.numpy.linspace(-1.0, 1.0, 7)
+    traced = jax.jit(program).trace(x)
+    bound = compilation_cache._equations(traced.jaxpr.jaxpr)
+    assert (len(traced.jaxpr.jaxpr.eqns), bound) == (3, 6)
+    outputs = []
+    for limit in (bound, bound - 1):
+        monkeypatch.setattr(compilation_cache, "_ELEMENTAL_EMITTER_MAX_EQUATIONS", limit)
+        outputs.append(float(compilation_cache._compile(jax.jit(program).trace(x))(x)))
+    assert asked == [{"xla_cpu_use_fusion_emitters": False}, None]
+    np.testing.assert_allclose(outputs, float(program(x)), rtol=1e-6)
