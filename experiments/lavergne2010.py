@@ -166,8 +166,10 @@ FULL = {
     # CRFsuite has no label-pair-observation features: no CRFsuite rows.
     "pairs": dict(_FULL_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=()),
     # BCD at 319 labels: first one sweep on `bcd_probe_sentences`, then the
-    # full unit only if the extrapolated sweep fits `bcd_budget`.
-    "joint": dict(_FULL_CHAIN, bcd_probe_sentences=100),
+    # full unit only if the extrapolated sweep fits `bcd_budget`. CRFsuite
+    # (about 48 s a gradient) first runs `crfsuite_probe_iterations`, whose
+    # seconds set the iteration cap the time box allows (`crfsuite_unit`).
+    "joint": dict(_FULL_CHAIN, bcd_probe_sentences=100, crfsuite_probe_iterations=3),
     "sparse": dict(_FULL_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=(), finetune_steps=0),
 }
 # Quick: tiny slices of short sentences, a few steps, a fixed SGD rate (no
@@ -197,7 +199,7 @@ _QUICK_CHAIN = dict(
 QUICK = {
     "pos": dict(_QUICK_CHAIN, num_train=30, num_test=30),
     "pairs": dict(_QUICK_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=()),
-    "joint": dict(_QUICK_CHAIN, bcd_probe_sentences=10),
+    "joint": dict(_QUICK_CHAIN, bcd_probe_sentences=10, crfsuite_probe_iterations=2),
     "sparse": dict(_QUICK_CHAIN, pairs=PAIR_TEMPLATES, crfsuite=(), finetune_steps=0),
 }
 # BCD on a joint-label task runs when its plan, model and sweep fit in
@@ -805,13 +807,18 @@ def _unit_settings(config: dict) -> dict:
 def crfsuite_unit(run: RunDirectory, task: str, algorithm: str, data, config: dict) -> dict | None:
     """python-crfsuite on the task's observation strings: `lbfgs` on the
     same objective (c1, c2 converted) and stop rule as OWL-QN, or `l2sgd`
-    (L2 only, CRFsuite's own learning-rate calibration) with the epochs' rule."""
+    (L2 only, CRFsuite's own learning-rate calibration) with the epochs' rule.
+    With `crfsuite_probe_iterations` set, the run is capped at the
+    iterations the time box leaves after a probe of that many (CRFsuite can
+    neither stop on time nor save a model mid-run); a run that reaches that
+    cap before its stop rule is reported time-boxed."""
     name = f"{task}-crfsuite-{algorithm}"
     if config["pairs"]:
         raise ValueError("CRFsuite has no label-pair-observation features")
 
     def compute():
         measured_on = machine()
+        start = time.perf_counter()
         extractor = Extractor(config["features"])
         if algorithm == "lbfgs":
             assert optimizers.crfsuite_elastic_net(CRFSUITE_C1, CRFSUITE_C2) == {"l1": L1, "l2": L2}
@@ -822,21 +829,62 @@ def crfsuite_unit(run: RunDirectory, task: str, algorithm: str, data, config: di
             tol, period = config["epoch_stop"]
             params = {"c2": L2SGD_C2}
         params |= {"max_iterations": config["crfsuite_iterations"], "period": period, "delta": tol}
+        extra = {}
         with tempfile.TemporaryDirectory() as directory:
-            tagger, seconds, nonzero, iterations = crfsuite_comparison.train_crfsuite(
-                data.train, extractor, params, os.path.join(directory, "model.crfsuite"), algorithm
+            train = functools.partial(
+                crfsuite_comparison.train_crfsuite,
+                data.train,
+                extractor,
+                path=os.path.join(directory, "model.crfsuite"),
+                algorithm=algorithm,
             )
+            if config.get("crfsuite_probe_iterations"):
+                probe = _crfsuite_probe(train, params, config["crfsuite_probe_iterations"])
+                cap = _crfsuite_time_box_cap(probe, time.perf_counter() - start)
+                extra["crfsuite_probe"] = probe | {"time_box_cap": cap}
+                params["max_iterations"] = min(params["max_iterations"], cap)
+            tagger, seconds, nonzero, iterations = train(params=params)
             predicted = [tuple(tagger.tag(extractor(s.tokens).unigram)) for s in data.test]
+        boxed = (
+            "crfsuite_probe" in extra and len(iterations) == params["max_iterations"] < config["crfsuite_iterations"]
+        )
         errors = token_errors([s.labels for s in data.test], predicted, data.name == "joint")
         trace = [float(iteration["loss"]) for iteration in iterations]
         # CRFsuite's own seconds per iteration (its log); `seconds` adds extraction and data loading.
         iteration_seconds = sum(float(iteration.get("time", 0.0)) for iteration in iterations)
         row = _row(task, CRFSUITE_ROWS[algorithm], trace=trace, nonzero=nonzero, errors=errors, seconds=seconds)
         row |= {"crfsuite_params": params, "iteration_seconds": iteration_seconds, "machine": measured_on}
+        row |= extra | _time_box(boxed)
         _print_rows([row])
         return {"rows": [row]}
 
     return _finish_unit(run, name, run.unit(name, compute, _unit_settings(config) | {"algorithm": algorithm}))
+
+
+def _crfsuite_probe(train: Callable, params: dict, iterations: int) -> dict:
+    """`iterations` of CRFsuite (`train(params=...)`): its seconds, and the
+    seconds an iteration takes from its log, averaged after the first (whose
+    line search tries more steps, and whose epoch follows l2sgd's calibration)."""
+    start = time.perf_counter()
+    *_, log = train(params=params | {"max_iterations": iterations})
+    times = [float(iteration.get("time", 0.0)) for iteration in log]
+    later = times[1:] or times
+    return {
+        "iterations": len(log),
+        "seconds": time.perf_counter() - start,
+        "iteration_seconds": times,
+        "seconds_per_iteration": sum(later) / max(len(later), 1),
+    }
+
+
+def _crfsuite_time_box_cap(probe: dict, spent: float) -> int:
+    """The iterations that fit in what the time box leaves after `spent`
+    seconds (the probe and the data), at the probe's seconds per iteration
+    and with the probe's fixed cost (extraction, data loading, l2sgd's
+    calibration) counted again; at least one."""
+    fixed = max(probe["seconds"] - sum(probe["iteration_seconds"]), 0.0)
+    left = TIME_BOX_SECONDS - spent - fixed
+    return max(1, int(left // max(probe["seconds_per_iteration"], 1e-9)))
 
 
 def _bcd_sweep(model, data, *, l1, l2):

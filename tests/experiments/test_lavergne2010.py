@@ -135,6 +135,23 @@ def test_a_unit_past_its_time_box_is_reported_time_boxed_and_judged_on_nothing(t
     assert "- pos: error against OWL-QN's" in lines and "similar error: not judged (time-boxed)" in lines
 
 
+def test_crfsuite_is_capped_at_the_iterations_its_time_box_leaves_after_a_probe(tiny_task, tmp_path, monkeypatch):
+    """CRFsuite cannot stop on time: a probe's seconds per iteration set its
+    cap. A box that leaves nothing after the probe caps it at one
+    iteration, reported time-boxed; the cap is the box left after the probe
+    and the data, over the probe's later iterations' mean."""
+    data, _ = tiny_task
+    config = dict(lavergne2010.QUICK["joint"], crfsuite_iterations=10, epoch_stop=(0.0, 1))
+    monkeypatch.setattr(lavergne2010, "TIME_BOX_SECONDS", 1e-9)
+    unit = lavergne2010.crfsuite_unit(RunDirectory(str(tmp_path)), "pos", "l2sgd", data, config)
+    (row,) = unit["rows"]
+    assert row["crfsuite_probe"]["iterations"] == 2 and row["crfsuite_probe"]["time_box_cap"] == 1
+    assert row["iterations"] == row["crfsuite_params"]["max_iterations"] == 1 and row["time_boxed"]
+    monkeypatch.setattr(lavergne2010, "TIME_BOX_SECONDS", 100.0)
+    probe = {"seconds": 12.0, "iteration_seconds": [4.0, 3.0, 3.0], "seconds_per_iteration": 3.0}
+    assert lavergne2010._crfsuite_time_box_cap(probe, spent=20.0) == (100 - 20 - 2) // 3
+
+
 def _row(name, trace):
     return {"optimizer": name, "iterations": len(trace), "trace": trace}
 
