@@ -117,7 +117,7 @@ def best_final(history, length, k: int):
     return scores, index.astype(jnp.int32)
 
 
-def best_paths(k: int, potentials, length):
+def best_paths(k: int, potentials, length, *, stop_at_length: bool = False):
     """The k best label sequences of one chain (any potential form).
 
     A length-0 chain has one empty sequence of score 0.
@@ -127,6 +127,10 @@ def best_paths(k: int, potentials, length):
       potentials: one chain's form (`lattices.forms`, unbatched: `T`
         positions, `L` labels).
       length: `[]` int, the positions used.
+      stop_at_length: loop over the `length` positions, not all `T` (the
+        same result): for a chain decoded alone, as each sentence of an
+        online epoch; mapped over chains, a loop whose trip count differs
+        per chain would carry its whole history through selects.
 
     Returns:
       scores: `[k]`, best first; -inf for sequences that do not exist (fewer
@@ -151,10 +155,10 @@ def best_paths(k: int, potentials, length):
         candidates = (alpha[:, None, :] + scores_t[:, :, None]).transpose(1, 0, 2).reshape(L, L * k)
         return jax.lax.top_k(candidates, k)[0]
 
-    history = forward(first, step, length, T)
+    history = forward(first, step, length, T, stop_at_length=stop_at_length)
     scores, final = best_final(history, length, k)
     column = lambda t, label: potentials.column(at(t), label)
-    labels = jax.vmap(lambda f: backtrace(history, column, length, f))(final)
+    labels = jax.vmap(lambda f: backtrace(history, column, length, f, stop_at_length=stop_at_length))(final)
     present = valid[None, :] & (scores > -jnp.inf)[:, None]
     empty = jnp.zeros((k,), dtype).at[1:].set(-jnp.inf)  # length 0: one empty sequence of score 0
     return jnp.where(length == 0, empty, scores), jnp.where(present, labels, -1)

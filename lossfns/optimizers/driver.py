@@ -303,8 +303,8 @@ def drive(
     until: stop after this many steps in total (a time-boxed run, resumed
       later); default the loop's `max_steps`.
     time_limit: stop at the first chunk end once the run's seconds (its
-      chunks, summed over the runs it resumed: `Result.run_seconds`) reach
-      this many, with a checkpoint there (a time-boxed run: the loop is not
+      chunks and checkpoint saves, summed over the runs it resumed:
+      `Result.run_seconds`) reach this many, with a checkpoint there (a time-boxed run: the loop is not
       done, its status `ITERATION_LIMIT`); default no limit.
     checkpoint_dir: save `{fingerprint, loop, run_seconds[, evaluation]}` there every `checkpoint_every`
       steps (at chunk ends) and at the end, keeping the newest `keep`; resume
@@ -329,8 +329,8 @@ def drive(
     the final `LoopState` (`drive(make_step, result.state, ...)` continues
     the run), trace, num_steps and status (`LoopState.status`) of that loop;
     compile_seconds: compiling the chunk (0 when cached or nothing was left
-    to run); run_seconds: the chunks, callbacks and checkpoints excluded,
-    summed over the runs that wrote the checkpoint this run resumed from (so
+    to run); run_seconds: the chunks and the checkpoint saves before
+    each (callbacks and evaluations excluded), summed over the runs that wrote the checkpoint this run resumed from (so
     a resumed run reports its whole time); step_seconds: `[num_steps]` numpy,
     each step's share of its chunk's time (NaN for the steps a resumed
     checkpoint holds); records: with `record`, `{name: [num_steps]}` numpy
@@ -384,7 +384,7 @@ def drive(
             scores = _evaluate(evaluation, scores, inner_of(loop.inner), step)
         step_seconds = np.full(max_steps, np.nan)
         bar = _progress_bar(max_steps > 20 if progress is None else progress, max_steps, step, description)
-        executable, compile_seconds = None, 0.0
+        executable, compile_seconds, saving_seconds = None, 0.0, 0.0
         out_of_time = time_limit is not None and run_seconds >= time_limit
         while (
             step < until
@@ -401,7 +401,10 @@ def drive(
             loop = executable(loop, np.asarray(end, np.int32), data)
             before, step = step, int(loop.step)  # int() waits for the chunk
             seconds = time.perf_counter() - start
-            run_seconds += seconds
+            # The last checkpoint's save is charged here, so that the seconds a
+            # checkpoint holds are the run's when it resumes from there.
+            run_seconds += seconds + saving_seconds
+            saving_seconds = 0.0
             out_of_time = time_limit is not None and run_seconds >= time_limit
             step_seconds[before:step] = seconds / max(step - before, 1)
             if bar is not None:
@@ -425,13 +428,14 @@ def drive(
                 loop = loop._replace(done=done if mesh is None else parallel.replicate(done, mesh))
             finished = step >= until or out_of_time or bool(loop.done)
             if checkpoint_dir is not None and (step - saved >= checkpoint_every or (finished and step > saved)):
+                saving = time.perf_counter()
                 state = {"fingerprint": stamp, "loop": loop, "run_seconds": np.asarray(run_seconds, np.float64)}
                 checkpoint.save(
                     checkpoint.checkpoint_path(checkpoint_dir, step),
                     state if scores is None else {**state, "evaluation": scores},
                 )
                 checkpoint.prune_checkpoints(checkpoint_dir, keep)
-                saved = step
+                saved, saving_seconds = step, time.perf_counter() - saving
         if bar is not None:
             bar.close()
     records = None

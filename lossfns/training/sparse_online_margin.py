@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..lattices import FactoredPotentials, chain
+from ..lattices import FactoredPotentials, chain, decode
 from ..models.linear_chain import ChainWeights
 from ..validation import check_int
 from .online_margin import ArowState, PassiveAggressiveState, check_positive, epoch_order
@@ -86,7 +86,7 @@ def _decode(width: int, max_length: int, params: ChainWeights, masks: ChainWeigh
         rows = rows * jax.lax.dynamic_slice_in_dim(data.feature_values, offset, width)[..., None].astype(rows.dtype)
     potentials = FactoredPotentials(jnp.sum(rows, axis=1), params.transitions, params.start)
     gold = jax.lax.dynamic_slice_in_dim(data.labels, offset, width)
-    _, predicted = chain.viterbi(potentials, length)
+    predicted = decode.best_paths(1, potentials, length, stop_at_length=True)[1][0]
     path = jnp.maximum(predicted, 0)
     excess = chain.score(potentials, path, length) - chain.score(potentials, gold, length)
     num_labels = params.transitions.shape[0]

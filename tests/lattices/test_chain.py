@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lossfns import losses, semirings, testing
-from lossfns.lattices import FactoredPotentials, chain
+from lossfns.lattices import FactoredPotentials, chain, decode
 
 pytestmark = pytest.mark.float64  # oracles to 1e-10 and finite differences (tests/conftest.py)
 
@@ -189,6 +189,27 @@ def test_kbest_paths_are_distinct_and_scored(problem):
                     ),
                     flat_scores[b, j],
                 )
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_best_paths_looping_over_the_length_equal_those_over_all_positions(k):
+    """`decode.best_paths(stop_at_length=True)` (a chain decoded alone, as in
+    the online epochs) against the loop over all `T`, at every length,
+    with forbidden (-inf) transitions and ties."""
+    rng = np.random.default_rng(3)
+    scores = np.round(rng.normal(size=(6, 4, 4)), 1)  # rounded: ties
+    scores[2:, 1, 2] = -np.inf
+    form = chain.prepare_inputs(jnp.asarray(scores), None)[0]
+    decoders = {
+        stop: jax.jit(lambda length, stop=stop: decode.best_paths(k, form, length, stop_at_length=stop))
+        for stop in (False, True)
+    }
+    for length in range(7):
+        (full_scores, full_labels), (short_scores, short_labels) = (
+            decoders[stop](jnp.int32(length)) for stop in (False, True)
+        )
+        np.testing.assert_array_equal(np.asarray(short_scores), np.asarray(full_scores))
+        np.testing.assert_array_equal(np.asarray(short_labels), np.asarray(full_labels))
 
 
 def test_score_matches_direct_sum():

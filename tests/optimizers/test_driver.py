@@ -6,6 +6,7 @@ bit-identically, and the optimizer choice of `elastic_net_training`."""
 
 import contextlib
 import functools
+import time
 from typing import NamedTuple
 
 import jax
@@ -252,6 +253,26 @@ def test_a_time_limit_stops_at_a_chunk_end_with_a_checkpoint_that_resumes(crf, t
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="time_limit"):
             run(time_limit=bad)
+
+
+def test_a_time_limit_counts_the_checkpoint_saves(crf, tmp_path, monkeypatch):
+    """A save of 0.3 s after each 3-step chunk (each of milliseconds): a box
+    of 0.45 s ends the run after the third chunk (0.6 s of saves before it),
+    the seconds the run reports are the ones its last checkpoint holds, and
+    the resumed run reports them again."""
+    data, params = crf
+    save = checkpoint.save
+
+    def slow_save(path, state):
+        time.sleep(0.3)
+        save(path, state)
+
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    run = functools.partial(_twelve_lbfgs_steps(params, chunk_steps=3, checkpoint_dir=tmp_path), data)
+    boxed = run(time_limit=0.45)
+    assert int(boxed.num_steps) == 9 and 0.6 <= boxed.run_seconds < 1.0
+    assert int(boxed.status) == optimizers.Status.ITERATION_LIMIT
+    assert run(time_limit=0.45).run_seconds == boxed.run_seconds
 
 
 def test_fingerprint_and_describe_see_data_and_settings_not_addresses():
