@@ -69,12 +69,6 @@ _RUN_CACHE = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
-    # xdist's loadscope hands out modules largest-first by test count; the
-    # suite's longest modules hold few tests (quick runs behind fixtures), so
-    # `pytest_collection_modifyitems` orders them and xdist must keep that
-    # order (`--no-loadscope-reorder`).
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
     # The controller configures before it starts the workers, which inherit the variable.
     if compilation_cache.ENVIRONMENT_VARIABLE not in os.environ:
         config.stash[_RUN_CACHE] = tempfile.mkdtemp(prefix="lossfns-test-cache-")
@@ -85,42 +79,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _RUN_CACHE in config.stash:
         shutil.rmtree(config.stash[_RUN_CACHE], ignore_errors=True)
-
-
-# The modules that take longest (measured with --durations), longest first:
-# started first, they leave no long tail on one worker while the other idles.
-LONGEST_MODULES = (
-    "experiments/test_altun2003.py",
-    "lattices/test_chain.py",
-    "experiments/test_smith_eisner2005.py",
-    "applications/test_sklearn.py",
-    "training/test_lazy_sgd_l1.py",
-    "training/test_bcd.py",
-    "experiments/test_lavergne2010.py",
-    "lattices/test_sparse_chain.py",
-    "test_readme.py",
-    "test_compilation.py",
-    "vendored/test_sklearn_crfsuite.py",
-)
-
-
-def _module_rank(item) -> int:
-    path = item.path.as_posix()
-    for rank, module in enumerate(LONGEST_MODULES):
-        if path.endswith("tests/" + module):
-            return rank
-    return len(LONGEST_MODULES)
-
-
-def pytest_collection_modifyitems(config, items):
-    """The longest modules first, then the rest by test count (largest
-    first, as xdist's loadscope would), each module's tests in their order."""
-    missing = [module for module in LONGEST_MODULES if not (Path(__file__).parent / module).is_file()]
-    assert not missing, f"LONGEST_MODULES names modules that are gone: {missing}"
-    counts: dict = {}
-    for item in items:
-        counts[item.path] = counts.get(item.path, 0) + 1
-    items.sort(key=lambda item: (_module_rank(item), -counts[item.path], str(item.path)))
 
 
 # ---------------------------------------------------------------------------
