@@ -417,8 +417,10 @@ class CurveRecorder:
     """The driver's per-chunk `callback`: evaluates `evaluate(params_of(
     report.inner)) -> dict` (not timed) and appends it to the unit's curve,
     saved beside its checkpoints (`OUT/checkpoints/NAME.curve.json`) so that
-    it resumes with them. `finish(compile_seconds)` removes this process's
-    compilation from its points' seconds and returns the curve."""
+    it resumes with them; each process's first point names its machine
+    (`machine`: cpu, cores, memory), since a resumed run may run elsewhere.
+    `finish(compile_seconds)` removes this process's compilation from its
+    points' seconds and returns the curve."""
 
     def __init__(self, run: RunDirectory, name: str, evaluate: Callable, params_of: Callable):
         self.run, self.evaluate, self.params_of = run, evaluate, params_of
@@ -432,6 +434,8 @@ class CurveRecorder:
         self.curve[:] = [point for point in self.curve if point["step"] < report.step]
         before = self.curve[-1]["seconds"] if self.curve else 0.0
         point = {"seconds": before + elapsed, "step": report.step, "objective": report.value}
+        if not self.fresh:
+            point["machine"] = {key: value for key, value in machine().items() if key != "load_average_at_start"}
         self.curve.append(point | self.evaluate(self.params_of(report.inner)))
         self.fresh.append(self.curve[-1])
         self.run.write_json(self.file, self.curve)
@@ -1590,6 +1594,26 @@ def _task_sections(results: dict, configs: dict) -> list[str]:
     return document
 
 
+def _machine_words(where: dict) -> str:
+    return f"{where['cpu']}, {where['logical_cores']} logical cores, {where['memory_gib']:.0f} GiB"
+
+
+def _processes(curve: list) -> list[tuple[int, int, dict | None]]:
+    """`(first step, last step, machine)` of each process that ran part of a
+    curve (`CurveRecorder` names the machine at each process's first point;
+    None for steps whose process named none: curves of earlier versions)."""
+    starts = [index for index, point in enumerate(curve) if "machine" in point]
+    if not starts:
+        return []
+    if starts[0]:
+        starts.insert(0, 0)
+    ends = [*starts[1:], len(curve)]
+    return [
+        (curve[start - 1]["step"] + 1 if start else 1, curve[end - 1]["step"], curve[start].get("machine"))
+        for start, end in zip(starts, ends, strict=True)
+    ]
+
+
 def _machines(results: dict) -> list[str]:
     """Where each row's time was measured: the machine and its load average
     when the unit started (about 0 on an idle machine, about 2 with both
@@ -1603,10 +1627,20 @@ def _machines(results: dict) -> list[str]:
                 unrecorded.append(label)
                 continue
             load = where.get("load_average_at_start")
+            processes = _processes(row.get("curve") or [])
             lines.append(
-                f"- {label}: {where['cpu']}, {where['logical_cores']} logical cores, "
-                f"{where['memory_gib']:.0f} GiB; load average at the start "
+                f"- {label}: {_machine_words(where)}; load average at the start "
+                + ("of its last process " if len(processes) > 1 else "")
                 + ("not known" if load is None else "/".join(f"{value:.2f}" for value in load))
+                + (
+                    f"; run in {len(processes)} processes (resumed from checkpoints): "
+                    + "; ".join(
+                        f"steps {first}-{last} on {_machine_words(on) if on else 'a machine not recorded'}"
+                        for first, last, on in processes
+                    )
+                    if len(processes) > 1
+                    else ""
+                )
             )
     if unrecorded:
         lines.append(

@@ -20,7 +20,7 @@ from conftest import corpus_or_fail, quick_experiment
 
 from lossfns import corpora, features, models
 
-from experiments import lavergne2010
+from experiments import harness, lavergne2010
 from experiments.harness import RunDirectory
 
 # The full quick mode also runs `pairs` (the rows of `pos` with pair
@@ -111,6 +111,27 @@ def test_an_interrupted_unit_resumes_from_its_checkpoint(tiny_task, tmp_path):
     assert resumed.steps == whole.steps == 6 and [p["step"] for p in resumed.curve] == [3, 6]
     np.testing.assert_allclose(resumed.trace, whole.trace, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(resumed.params.emission), np.asarray(whole.params.emission), atol=1e-6)
+    # Each process names its machine at its first point, and the report lists the steps each ran.
+    assert ["machine" in p for p in whole.curve] == [True, False]
+    assert ["machine" in p for p in resumed.curve] == [True, True]
+    here = harness.machine()
+    row = {"optimizer": "OWL-QN", "machine": here, "curve": resumed.curve}
+    (line,) = [line for line in lavergne2010._machines({"pos": {"rows": [row]}}) if line.startswith("- ")]
+    assert line.endswith(
+        f"run in 2 processes (resumed from checkpoints): steps 1-3 on {here['cpu']}, "
+        f"{here['logical_cores']} logical cores, {here['memory_gib']:.0f} GiB; steps 4-6 on "
+        f"{here['cpu']}, {here['logical_cores']} logical cores, {here['memory_gib']:.0f} GiB"
+    )
+    (line,) = [
+        line
+        for line in lavergne2010._machines({"pos": {"rows": [row | {"curve": whole.curve}]}})
+        if line.startswith("- ")
+    ]
+    assert "resumed" not in line and "of its last process" not in line
+    older = [{k: v for k, v in p.items() if k != "machine"} if p["step"] == 3 else p for p in resumed.curve]
+    assert [(first, last) for first, last, _ in lavergne2010._processes(older)] == [(1, 3), (4, 6)]
+    assert lavergne2010._processes(older)[0][2] is None
+    assert lavergne2010._processes([{k: v for k, v in p.items() if k != "machine"} for p in resumed.curve]) == []
 
 
 def test_a_unit_past_its_time_box_is_reported_time_boxed_and_judged_on_nothing(tiny_task, tmp_path, monkeypatch):
