@@ -77,7 +77,9 @@ def _windows(max_length: int) -> tuple:
 
 def _decode(width: int, max_length: int, params: ChainWeights, masks: ChainWeights, data: TokenStack, offset, length):
     """Viterbi labels `[max_length]` (-1 past `length`) of one sentence decoded
-    in a window of `width` tokens; `s(x, yhat) - s(x, y)`; and the summed
+    in a window of `width` tokens; the positions where they are wrong
+    `[max_length + _CHUNK]` (`max_length` past the last) and their number;
+    `s(x, yhat) - s(x, y)`; and the summed
     feature differences `S(x, y) - S(x, yhat)` of the transitions `[L, L]` and
     start `[L]` (zero where the weight does not exist)."""
     ids = jax.lax.dynamic_slice_in_dim(data.feature_ids, offset, width)
@@ -103,10 +105,16 @@ def _decode(width: int, max_length: int, params: ChainWeights, masks: ChainWeigh
         transitions = jnp.where(masks.transitions, transitions, 0.0)
     if masks.start is not None:
         start = jnp.where(masks.start, start, 0.0)
-    return jnp.full((max_length,), -1, jnp.int32).at[:width].set(predicted), excess, transitions, start
+    # Wrong positions are found in the window, not over `max_length`: this runs for every sentence.
+    wrong = (jnp.arange(width) < length) & (predicted != gold)
+    found = jnp.nonzero(wrong, size=width, fill_value=max_length)[0].astype(jnp.int32)
+    positions = jnp.full((max_length + _CHUNK,), max_length, jnp.int32).at[:width].set(found)
+    num_wrong = jnp.sum(wrong, dtype=jnp.int32)
+    predicted = jnp.full((max_length,), -1, jnp.int32).at[:width].set(predicted)
+    return predicted, positions, num_wrong, excess, transitions, start
 
 
-def _emission_entries(masks: ChainWeights, data: TokenStack, offset, positions, gold, predicted, table):
+def _emission_entries(masks: ChainWeights, data: TokenStack, offset, positions, predicted, table):
     """`(rows, columns, values)`, each `[2, _CHUNK, F]`, of the emission
     difference at the wrong `positions [_CHUNK]` (`max_length` past the last
     one): `+value` on (observation, gold label), `-value` on (observation,
@@ -120,7 +128,7 @@ def _emission_entries(masks: ChainWeights, data: TokenStack, offset, positions, 
     values = jnp.ones(ids.shape, dtype) if data.feature_values is None else data.feature_values[tokens].astype(dtype)
     values = jnp.where(present, values, jnp.zeros((), dtype))
     rows = jnp.broadcast_to(jnp.where(present, ids, num_features), (2,) + ids.shape)
-    labels = jnp.stack([gold[jnp.where(real, positions, 0)], predicted.at[positions].get(mode="fill", fill_value=0)])
+    labels = jnp.stack([data.labels[tokens], predicted.at[positions].get(mode="fill", fill_value=0)])
     columns = jnp.broadcast_to(labels[:, :, None], rows.shape)
     values = jnp.stack([values, -values])
     if masks.emission is not None:
@@ -133,7 +141,7 @@ def _epoch_fn(data: TokenStack, masks: ChainWeights, max_length: int, update) ->
     window, then `update(state, scratch, over_chunks, num_wrong, excess,
     transitions, start) -> (state, scratch, cost)`, where
     `over_chunks(body, init)` folds `body(entries, carry)` over the chunks of
-    the sentence's wrong positions (`_emission_entries`) and the last three
+    the sentence's wrong positions (`_emission_entries`) and the last four
     are `_decode`'s. Objective: the summed cost."""
     max_length = check_int("max_length", max_length)
     windows = _windows(max_length)
@@ -147,7 +155,7 @@ def _epoch_fn(data: TokenStack, masks: ChainWeights, max_length: int, update) ->
             row = order[index]
             offset, length = data.offsets[row], data.lengths[row]
             branch = jnp.searchsorted(jnp.asarray(windows, jnp.int32), length).astype(jnp.int32)
-            predicted, excess, transitions, start = jax.lax.switch(
+            predicted, positions, num_wrong, excess, transitions, start = jax.lax.switch(
                 branch,
                 [functools.partial(_decode, width, max_length) for width in windows],
                 state.params,
@@ -156,17 +164,11 @@ def _epoch_fn(data: TokenStack, masks: ChainWeights, max_length: int, update) ->
                 offset,
                 length,
             )
-            gold = jax.lax.dynamic_slice_in_dim(data.labels, offset, max_length)
-            wrong = (jnp.arange(max_length) < length) & (predicted != gold)
-            num_wrong = jnp.sum(wrong, dtype=jnp.int32)
-            positions = jnp.nonzero(wrong, size=max_length + _CHUNK, fill_value=max_length)[0]
 
             def over_chunks(body, init):
                 def chunk(c, carry):
                     window = jax.lax.dynamic_slice_in_dim(positions, c * _CHUNK, _CHUNK)
-                    return body(
-                        _emission_entries(masks, data, offset, window, gold, predicted, state.params.emission), carry
-                    )
+                    return body(_emission_entries(masks, data, offset, window, predicted, state.params.emission), carry)
 
                 return jax.lax.fori_loop(0, (num_wrong + _CHUNK - 1) // _CHUNK, chunk, init)
 
