@@ -103,6 +103,8 @@ def run(quick: bool = False, log=print, repeats: int = 3) -> dict:
     records = []
     with tempfile.TemporaryDirectory() as directory:
         environment = dict(os.environ, LOSSFNS_CACHE_DIR=os.path.join(directory, "cache"))
+        # A user's Python caches bytecode (pip compiles it at install): without it each process recompiles lossfns.
+        environment.pop("PYTHONDONTWRITEBYTECODE", None)
         for step in STEPS:
             cold, details = _timed_process(step, "lossfns", directory, environment)
             log(f"{step}: lossfns on an empty cache {cold:.2f} s {details}")

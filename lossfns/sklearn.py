@@ -13,6 +13,7 @@ How CRFsuite's settings map, and where lossfns differs: docs/internals.md.
 from __future__ import annotations
 
 import fractions
+import inspect
 import itertools
 import os
 import time
@@ -20,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sklearn.base import BaseEstimator
 
 from . import crfsuite_model, metrics, model_file
 from .crfsuite_tagger import CrfsuiteTagger
@@ -290,7 +290,50 @@ def _label_sequences(y, lengths: np.ndarray, name: str) -> list:
     return out
 
 
-class CRF(BaseEstimator):
+class _Estimator:
+    """scikit-learn's estimator protocol (`get_params`, `set_params`, tags, a
+    repr of the changed settings) without importing scikit-learn: its imports
+    take about 1.5 s of every process, one that only fits or predicts included.
+    `clone`, the searches and pipelines find what they need here; the tags are
+    `BaseEstimator`'s own, asked for only by scikit-learn's code."""
+
+    @classmethod
+    def _get_param_names(cls) -> list:
+        """The constructor's setting names, sorted (as scikit-learn lists them)."""
+        return sorted(name for name in inspect.signature(cls.__init__).parameters if name != "self")
+
+    def get_params(self, deep=True) -> dict:
+        """`{setting: value}` of the constructor's settings (`deep` is moot: none is an estimator)."""
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params):
+        """Set constructor settings by name; returns `self`."""
+        names = self._get_param_names()
+        for name, value in params.items():
+            if name not in names:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {self}. Valid parameters are: {names!r}.")
+            setattr(self, name, value)
+        return self
+
+    def __sklearn_tags__(self):
+        from sklearn.base import BaseEstimator
+
+        return BaseEstimator.__sklearn_tags__(self)  # pyright: ignore[reportArgumentType]  # it reads nothing of self
+
+    def __repr__(self) -> str:
+        defaults = inspect.signature(type(self).__init__).parameters
+        changed = (
+            f"{name}={value!r}"
+            for name, value in self.get_params().items()
+            if not (
+                value is defaults[name].default
+                or (type(value) is type(defaults[name].default) and value == defaults[name].default)
+            )
+        )
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+
+class CRF(_Estimator):
     """sklearn-crfsuite's `CRF` (same constructor, methods and attributes).
 
     algorithm: "lbfgs" (None: the same), "l2sgd", "ap", "pa" or "arow".
@@ -637,7 +680,7 @@ class CRF(BaseEstimator):
     def __getstate__(self):
         # The model travels as its model file's bytes (jax arrays and the
         # Tagger's optimizer closures do not pickle).
-        state = dict(super().__getstate__())  # a copy: the base may return __dict__ itself
+        state = dict(self.__dict__)
         if state.get("_crfsuite_tagger") is not None:
             state["_crfsuite_tagger"] = model_file.to_bytes(state["_crfsuite_tagger"].tagger.saved())
         return state
@@ -647,4 +690,4 @@ class CRF(BaseEstimator):
             tagger = CrfsuiteTagger()
             tagger.open_inmemory(state["_crfsuite_tagger"])
             state = dict(state, _crfsuite_tagger=tagger)
-        super().__setstate__(state)
+        self.__dict__.update(state)

@@ -25,6 +25,8 @@ import itertools
 import os
 import pickle
 import re
+import subprocess
+import sys
 from fractions import Fraction
 
 import jax
@@ -124,6 +126,36 @@ def test_clone_and_pickle_round_trip(data, fitted):
     unfitted = clone(ours)
     assert unfitted.get_params() == ours.get_params() and unfitted.tagger_ is None
     assert pickle.loads(pickle.dumps(unfitted)).get_params() == ours.get_params()
+
+
+def test_the_estimator_protocol_is_base_estimators_without_importing_scikit_learn():
+    """`CRF` speaks scikit-learn's protocol as `BaseEstimator` does (the
+    oracle: a subclass of it with the same constructor), yet importing
+    `lossfns.sklearn`, pickling and unpickling do not import scikit-learn."""
+    from sklearn.base import BaseEstimator, is_classifier, is_regressor
+    from sklearn.utils import get_tags
+
+    class Reference(BaseEstimator):
+        __init__ = CRF.__init__
+
+    settings = dict(c1=0.5, algorithm="pa", verbose=False, max_iterations=3)
+    ours, reference = CRF(**settings), Reference(**settings)
+    assert ours.get_params() == reference.get_params() and ours.get_params(deep=False) == reference.get_params()
+    assert repr(ours) == repr(reference).replace("Reference(", "CRF(")
+    assert repr(CRF()) == "CRF()" and repr(ours) == "CRF(algorithm='pa', c1=0.5, max_iterations=3)"
+    assert ours.set_params(c2=2.0, c1=None) is ours and ours.c2 == 2.0 and ours.c1 is None
+    with pytest.raises(ValueError, match="Invalid parameter 'l1' for estimator CRF"):
+        ours.set_params(l1=1.0)
+    assert get_tags(ours) == get_tags(reference) and not is_classifier(ours) and not is_regressor(ours)
+    copy = clone(ours)
+    assert copy is not ours and copy.get_params() == ours.get_params()
+    script = (
+        "import pickle, sys; from lossfns.sklearn import CRF; "
+        "crf = pickle.loads(pickle.dumps(CRF(c1=0.5))); repr(crf); crf.set_params(c2=1.0); "
+        "print(crf.get_params()['c1'], sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0.5", "[]"]
 
 
 def test_model_files_open_both_ways_with_crfsuite(data, fitted, tmp_path):
