@@ -198,14 +198,17 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpu
     """The vectorised path for flat dicts; None when a value is not a plain
     string, number or bool (the per-token path then reads, or refuses, it)."""
     counts = np.fromiter(map(len, tokens), np.int64, len(tokens))
-    keys = list(itertools.chain.from_iterable(tokens))
     values = list(itertools.chain.from_iterable(map(dict.values, tokens)))
     try:
         distinct_values, value_ids = _positions(values)
     except TypeError:  # an unhashable value: a nested dict, list or set
         return None
-    distinct_keys, key_ids = _positions(keys)
     offsets = np.concatenate([[0], np.cumsum(counts)])
+    # Keys through each token's key tuple: a feature function writes a few layouts, not one per token.
+    layouts, layout_ids = _positions(list(map(tuple, tokens)))
+    distinct_keys, layout_key_ids = _positions(list(itertools.chain.from_iterable(layouts)))
+    layout_starts = np.concatenate([[0], np.cumsum(np.fromiter(map(len, layouts), np.int64, len(layouts)))])
+    key_ids = layout_key_ids[np.repeat(layout_starts[layout_ids] - offsets[:-1], counts) + np.arange(offsets[-1])]
     sentence_offsets = np.concatenate([[0], np.cumsum(sentence_lengths)])
     for k, key in enumerate(distinct_keys):
         if not isinstance(key, str):
@@ -225,7 +228,9 @@ def _flatten_dicts(tokens: list, sentence_lengths: np.ndarray) -> AttributeCorpu
                 weight[v] = _number(value, "")
             except ValueError:  # not finite: find its first place (only then: a scan of every occurrence)
                 occurrence = int(np.flatnonzero(value_ids == v)[0])
-                _number(value, f"{_where(occurrence, offsets, sentence_offsets)}[{keys[occurrence]!r}]")
+                _number(
+                    value, f"{_where(occurrence, offsets, sentence_offsets)}[{distinct_keys[key_ids[occurrence]]!r}]"
+                )
         else:
             return None
     # An attribute is (key, string value) or (key) for a number: one integer code each.
