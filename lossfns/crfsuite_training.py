@@ -242,12 +242,12 @@ def zero_model(tagger: Tagger, corpus, index, ids: list, num_labels: int, min_fr
     num_features = index.num_unigram
     mask = None
     if tagger.observed_pairs_only:
-        token_ids, values = corpus.token_arrays(index)
-        labels = np.repeat(np.fromiter(itertools.chain.from_iterable(ids), np.int64), token_ids.shape[1])
-        present = token_ids.reshape(-1) >= 0
-        cells = token_ids.reshape(-1)[present].astype(np.int64) * num_labels + labels[present]
-        weights = None if values is None else values.reshape(-1)[present]
-        frequency = np.bincount(cells, weights, minlength=num_features * num_labels)
+        # Per attribute occurrence, not through `token_arrays`' padded rows (built again for training).
+        attribute_ids = corpus.encode(index)
+        labels = np.repeat(np.fromiter(itertools.chain.from_iterable(ids), np.int64), corpus.token_counts)
+        present = attribute_ids >= 0
+        cells = attribute_ids[present] * num_labels + labels[present]
+        frequency = np.bincount(cells, corpus.values[present], minlength=num_features * num_labels)
         seen = np.bincount(cells, minlength=num_features * num_labels) > 0
         mask = (seen & (frequency >= min_freq)).reshape(num_features, num_labels)
     model = LinearChainModel.zeros(num_features, num_labels, emission_mask=mask, dtype=tagger.dtype)
